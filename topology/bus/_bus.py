@@ -1,0 +1,329 @@
+"""Bus: one NATS connection for one actor process — durable channels, dead letters, KV, objects, heartbeats.
+
+Contract:
+- ``Bus.connect(url, topology=..., name=...)`` connects (token or creds file for external clusters), retries
+  for ``connect_timeout_s`` and then fails with a ``BusError`` naming the URL; once connected it reconnects
+  forever (a running service should ride out a NATS restart).
+- A channel is a JetStream stream ``FW_<TOPOLOGY>_<CHANNEL>`` on subject ``fw.<topology>.<channel>``
+  (file storage, limits retention, ``duplicate_window = dedupe_window_s``); ``ensure_channel`` creates or
+  updates it; publishing or consuming a channel not yet ensured creates it with defaults.
+- ``publish`` / ``publish_many`` return only after JetStream stored the message(s); ``Nats-Msg-Id`` = the
+  envelope id, so a re-published id inside the dedupe window is stored once.
+- ``consume`` — see ``_consumer``; dead letters are envelopes of type ``"deadletter"`` on the ``deadletter``
+  channel with payload ``{reason, channel, group, stream_seq, num_delivered, raw, headers}``.
+- Ephemeral messages (heartbeats) are core NATS on ``fw.<topology>.eph.<suffix>``: not stored, no acks.
+
+Non-goals: schema registry, cross-channel transactions, exactly-once handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, TypeVar, overload
+
+import anyio
+import nats
+import nats.errors
+import nats.js.errors as js_errors
+import orjson
+import pydantic
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from ._consumer import ChannelConsumer
+from ._envelope import Envelope, encode
+from ._errors import BusError
+from ._kv import Stores
+from ._settings import DEADLETTER, BusSettings, consumer_name, stream_name, subject
+from ._stats import BusStats
+
+__all__ = ["Bus", "EphemeralMessage", "EphemeralSubscription"]
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+_RAW_CAP = 4096            # characters of a poison message kept in its dead letter
+_STREAM_IN_USE = 10058     # JetStream: "stream name already in use with a different configuration"
+_PUBLISH_TIMEOUT_S = 10.0
+
+
+class Bus:
+    """Use ``await Bus.connect(...)``; close with ``await bus.close()`` or ``async with``."""
+
+    def __init__(self, nc: NATS, *, url: str, topology: str, name: str, settings: BusSettings) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=_PUBLISH_TIMEOUT_S)
+        self.url = url
+        self.topology = topology
+        self.name = name
+        self.settings = settings
+        self.stats = BusStats()
+        self._stores = Stores(self._js)
+        self._streams: set[str] = set()
+        self._consumers: set[ChannelConsumer[Any]] = set()
+        self._ephemeral: set[EphemeralSubscription] = set()
+        self._log = structlog.get_logger("flywheel.bus").bind(topology=topology, bus=name)
+        subject(topology, "x")  # validates the topology name early
+
+    # -- connection -------------------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, url: str, *, topology: str, name: str, settings: BusSettings | None = None,
+                      creds_file: str | os.PathLike[str] | None = None, token: str | None = None,
+                      connect_timeout_s: float = 10.0) -> Bus:
+        if creds_file is not None and not await anyio.Path(creds_file).is_file():
+            raise BusError(f"NATS creds file not found: {os.fspath(creds_file)}")
+        log = structlog.get_logger("flywheel.bus").bind(url=url, bus=name)
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", error=str(exc) or type(exc).__name__)
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        nc = NATS()
+        try:
+            await asyncio.wait_for(nc.connect(
+                servers=[url], name=name, token=token,
+                user_credentials=os.fspath(creds_file) if creds_file is not None else None,
+                connect_timeout=2, reconnect_time_wait=1, max_reconnect_attempts=-1, ping_interval=10,
+                error_cb=on_error, reconnected_cb=on_reconnect,
+                pending_size=64 * 1024 * 1024,
+            ), connect_timeout_s)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            try:
+                await nc.close()
+            except Exception:
+                pass
+            why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            raise BusError(f"cannot connect to NATS at {url}: {why}") from None
+        return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSettings())
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers):
+            await consumer.aclose()
+        for sub in list(self._ephemeral):
+            await sub.aclose()
+        if not self._nc.is_closed:
+            await self._nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def nc(self) -> NATS:
+        """The underlying nats-py connection (for what this class does not wrap)."""
+        return self._nc
+
+    # -- channels ---------------------------------------------------------------------------------------
+    def subject(self, channel: str) -> str:
+        return subject(self.topology, channel)
+
+    def stream(self, channel: str) -> str:
+        return stream_name(self.topology, channel)
+
+    async def ensure_channel(self, name: str, *, durable: bool = True, max_age_s: float | None = None,
+                             max_msgs: int = -1) -> None:
+        """Create the channel's stream, or update it to this configuration; idempotent."""
+        dedupe = self.settings.dedupe_window_s
+        if max_age_s is not None and max_age_s > 0:
+            dedupe = min(dedupe, max_age_s)
+        config = api.StreamConfig(
+            name=self.stream(name), subjects=[self.subject(name)],
+            storage=api.StorageType.FILE if durable else api.StorageType.MEMORY,
+            retention=api.RetentionPolicy.LIMITS, discard=api.DiscardPolicy.OLD,
+            max_age=max_age_s or 0, max_msgs=max_msgs, duplicate_window=dedupe,
+        )
+        try:
+            try:
+                await self._js.add_stream(config)
+            except js_errors.BadRequestError as exc:
+                if exc.err_code != _STREAM_IN_USE:
+                    raise
+                await self._js.update_stream(config)
+        except js_errors.Error as exc:
+            raise BusError(f"cannot create channel {name!r} (stream {config.name}) on {self.url}: {exc}") from None
+        self._streams.add(name)
+
+    async def _known(self, channel: str) -> str:
+        if channel not in self._streams:
+            try:
+                await self._js.stream_info(self.stream(channel))
+                self._streams.add(channel)
+            except js_errors.NotFoundError:
+                await self.ensure_channel(channel)
+        return self.subject(channel)
+
+    # -- publishing -------------------------------------------------------------------------------------
+    async def publish(self, channel: str, type: str, payload: Mapping[str, Any], *, id: str | None = None,
+                      source: str = "") -> str:
+        """Publish one durable message; returns its id once JetStream stored it."""
+        env = Envelope.new(type, payload, id=id, source=source or self.name)
+        subj = await self._known(channel)
+        try:
+            ack = await self._js.publish(subj, encode(env), headers={"Nats-Msg-Id": env.id})
+        except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
+        self.stats.published += 1
+        if ack.duplicate:
+            self.stats.duplicates += 1
+        return env.id
+
+    async def publish_many(self, channel: str, items: Sequence[tuple[str, Mapping[str, Any], str | None]],
+                           source: str = "") -> list[str]:
+        """Publish ``(type, payload, id|None)`` items pipelined: send all, then await every store ack."""
+        subj = await self._known(channel)
+        source = source or self.name
+        ids: list[str] = []
+        futures: list[asyncio.Future[api.PubAck]] = []
+        publish_async = self._js.publish_async
+        for type_, payload, id_ in items:
+            env = Envelope.new(type_, payload, id=id_, source=source)
+            ids.append(env.id)
+            futures.append(await publish_async(subj, encode(env), headers={"Nats-Msg-Id": env.id}))
+        try:
+            acks = await asyncio.wait_for(asyncio.gather(*futures), _PUBLISH_TIMEOUT_S)
+        except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
+            for future in futures:
+                future.cancel()
+            raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
+        self.stats.published += len(acks)
+        self.stats.duplicates += sum(1 for ack in acks if ack.duplicate)
+        return ids
+
+    # -- consuming --------------------------------------------------------------------------------------
+    @overload
+    def consume(self, channel: str, group: str, *, model: None = None, batch: int = 16,
+                max_ack_pending: int | None = None) -> ChannelConsumer[dict[str, Any]]: ...
+    @overload
+    def consume(self, channel: str, group: str, *, model: type[M], batch: int = 16,
+                max_ack_pending: int | None = None) -> ChannelConsumer[M]: ...
+    def consume(self, channel: str, group: str, *, model: type[pydantic.BaseModel] | None = None,
+                batch: int = 16, max_ack_pending: int | None = None) -> ChannelConsumer[Any]:
+        """Deliveries of ``channel`` for consumer ``group`` (replicas passing the same group share work)."""
+        consumer_name(group)
+        return ChannelConsumer(self, channel, group, model=model, batch=batch, max_ack_pending=max_ack_pending)
+
+    async def _ensure_consumer(self, channel: str, group: str, max_ack_pending: int | None) -> str:
+        await self._known(channel)
+        stream = self.stream(channel)
+        config = api.ConsumerConfig(
+            name=group, durable_name=group, ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL, filter_subject=self.subject(channel),
+            ack_wait=self.settings.ack_wait_s,
+            # one delivery beyond the limit, so a message whose handler keeps dying reaches the DLQ
+            max_deliver=self.settings.max_deliver + 1,
+            max_ack_pending=max_ack_pending or self.settings.max_ack_pending, max_waiting=512,
+        )
+        try:
+            await self._js.add_consumer(stream, config)
+        except js_errors.Error as exc:
+            raise BusError(f"cannot create consumer group {group!r} on channel {channel!r}: {exc}") from None
+        return stream
+
+    async def _dead_letter(self, channel: str, group: str, reason: str, raw: bytes,
+                           headers: Mapping[str, str] | None, *, num_delivered: int, stream_seq: int) -> None:
+        text = raw.decode("utf-8", errors="backslashreplace")
+        if len(text) > _RAW_CAP:
+            text = text[:_RAW_CAP] + f"… [{len(raw)} bytes]"
+        payload = {"reason": reason, "channel": channel, "group": group, "stream_seq": stream_seq,
+                   "num_delivered": num_delivered, "raw": text, "headers": dict(headers or {})}
+        # one dead letter per (stream, seq, group), even if the term below is lost and it comes again
+        await self.publish(DEADLETTER, "deadletter", payload, id=f"{self.stream(channel)}.{stream_seq}.{group}")
+        self._log.warning("dead-lettered", channel=channel, group=group, reason=reason, seq=stream_seq)
+
+    # -- shared state -----------------------------------------------------------------------------------
+    async def ensure_kv(self, bucket: str, *, history: int = 1, ttl_s: float | None = None) -> None:
+        await self._stores.kv(bucket, history=history, ttl_s=ttl_s)
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
+        return await self._stores.put(bucket, key, value)
+
+    async def kv_get(self, bucket: str, key: str) -> bytes | None:
+        return await self._stores.get(bucket, key)
+
+    async def kv_items(self, bucket: str) -> dict[str, bytes]:
+        return await self._stores.items(bucket)
+
+    def kv_watch(self, bucket: str, key: str) -> AsyncIterator[bytes]:
+        """The key's current value (if any), then each new value."""
+        return self._stores.watch(bucket, key)
+
+    async def object_put(self, bucket: str, name: str, data: bytes) -> int:
+        return await self._stores.object_put(bucket, name, data)
+
+    async def object_get(self, bucket: str, name: str) -> bytes:
+        return await self._stores.object_get(bucket, name)
+
+    async def object_delete(self, bucket: str, name: str) -> bool:
+        return await self._stores.object_delete(bucket, name)
+
+    # -- ephemeral (core NATS) --------------------------------------------------------------------------
+    def _eph_subject(self, subject_suffix: str) -> str:
+        return f"fw.{self.topology}.eph.{subject_suffix}"
+
+    async def publish_ephemeral(self, subject_suffix: str, payload: Mapping[str, Any]) -> None:
+        await self._nc.publish(self._eph_subject(subject_suffix), orjson.dumps(payload))
+
+    async def subscribe_ephemeral(self, subject_suffix: str, *, max_buffered: int = 1024) -> EphemeralSubscription:
+        """Subscribe to ``fw.<topology>.eph.<subject_suffix>`` (wildcards allowed); the oldest are dropped
+        when more than ``max_buffered`` wait, since only recent heartbeats matter."""
+        sub = EphemeralSubscription(self, len(self._eph_subject("")), max_buffered)
+        sub._sub = await self._nc.subscribe(self._eph_subject(subject_suffix), cb=sub._on_msg)
+        self._ephemeral.add(sub)
+        return sub
+
+
+class EphemeralMessage(pydantic.BaseModel):
+    subject_suffix: str
+    payload: dict[str, Any]
+
+
+class EphemeralSubscription:
+    """Async iterator of ``EphemeralMessage``; undecodable messages are skipped (counted in ``dropped``)."""
+
+    def __init__(self, bus: Bus, prefix_len: int, max_buffered: int) -> None:
+        self._bus = bus
+        self._prefix_len = prefix_len
+        self._queue: asyncio.Queue[EphemeralMessage | None] = asyncio.Queue(max_buffered)
+        self._sub: Any = None
+        self.dropped = 0
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            payload = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            self.dropped += 1
+            return
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(EphemeralMessage(subject_suffix=msg.subject[self._prefix_len:], payload=payload))
+
+    def __aiter__(self) -> EphemeralSubscription:
+        return self
+
+    async def __anext__(self) -> EphemeralMessage:
+        item = await self._queue.get()
+        if item is None:
+            self._queue.put_nowait(None)
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        self._bus._ephemeral.discard(self)
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass
+            self._sub = None
+        while self._queue.full():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)

@@ -1,0 +1,134 @@
+"""Shared state on JetStream: key-value buckets (e.g. the current weight version) and object stores (blobs).
+
+Contract: buckets are created on first use (``history`` 1 unless ``ensure_kv`` said otherwise); values are
+bytes; ``get`` of a missing or deleted key is ``None``; ``watch`` yields the current value (if any) and then
+every new value of the key — deletes are skipped. Object store puts chunk large blobs (1 MiB chunks) and
+``get`` returns the whole blob.
+
+Non-goals: typed values (callers encode), compare-and-set (use nats-py's ``KeyValue.update`` directly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import nats.js.errors as js_errors
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from ._errors import BusError
+
+__all__ = ["Stores"]
+
+_OBJECT_CHUNK = 1024 * 1024
+
+
+class Stores:
+    """Per-connection cache of KV buckets and object stores."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._kv: dict[str, KeyValue] = {}
+        self._obj: dict[str, ObjectStore] = {}
+
+    async def kv(self, bucket: str, *, history: int = 1, ttl_s: float | None = None) -> KeyValue:
+        found = self._kv.get(bucket)
+        if found is not None:
+            return found
+        if not 1 <= history <= 64:
+            raise ValueError(f"history: expected an integer in 1..64, got {history!r}")
+        try:
+            kv = await self._js.key_value(bucket)
+        except js_errors.BucketNotFoundError:
+            try:
+                kv = await self._js.create_key_value(api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s))
+            except js_errors.InvalidBucketNameError:
+                raise BusError(f"invalid KV bucket name {bucket!r}: use letters, digits, '-' and '_'") from None
+            except js_errors.BadRequestError:   # created concurrently by a peer
+                kv = await self._js.key_value(bucket)
+        except js_errors.InvalidBucketNameError:
+            raise BusError(f"invalid KV bucket name {bucket!r}: use letters, digits, '-' and '_'") from None
+        self._kv[bucket] = kv
+        return kv
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        kv = await self.kv(bucket)
+        try:
+            return await kv.put(key, value)
+        except js_errors.InvalidKeyError:
+            raise BusError(f"invalid KV key {key!r} for bucket {bucket!r}") from None
+
+    async def get(self, bucket: str, key: str) -> bytes | None:
+        kv = await self.kv(bucket)
+        try:
+            entry = await kv.get(key)
+        except (js_errors.KeyNotFoundError, js_errors.KeyDeletedError):
+            return None
+        return entry.value
+
+    async def items(self, bucket: str) -> dict[str, bytes]:
+        kv = await self.kv(bucket)
+        try:
+            keys = await kv.keys()
+        except js_errors.NoKeysError:
+            return {}
+        out: dict[str, bytes] = {}
+        for key in keys:
+            value = await self.get(bucket, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    async def watch(self, bucket: str, key: str) -> AsyncIterator[bytes]:
+        kv = await self.kv(bucket)
+        watcher = await kv.watch(key, ignore_deletes=True)
+        try:
+            async for entry in watcher:
+                if entry is None or entry.value is None or entry.operation is not None:
+                    continue   # the "initial values done" marker, or a delete/purge
+                yield entry.value
+        finally:
+            try:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            except Exception:
+                pass
+
+    async def objects(self, bucket: str) -> ObjectStore:
+        found = self._obj.get(bucket)
+        if found is not None:
+            return found
+        try:
+            store = await self._js.object_store(bucket)
+        except js_errors.BucketNotFoundError:
+            try:
+                store = await self._js.create_object_store(bucket)
+            except js_errors.BadRequestError:
+                store = await self._js.object_store(bucket)
+        except js_errors.InvalidBucketNameError:
+            raise BusError(f"invalid object store name {bucket!r}: use letters, digits, '-' and '_'") from None
+        self._obj[bucket] = store
+        return store
+
+    async def object_put(self, bucket: str, name: str, data: bytes) -> int:
+        store = await self.objects(bucket)
+        meta = api.ObjectMeta(name=name, options=api.ObjectMetaOptions(max_chunk_size=_OBJECT_CHUNK))
+        info = await store.put(name, data, meta=meta)
+        return int(info.size or 0)
+
+    async def object_get(self, bucket: str, name: str) -> bytes:
+        store = await self.objects(bucket)
+        try:
+            result = await store.get(name)
+        except js_errors.ObjectNotFoundError:
+            raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
+        return bytes(result.data or b"")
+
+    async def object_delete(self, bucket: str, name: str) -> bool:
+        """Delete an object; ``False`` when it was not there (deleting is idempotent)."""
+        store = await self.objects(bucket)
+        try:
+            await store.delete(name)
+        except js_errors.NotFoundError:
+            return False
+        return True
