@@ -1,0 +1,1 @@
+"""The `gateway` actor kind (its config model lives in `actors.gateway._config`)."""

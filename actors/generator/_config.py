@@ -1,0 +1,61 @@
+"""Config of the `generator` actor kind (light module: no torch; registers the kind on import).
+
+A generator turns prompts into completions (token ids, behavior logprobs, weight version per token) with
+one engine — the builtin torch engine, or an SGLang/vLLM server over HTTP — and swaps in new weights
+while it runs. With ``serve: true`` it also answers gateway requests and publishes them to `traffic`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from topology._registry import ActorKind, register_actor_kind
+from topology._spec import SpecModel, show
+
+
+class GeneratorConfig(SpecModel):
+    """Fields of a `generator` actor block (besides kind/replicas/resources/consumes/publishes)."""
+
+    engine: Literal["torch", "sglang", "vllm"] = "torch"  # torch: in-process; sglang/vllm: a running server
+    url: str | None = None  # base URL of the sglang/vllm server (http://host:30000); required for those engines
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # torch engine: where the model runs; auto = cuda if present
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # torch engine: weights and activations
+    max_batch_size: int = Field(default=32, ge=1)  # sequences decoded together; new requests join at step boundaries
+    max_new_tokens: int | None = Field(default=None, ge=1)  # cap per completion; null: each domain's max_new_tokens
+    temperature: float = Field(default=1.0, ge=0)  # sampling temperature (the learner must see the same one)
+    top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
+    top_k: int = Field(default=0, ge=0)  # top-k sampling; 0 = off
+    serve: bool = False  # also answer gateway traffic (then publishes `traffic` as well)
+    weight_sync: Literal["object-store", "disk", "distributed"] = "object-store"  # how new weights arrive
+    request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request
+
+    @model_validator(mode="after")
+    def _url_matches_engine(self) -> GeneratorConfig:
+        if self.engine in ("sglang", "vllm") and self.url is None:
+            raise ValueError(f"expected url: http://host:port with engine: {self.engine}, got no url")
+        if self.engine == "torch" and self.url is not None:
+            raise ValueError(f"expected no url with engine: torch (url is for sglang/vllm), got {show(self.url)}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// url, got {show(self.url)}")
+        return self
+
+
+def _channels(config: GeneratorConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return ("prompts",), ("rollouts", "traffic") if config.serve else ("rollouts",)
+
+
+register_actor_kind(
+    ActorKind(
+        name="generator",
+        config=GeneratorConfig,
+        factory="actors.generator._actor:GeneratorActor",
+        consumes=("prompts",),
+        publishes=("rollouts",),
+        summary="samples completions for prompts (torch, SGLang or vLLM engine); swaps weights in flight",
+        channels=_channels,
+    )
+)
+
+__all__ = ["GeneratorConfig"]

@@ -1,0 +1,1 @@
+"""The `joiner` actor kind (its config model lives in `actors.joiner._config`)."""

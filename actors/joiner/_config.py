@@ -1,0 +1,35 @@
+"""Config of the `joiner` actor kind (light module; registers the kind on import).
+
+The joiner matches feedback to the served request it rates (by request id; feedback may arrive hours
+later) and publishes the pair to `scored`, so the learner can train on production traffic off-policy.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from topology._registry import ActorKind, register_actor_kind
+from topology._spec import SpecModel
+
+
+class JoinerConfig(SpecModel):
+    """Fields of a `joiner` actor block (besides kind/replicas/resources/consumes/publishes)."""
+
+    window_s: float = Field(default=86_400.0, gt=0)  # how long a served request waits for its feedback
+    max_pending: int = Field(default=100_000, ge=1)  # requests held waiting for feedback; the oldest are dropped first
+    domain: str | None = None  # domain to tag joined samples with; null: the domain recorded with the request
+
+
+register_actor_kind(
+    ActorKind(
+        name="joiner",
+        config=JoinerConfig,
+        factory="actors.joiner._actor:JoinerActor",
+        consumes=("traffic", "feedback"),
+        publishes=("scored",),
+        summary="joins late feedback to served traffic by request id and publishes scored samples",
+        domain_fields=("domain",),
+    )
+)
+
+__all__ = ["JoinerConfig"]

@@ -1,0 +1,114 @@
+"""The `source` actor: draws tasks from the spec's domains by weight and publishes them to `prompts`.
+
+Contract:
+- Opens the domains named in its config (default: every domain of the spec) with `domains_from_spec`; a
+  bad source or JSONL row fails `start()` with the one-line `SourceError`.
+- Replica i samples with `random.Random(seed + i)`, so two replicas never emit the same sequence and a run is
+  reproducible given its seeds. Only training tasks are published (`heldout: false`); held-out tasks never
+  leave through this actor.
+- Each message is a `PromptMsg` payload (`actors._messages`), envelope type `"prompt"`, with a fresh
+  message id per emission (the same task drawn twice is two prompts; `task_id` stays the task's stable id).
+- Backpressure: before each batch the actor reads the channel's *backlog* from JetStream — for every
+  consumer group on the stream, messages not yet delivered plus delivered but not yet acked; the backlog is
+  the largest of these (the slowest group) or, while no group exists yet, the messages in the stream. It
+  publishes at most `max_pending − backlog` more, then polls again. One replica therefore keeps at most
+  `max_pending` prompts waiting (plus at most one batch in flight); R replicas at most R × `max_pending`.
+  A consumer group that stops consuming stalls the source (it is the slowest group) — logged once per stall.
+- `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
+
+Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import anyio
+import nats.js.errors as js_errors
+
+from actors._messages import PromptMsg
+from topology.bus import new_id
+from topology.runtime import Actor
+
+from ._config import SourceConfig
+from ._domains import DomainSampler, domains_from_spec
+
+__all__ = ["SourceActor"]
+
+_BATCH = 32  # most prompts per publish_many call
+_POLL_S = 0.05  # how often a blocked source looks at the backlog again
+_STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
+
+
+class SourceActor(Actor[SourceConfig]):
+    """Publishes domain tasks to `prompts`, never more than `max_pending` ahead of the consumers."""
+
+    sampler: DomainSampler
+    channel: str
+
+    async def start(self) -> None:
+        ctx = self.ctx
+        self.sampler = DomainSampler(
+            domains_from_spec(ctx.spec, self.config.domains), random.Random(self.config.seed + ctx.replica)
+        )
+        actor = ctx.spec.actors.get(ctx.actor)
+        self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
+        self._js = ctx.bus.nc.jetstream()
+        self._stream = ctx.bus.stream(self.channel)
+        ctx.log.info(
+            "source started",
+            channel=self.channel,
+            domains={name: d.source.source for name, d in self.sampler.domains.items()},
+            max_pending=self.config.max_pending,
+        )
+
+    async def backlog(self) -> int:
+        """Prompts waiting for the slowest consumer group (see the module docstring)."""
+        try:
+            groups = await self._js.consumers_info(self._stream)
+            if groups:
+                return max(int(g.num_pending or 0) + int(g.num_ack_pending or 0) for g in groups)
+            info = await self._js.stream_info(self._stream)
+            return int(info.state.messages)
+        except js_errors.NotFoundError:
+            return 0  # the stream does not exist yet; the first publish creates it
+
+    async def run(self) -> None:
+        ctx, config = self.ctx, self.config
+        rate = config.prompts_per_s
+        burst = max(1.0, rate or 0.0)  # at least one prompt, so rates below 1/s still publish
+        tokens, last = burst, time.monotonic()
+        blocked_since: float | None = None
+        while not ctx.stopping.is_set():
+            backlog = await self.backlog()
+            ctx.counters.set("backlog", backlog)
+            room = min(config.max_pending - backlog, _BATCH)
+            if rate is not None:
+                now = time.monotonic()
+                tokens, last = min(burst, tokens + (now - last) * rate), now
+                room = min(room, int(tokens))
+            if room <= 0:
+                if blocked_since is None:
+                    blocked_since = time.monotonic()
+                elif time.monotonic() - blocked_since > _STALL_LOG_S:
+                    ctx.log.warning("source blocked by backlog", backlog=backlog, max_pending=config.max_pending)
+                    blocked_since = float("inf")  # once per stall
+                with anyio.move_on_after(_POLL_S):
+                    await ctx.stopping.wait()
+                continue
+            blocked_since = None
+            await self.publish_batch(room)
+            if rate is not None:
+                tokens -= room
+
+    async def publish_batch(self, n: int) -> None:
+        items: list[tuple[str, dict[str, Any], str | None]] = []
+        for _ in range(n):
+            domain, task = self.sampler.next()
+            payload = PromptMsg.model_validate(task.payload(group_size=domain.group_size)).model_dump()
+            items.append(("prompt", payload, new_id()))
+            self.ctx.counters.inc(f"published.{domain.name}")
+        await self.ctx.bus.publish_many(self.channel, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        self.ctx.counters.inc("published", n)

@@ -1,0 +1,100 @@
+"""Test-only actor kinds for the runtime tests: small but real actors on a real bus.
+
+- ``ticker`` publishes ``{"n": i}`` to its first ``publishes`` channel every ``interval_s``.
+- ``tally`` consumes its first ``consumes`` channel as one group, acks and counts.
+- ``crasher`` raises after ``crash_after_s`` — every time.
+Every kind appends its lifecycle steps to ``<state_dir>/lifecycle.txt`` so tests can check the order.
+Processes of a run find these kinds through ``FLYWHEEL_ACTOR_MODULES=tests.topology.runtime._kinds``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from topology._registry import ActorKind, register_actor_kind
+from topology.runtime import Actor
+
+MODULE = "tests.topology.runtime._kinds"
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TickerConfig(_Config):
+    interval_s: float = 0.05
+
+
+class TallyConfig(_Config):
+    pass
+
+
+class CrasherConfig(_Config):
+    crash_after_s: float = 0.2
+
+
+class _Recording(Actor[_Config]):
+    def note(self, step: str) -> None:
+        with open(self.ctx.state_dir / "lifecycle.txt", "a") as f:
+            f.write(f"{step} {os.getpid()}\n")
+
+    async def start(self) -> None:
+        self.note("start")
+
+    async def drain(self) -> None:
+        self.note("drain")
+
+    async def stop(self) -> None:
+        self.note("stop")
+
+
+class Ticker(_Recording):
+    async def run(self) -> None:
+        self.note("run")
+        config = self.config
+        assert isinstance(config, TickerConfig)
+        channel = self.ctx.spec.actors[self.ctx.actor].publishes[0]
+        n = 0
+        while not self.ctx.stopping.is_set():
+            await self.ctx.bus.publish(
+                channel, "tick", {"n": n}, id=f"{self.ctx.actor}-{self.ctx.replica}-{self.ctx.restarts}-{n}"
+            )
+            self.ctx.counters.inc("published")
+            n += 1
+            with anyio.move_on_after(config.interval_s):
+                await self.ctx.stopping.wait()
+
+
+class Tally(_Recording):
+    async def run(self) -> None:
+        self.note("run")
+        channel = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        async with anyio.create_task_group() as tg:
+
+            async def consume() -> None:
+                async for delivery in self.ctx.bus.consume(channel, self.ctx.actor, batch=8):
+                    self.ctx.counters.inc("consumed")
+                    await delivery.ack()
+
+            tg.start_soon(consume)
+            await self.ctx.stopping.wait()
+            tg.cancel_scope.cancel()
+
+
+class Crasher(_Recording):
+    async def run(self) -> None:
+        self.note("run")
+        config = self.config
+        assert isinstance(config, CrasherConfig)
+        await anyio.sleep(config.crash_after_s)
+        raise RuntimeError("deliberate crash (test kind 'crasher')")
+
+
+register_actor_kind(ActorKind("ticker", TickerConfig, f"{MODULE}:Ticker", publishes=("ticks",),
+                              summary="test: publishes a tick every interval_s"))
+register_actor_kind(ActorKind("tally", TallyConfig, f"{MODULE}:Tally", consumes=("ticks",),
+                              summary="test: consumes and counts"))
+register_actor_kind(ActorKind("crasher", CrasherConfig, f"{MODULE}:Crasher", summary="test: always crashes"))

@@ -1,0 +1,39 @@
+from pathlib import Path
+
+import pytest
+
+from topology.runtime import RunInfo, RunNotFound, find_run, read_run_info
+from topology.runtime._rundir import create_run_dir, write_run_info
+
+
+def info() -> RunInfo:
+    return RunInfo(topology="t", bus_url="nats://127.0.0.1:1", pid=1, spec_path="/x.yaml", started_at=0.0,
+                   heartbeat_s=1.0, replicas={"a": 2})
+
+
+def test_run_dir_layout_and_latest_link(tmp_path: Path) -> None:
+    run = create_run_dir(tmp_path, "demo", now=0.0)
+    assert run.name.startswith("demo-") and len(run.name) == len("demo-YYYYmmdd-HHMMSS")
+    assert {p.name for p in run.iterdir()} == {"logs", "state", "nats"}
+    assert (tmp_path / "latest").resolve() == run.resolve()
+
+
+def test_two_runs_in_the_same_second_get_distinct_dirs(tmp_path: Path) -> None:
+    first = create_run_dir(tmp_path, "demo", now=0.0)
+    second = create_run_dir(tmp_path, "demo", now=0.0)
+    assert first != second and second.name == first.name + "-2"
+    assert (tmp_path / "latest").resolve() == second.resolve()
+
+
+def test_run_json_round_trips_and_find_run_follows_latest(tmp_path: Path) -> None:
+    run = create_run_dir(tmp_path, "demo")
+    write_run_info(run, info())
+    assert read_run_info(run) == info()
+    assert info().replica_keys() == [("a", 0), ("a", 1)]
+    assert find_run(tmp_path) == run.resolve()
+    assert find_run(run) == run
+
+
+def test_find_run_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFound, match="no run found at"):
+        find_run(tmp_path)

@@ -1,0 +1,76 @@
+"""LocalRuntime through `flywheel up`: restarts after SIGKILL, the crash budget, graceful SIGTERM, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.topology.runtime._helpers import (
+    gone,
+    lifecycle,
+    live_rows,
+    start_up,
+    status_json,
+    wait_for,
+    write_spec,
+)
+
+pytestmark = pytest.mark.usefixtures("kinds_env")
+
+
+def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path) -> None:
+    up = start_up(write_spec(tmp_path))
+    try:
+        run_dir = wait_for("the run dir", lambda: (tmp_path / "runs" / "latest").resolve()
+                           if (tmp_path / "runs" / "latest" / "run.json").exists() else None)
+        rows = wait_for("every replica running", lambda: live_rows(run_dir))
+        tally = next(r for r in rows if r["actor"] == "tally")
+        os.kill(tally["pid"], signal.SIGKILL)
+
+        def restarted() -> dict[str, object] | None:
+            rows = live_rows(run_dir) or []
+            row = next((r for r in rows if r["actor"] == "tally"), None)
+            ok = row and row["restarts"] == 1 and row["pid"] != tally["pid"] and row["counters"].get("consumed", 0) > 0
+            return row if ok else None
+
+        row = wait_for("tally restarted and consuming again", restarted)
+        assert row["state"] == "running"
+        ticker = next(r for r in status_json(run_dir)["replicas"] if r["actor"] == "ticker")
+        assert ticker["restarts"] == 0, "only the killed replica restarts"
+        pids = [ticker["pid"], row["pid"], json.loads((run_dir / "run.json").read_text())["nats_pid"]]
+
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=30)
+        assert up.returncode == 0, err
+        assert "stopped cleanly (SIGTERM received)" in out
+        assert lifecycle(run_dir, "ticker")[-2:] == ["drain", "stop"]
+        assert lifecycle(run_dir, "tally")[-2:] == ["drain", "stop"]
+        assert "signal received" in (run_dir / "logs" / "tally-0.log").read_text()
+        assert wait_for("children and nats-server gone", lambda: gone(pids), timeout_s=5)
+        assert json.loads((run_dir / "run.json").read_text())["exit"] == "ok"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+
+
+def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05}", max_restarts=1)
+    up = start_up(spec)
+    try:
+        _out, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1
+    assert "actor 'boom' replica 0 crashed 2 times within 60s" in err
+    assert "deliberate crash (test kind 'crasher')" in err, "the message quotes the replica's log"
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    assert lifecycle(run_dir, "boom") == ["start", "run", "stop"] * 2, "stop() runs after a crash too"
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["exit"].startswith("actor 'boom'")
+    assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), timeout_s=5)

@@ -1,0 +1,97 @@
+"""`flywheel up` / `flywheel status` end to end: --duration, status --json, bad specs, no run, --help."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.topology.runtime._helpers import (  # noqa: E402
+    gone,
+    lifecycle,
+    live_rows,
+    start_up,
+    status_json,
+    wait_for,
+    write_spec,
+)
+from tests.topology.runtime.conftest import kinds_env  # noqa: E402,F401
+from topology.cli import main  # noqa: E402
+
+
+@pytest.mark.usefixtures("kinds_env")
+def test_up_with_duration_stops_by_itself(tmp_path: Path) -> None:
+    up = start_up(write_spec(tmp_path), "--duration", "3")
+    try:
+        out, err = up.communicate(timeout=40)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, err
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    assert f"run dir: {run_dir}" in out and "bus:     nats://127.0.0.1:" in out
+    assert "stopped cleanly (--duration 3s elapsed)" in out
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["exit"] == "ok" and info["stopped_at"] >= info["started_at"]
+    assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), 5)
+    after = status_json(run_dir)
+    assert after["live"] is False and "stopped" in after["reason"]
+
+
+@pytest.mark.usefixtures("kinds_env")
+def test_status_shows_heartbeats_and_ctrl_c_drains(tmp_path: Path) -> None:
+    up = start_up(write_spec(tmp_path), "--duration", "60")
+    try:
+        latest = tmp_path / "runs" / "latest"
+        run_dir = wait_for("the run dir", lambda: latest.resolve() if (latest / "run.json").exists() else None)
+        rows = wait_for("heartbeats of every replica", lambda: live_rows(run_dir))
+        assert {(r["actor"], r["replica"]) for r in rows} == {("ticker", 0), ("tally", 0)}
+        for row in rows:
+            assert row["pid"] > 0 and row["restarts"] == 0 and not row["stale"]
+            assert row["heartbeat_age_s"] < 5 and row["uptime_s"] is not None
+        # the table form, found through the runs folder's `latest` link
+        table = CliRunner().invoke(main, ["status", "--run-dir", str(tmp_path / "runs")])
+        assert table.exit_code == 0 and "ticker" in table.output and "running" in table.output
+        up.send_signal(signal.SIGINT)
+        out, err = up.communicate(timeout=30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, err
+    assert "stopped cleanly (SIGINT received)" in out
+    assert lifecycle(run_dir, "tally") == ["start", "run", "drain", "stop"]
+    assert wait_for("replicas gone", lambda: gone([r["pid"] for r in rows]), 5)
+
+
+def test_up_rejects_an_invalid_spec_with_located_errors(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: Bad Name\npolicy: {model: 'builtin:tiny-gpt'}\nactors: {}\n")
+    result = CliRunner().invoke(main, ["up", str(spec)])
+    assert result.exit_code == 1
+    assert f"{spec}:1:" in result.output and "name" in result.output
+    assert "nothing was started" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_status_without_a_run_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["status"])
+    assert result.exit_code == 1
+    assert "no run found" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["up", "status"])
+def test_help_explains_the_command(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output

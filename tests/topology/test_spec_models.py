@@ -1,0 +1,106 @@
+"""Validated specs: defaults, resolution (run_dir, channels, jsonl paths), kinds, warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.generator._config import GeneratorConfig
+from topology import SpecError, load_spec, load_spec_text
+from topology._machine import machine_issues
+
+MINIMAL = """\
+name: t
+policy: {model: builtin:tiny-gpt}
+domains:
+  arithmetic: {source: builtin:arithmetic, verifier: math}
+actors:
+  source: {}
+  generator: {replicas: 2, resources: {num_cpus: 0.5}}
+  verify: {}
+  learner: {}
+"""
+
+
+def test_minimal_spec_gets_defaults_and_resolved_channels() -> None:
+    spec = load_spec_text(MINIMAL, "t.yaml", {})
+    assert spec.bus.embedded and spec.bus.url is None
+    assert spec.runtime.kind == "local" and spec.runtime.run_dir.is_absolute()
+    generator = spec.actors["generator"]
+    assert isinstance(generator.config, GeneratorConfig)
+    assert (generator.kind, generator.replicas, generator.resources.num_cpus) == ("generator", 2, 0.5)
+    assert generator.consumes == ("prompts",) and generator.publishes == ("rollouts",)
+    assert sorted(spec.channels) == ["prompts", "rollouts", "scored"]
+    assert spec.channels["prompts"].subject == "fw.t.prompts"
+    assert spec.domains["arithmetic"].group_size == 8
+
+
+def test_runtime_shorthand_and_url_turns_embedded_off() -> None:
+    text = MINIMAL + "runtime: ray\nbus: {url: 'nats://h:4222'}\n"
+    spec = load_spec_text(text, "t.yaml", {})
+    assert spec.runtime.kind == "ray"
+    assert spec.bus.embedded is False and spec.bus.url == "nats://h:4222"
+
+
+def test_serving_generator_publishes_traffic() -> None:
+    text = MINIMAL.replace("generator: {replicas: 2, resources: {num_cpus: 0.5}}", "generator: {serve: true}") + \
+        "  recorder: {consumes: [traffic, scored]}\n"
+    spec = load_spec_text(text, "t.yaml", {})
+    assert spec.actors["generator"].publishes == ("rollouts", "traffic")
+
+
+def test_channel_overrides_and_external_channels() -> None:
+    text = """\
+name: t
+policy: {model: builtin:tiny-gpt}
+actors:
+  learner: {}
+channels:
+  scored: {external: true, max_age_s: 60}
+"""
+    spec = load_spec_text(text, "t.yaml", {})
+    assert spec.channels["scored"].external and spec.channels["scored"].max_age_s == 60
+
+
+def test_spec_paths_resolve_against_the_file_that_wrote_them(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "tasks.jsonl").write_text('{"prompt": "1+1", "reference": "2"}\n')
+    (tmp_path / "sub" / "base.yaml").write_text(
+        "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math, heldout: 0}\n"
+        "runtime: {run_dir: out}\n"
+    )
+    (tmp_path / "top.yaml").write_text("include: sub/base.yaml\n" + MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", ""))
+    spec = load_spec(tmp_path / "top.yaml")
+    assert spec.domains["mine"].source == f"jsonl:{(tmp_path / 'sub' / 'tasks.jsonl').resolve()}"
+    assert spec.runtime.run_dir == (tmp_path / "sub" / "out").resolve()
+    assert spec.source_path == (tmp_path / "top.yaml").resolve()
+
+
+def test_all_errors_are_reported_in_one_run() -> None:
+    text = MINIMAL.replace("replicas: 2", "replicas: 0") + "  bogus: {kind: nope}\nextra_top: 1\n"
+    with pytest.raises(SpecError) as caught:
+        load_spec_text(text, "t.yaml", {})
+    paths = {e.path for e in caught.value.errors}
+    assert {"actors.generator.replicas", "actors.bogus.kind", "extra_top"} <= paths
+    assert "t.yaml:7:" in str(caught.value)
+
+
+def test_resources_beyond_the_machine_are_warnings() -> None:
+    spec = load_spec_text(MINIMAL.replace("verify: {}", "verify: {resources: {num_cpus: 8, num_gpus: 2}}"), "t.yaml", {})
+    found = dict(machine_issues(spec, cpus=2, gpus=0))
+    assert ("actors", "verify", "resources", "num_cpus") in found
+    assert ("actors", "verify", "resources", "num_gpus") in found
+    assert ("actors",) in found  # total over replicas
+    assert machine_issues(spec, cpus=64, gpus=8) == []
+
+
+def test_warnings_do_not_fail_the_spec() -> None:
+    spec = load_spec_text(MINIMAL.replace("learner: {}", "learner: {resources: {num_gpus: 64}}"), "t.yaml", {})
+    assert any(w.path == "actors.learner.resources.num_gpus" and w.severity == "warning" for w in spec.warnings)
+
+
+def test_spec_models_are_frozen() -> None:
+    spec = load_spec_text(MINIMAL, "t.yaml", {})
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen instances
+        spec.bus.max_deliver = 9  # type: ignore[misc]

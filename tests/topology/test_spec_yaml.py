@@ -1,0 +1,114 @@
+"""YAML layer: positions, duplicate keys, ${ENV} interpolation and include: merging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topology._yaml import interpolate, load_document, parse_text
+
+
+def test_positions_of_keys_and_values_are_one_based() -> None:
+    doc = parse_text("name: x\nactors:\n  gen:\n    replicas: 2\n", "s.yaml", {})
+    assert doc.data == {"name": "x", "actors": {"gen": {"replicas": 2}}}
+    value = doc.value_loc(("actors", "gen", "replicas"))
+    key = doc.key_loc(("actors", "gen", "replicas"))
+    assert (value.file, value.line, value.col) == ("s.yaml", 4, 15)
+    assert (key.line, key.col) == (4, 5)
+
+
+def test_missing_path_falls_back_to_nearest_parent() -> None:
+    doc = parse_text("actors:\n  gen: {}\n", "s.yaml", {})
+    assert doc.value_loc(("actors", "gen", "nope")).line == 2
+
+
+def test_duplicate_keys_are_errors_at_the_second_occurrence() -> None:
+    doc = parse_text("a: 1\nb:\n  c: 1\n  c: 2\na: 3\n", "s.yaml", {})
+    found = sorted((i.line, i.path) for i in doc.issues)
+    assert found == [(4, "b.c"), (5, "a")]
+
+
+def test_keys_are_taken_as_written() -> None:
+    doc = parse_text("on: 1\n'no': 2\n", "s.yaml", {})
+    assert doc.data == {"on": 1, "no": 2}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("${A}", "1"),
+        ("x-${A}-y", "x-1-y"),
+        ("${MISSING:-dflt}", "dflt"),
+        ("${EMPTY:-dflt}", "dflt"),
+        ("$${A}", "${A}"),
+        ("no dollars", "no dollars"),
+        ("cost $5", "cost $5"),
+    ],
+)
+def test_interpolation(text: str, expected: str) -> None:
+    assert interpolate(text, {"A": "1", "EMPTY": ""}) == (expected, [])
+
+
+@pytest.mark.parametrize("text", ["${MISSING}", "${1BAD}", "${OPEN", "${}"])
+def test_interpolation_problems(text: str) -> None:
+    _, problems = interpolate(text, {})
+    assert problems
+
+
+def test_unquoted_interpolation_is_retyped_quoted_stays_a_string() -> None:
+    doc = parse_text("a: ${N:-2}\nb: \"${N:-2}\"\nc: ${T:-true}\n", "s.yaml", {})
+    assert doc.data == {"a": 2, "b": "2", "c": True}
+
+
+def test_undefined_variable_is_an_error_at_its_scalar() -> None:
+    doc = parse_text("bus:\n  url: ${NOPE_NOT_SET}\n", "s.yaml", {})
+    (issue,) = doc.issues
+    assert (issue.line, issue.col, issue.path) == (2, 8, "bus.url")
+    assert "NOPE_NOT_SET" in issue.message
+
+
+def test_include_deep_merges_and_keeps_positions(tmp_path: Path) -> None:
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "base.yaml").write_text("name: base\nbus:\n  max_deliver: 3\n  ack_wait_s: 9\nlist: [1, 2]\n")
+    (tmp_path / "top.yaml").write_text("include: base/base.yaml\nbus:\n  max_deliver: 7\nlist: [3]\n")
+    doc = load_document(tmp_path / "top.yaml", {})
+    assert doc.issues == []
+    assert doc.data == {"name": "base", "bus": {"max_deliver": 7, "ack_wait_s": 9}, "list": [3]}
+    assert doc.value_loc(("bus", "ack_wait_s")).file.endswith("base.yaml")
+    assert doc.value_loc(("bus", "ack_wait_s")).line == 4
+    assert doc.value_loc(("bus", "max_deliver")).file.endswith("top.yaml")
+    assert doc.value_loc(("list", 0)).file.endswith("top.yaml")
+    assert ("list", 1) not in doc.values
+
+
+def test_include_list_later_wins(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("x: 1\ny: 1\n")
+    (tmp_path / "b.yaml").write_text("y: 2\n")
+    (tmp_path / "top.yaml").write_text("include: [a.yaml, b.yaml]\nz: 3\n")
+    assert load_document(tmp_path / "top.yaml", {}).data == {"x": 1, "y": 2, "z": 3}
+
+
+def test_include_cycle_names_the_chain(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("x: 1\ninclude: a.yaml\n")
+    doc = load_document(tmp_path / "a.yaml", {})
+    (issue,) = doc.issues
+    assert issue.file.endswith("b.yaml") and issue.line == 2
+    assert "a.yaml → b.yaml → a.yaml" in issue.message
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [(b"", "empty"), (b"\x00\x01binary", "binary"), (b"\xff\xfe\xfa", "UTF-8"), (b"- 1\n- 2\n", "got a list")],
+)
+def test_unusable_files_are_single_issues(tmp_path: Path, content: bytes, needle: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_bytes(content)
+    doc = load_document(path, {})
+    assert len(doc.issues) == 1 and needle in doc.issues[0].message
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    assert "no such file" in load_document(tmp_path / "nope.yaml", {}).issues[0].message
+    assert "directory" in load_document(tmp_path, {}).issues[0].message

@@ -1,0 +1,273 @@
+"""``flywheel up`` (run a topology, supervised) and ``flywheel status`` (what every replica is doing).
+
+Contract: ``up`` validates the spec first (every issue printed as ``file:line:col: path: message``, exit 1),
+prints the run dir and bus URL, shows replica states while it runs (a live table on a terminal, a plain line
+every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor exhausted its restarts.
+``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints a table,
+or ``--json``; it exits 1 with one sentence when no run is live.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+import structlog
+
+_STATE_STYLE = {"running": "green", "starting": "cyan", "draining": "yellow", "stopping": "yellow",
+                "stopped": "dim", "restarting": "magenta", "crashed": "red", "failed": "bold red"}  # fmt: skip
+
+
+def _configure_logging(level: int = logging.INFO) -> None:
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _fmt_counters(counters: dict[str, Any], limit: int = 5) -> str:
+    parts = []
+    for name in sorted(counters)[:limit]:
+        value = counters[name]
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{name}={shown}")
+    more = len(counters) - limit
+    return " ".join(parts) + (f" (+{more})" if more > 0 else "")
+
+
+def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: float) -> list[dict[str, Any]]:
+    now = time.time()
+    by_key = {(r.actor, r.replica): r for r in records}
+    rows: list[dict[str, Any]] = []
+    for actor, replica in expected:
+        r = by_key.get((actor, replica))
+        if r is None:
+            rows.append({"actor": actor, "replica": replica, "state": "pending", "pid": None, "restarts": 0,
+                         "uptime_s": None, "heartbeat_age_s": None, "stale": False, "counters": {}, "error": None})  # fmt: skip
+            continue
+        alive = r.state in ("starting", "running", "draining", "stopping")
+        rows.append({
+            "actor": actor, "replica": replica, "kind": r.kind, "state": r.state, "pid": r.pid,
+            "restarts": r.restarts, "uptime_s": round(now - r.started_at, 1) if alive else None,
+            "heartbeat_age_s": round(r.age_s(now), 1), "stale": r.is_stale(heartbeat_s, now),
+            "counters": r.counters, "error": r.error,
+        })  # fmt: skip
+    return rows
+
+
+def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("actor", "replica", "state", "pid", "restarts", "uptime", "heartbeat", "counters"):
+        table.add_column(column, no_wrap=column != "counters", justify="right" if column in ("pid", "restarts") else "left")
+    for row in rows:
+        state = row["state"]
+        style = _STATE_STYLE.get(state, "")
+        shown_state = f"[{style}]{state}[/]" if style else state
+        age = row["heartbeat_age_s"]
+        heartbeat = "—" if age is None else f"{age:.1f}s ago" + (" [bold red]STALE[/]" if row["stale"] else "")
+        uptime = "—" if row["uptime_s"] is None else _fmt_duration(row["uptime_s"])
+        counters = _fmt_counters(row["counters"]) or (row["error"] or "")
+        table.add_row(row["actor"], str(row["replica"]), shown_state, str(row["pid"] or "—"),
+                      str(row["restarts"]), uptime, heartbeat, counters)  # fmt: skip
+    return table
+
+
+def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
+    parts = []
+    for row in rows:
+        extra = f" r{row['restarts']}" if row["restarts"] else ""
+        extra += " STALE" if row["stale"] else ""
+        parts.append(f"{row['actor']}[{row['replica']}]={row['state']}{extra}")
+    return f"[{_fmt_duration(elapsed_s)}] " + " ".join(parts)
+
+
+def _load_spec_or_exit(path: Path) -> Any:
+    from topology import load_spec
+    from topology._errors import SpecError
+    from topology.runtime._plugins import ActorModuleError, import_actor_modules
+
+    try:
+        import_actor_modules()
+        spec = load_spec(path)
+    except ActorModuleError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SpecError as exc:
+        for issue in exc.issues:
+            click.echo(str(issue), err=True)
+        count = len(exc.errors)
+        click.echo(f"{path}: {count} error{'s' if count != 1 else ''}; nothing was started.", err=True)
+        sys.exit(1)
+    for warning in spec.warnings:
+        click.echo(str(warning), err=True)
+    return spec
+
+
+async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) -> Any:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    result: Any = None
+
+    async def display() -> None:
+        await runtime.started.wait()
+        click.echo(f"run dir: {runtime.run_dir}")
+        click.echo(f"bus:     {runtime.bus_url}")
+        click.echo(f"status:  flywheel status {runtime.run_dir}")
+        began = time.monotonic()
+        expected = runtime.replica_keys()
+        heartbeat_s = runtime.spec.runtime.heartbeat_s
+
+        async def current_rows() -> list[dict[str, Any]] | None:
+            if runtime.stopping:
+                return None  # the bus is going away with the run: stop drawing
+            try:
+                return _rows(await runtime.statuses(), expected, heartbeat_s)
+            except Exception:  # a bus hiccup must not take the run down with it
+                return []
+
+        if console.is_terminal:
+            with Live(console=console, auto_refresh=False, transient=False) as live:
+                while (rows := await current_rows()) is not None:
+                    title = f"{runtime.spec.name} — {_fmt_duration(time.monotonic() - began)}"
+                    live.update(_table(rows, title=title), refresh=True)
+                    await anyio.sleep(1.0)
+            return
+        while True:
+            await anyio.sleep(interval_s)
+            if (rows := await current_rows()) is None:
+                return
+            click.echo(_plain_line(rows, time.monotonic() - began))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(display)
+        result = await runtime.run(duration_s=duration_s)
+        tg.cancel_scope.cancel()
+    return result
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Stop by itself (with a graceful drain) after S seconds. Default: run until Ctrl-C / SIGTERM.")  # fmt: skip
+@click.option("--single-process", is_flag=True,
+              help="Run every replica as a task in this one process (for debuggers and profilers; no isolation).")  # fmt: skip
+@click.option("--run-dir", "run_root", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Create the run directory under DIR instead of the spec's runtime.run_dir.")  # fmt: skip
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+              help="On stop, give replicas S seconds to drain before they are killed.")  # fmt: skip
+@click.option("--every", "interval_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S",
+              help="When stdout is not a terminal, print a status line every S seconds.")  # fmt: skip
+def up(spec_path: Path, duration: float | None, single_process: bool, run_root: Path | None,
+       drain_timeout: float, interval_s: float) -> None:  # fmt: skip
+    """Run the topology in SPEC as a supervised service, until Ctrl-C, SIGTERM or --duration.
+
+    \b
+    What happens:
+      1. the spec is validated (every error printed with file:line; nothing starts if one is found)
+      2. a run directory <run_dir>/<name>-<YYYYmmdd-HHMMSS>/ is created (runs/latest points at it):
+         run.json (how to reach the run), logs/<actor>-<replica>.log, state/ (checkpoints), nats/
+      3. the bus starts (embedded nats-server) or is connected to, and every channel is created
+      4. each actor replica starts as its own process; a crashed one is restarted with backoff, and
+         one that keeps crashing (runtime.restart.max_restarts within window_s) stops the topology
+      5. Ctrl-C / SIGTERM / --duration: replicas drain (finish and ack in-flight work), then stop;
+         a second Ctrl-C skips the drain
+
+    \b
+    Examples:
+      flywheel up specs/embedded.yaml
+      flywheel up specs/embedded.yaml --duration 60
+      flywheel up specs/embedded.yaml --single-process     # one process, easy to debug
+    In another terminal: flywheel status
+    """
+    _configure_logging()
+    spec = _load_spec_or_exit(spec_path)
+    from topology.runtime import LocalRuntime, SingleProcessRuntime
+
+    runtime_cls = SingleProcessRuntime if single_process else LocalRuntime
+    runtime = runtime_cls(spec, run_root=run_root.resolve() if run_root else None, drain_timeout_s=drain_timeout)
+    try:
+        result = anyio.run(_up_main, runtime, duration, interval_s, backend="asyncio")
+    except Exception as exc:  # bus could not start, run dir not writable, …: one line, not a traceback
+        from topology.bus import BusError
+
+        if isinstance(exc, BusError | OSError):
+            raise click.ClickException(str(exc)) from None
+        raise
+    if result.ok:
+        click.echo(f"{spec.name}: {result.message}; run dir {result.run_dir}")
+        return
+    click.echo(f"{spec.name}: {result.message}", err=True)
+    sys.exit(result.exit_code)
+
+
+@click.command()
+@click.argument("run_dir_arg", metavar="[RUN_DIR]", required=False, type=click.Path(path_type=Path))
+@click.option("--run-dir", "run_dir_opt", type=click.Path(path_type=Path), metavar="DIR",
+              help="A run directory, or a runs folder whose 'latest' link to follow. Default: ./runs.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
+def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) -> None:
+    """Show what every actor replica of a running topology is doing.
+
+    \b
+    Finds the run (RUN_DIR, --run-dir, or ./runs/latest), reads each replica's latest heartbeat
+    from the bus and prints: actor, replica, state, pid, restarts, uptime, age of the last
+    heartbeat (STALE when older than 3 heartbeat intervals: the replica is wedged or gone) and
+    its counters. Exits 1 when no run is live there.
+
+    \b
+    Examples:
+      flywheel status
+      flywheel status runs/embedded-default-20250101-120000
+      flywheel status --json | jq '.replicas[] | {actor, state, restarts}'
+    """
+    from rich.console import Console
+
+    from topology.runtime._rundir import RunNotFound, find_run
+    from topology.runtime._status import read_run_status
+
+    _configure_logging(logging.WARNING)
+    where = run_dir_arg or run_dir_opt
+    try:
+        run_dir = find_run(where)
+    except RunNotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    report = anyio.run(read_run_status, run_dir, backend="asyncio")
+    rows = _rows(report.replicas, report.expected, report.heartbeat_s) if report.live else []
+    if as_json:
+        doc = {"run_dir": report.run_dir, "topology": report.topology, "bus_url": report.bus_url,
+               "live": report.live, "reason": report.reason, "replicas": rows}  # fmt: skip
+        click.echo(json.dumps(doc, indent=2))
+        sys.exit(0 if report.live else 1)
+    if not report.live:
+        click.echo(f"no live run at {run_dir}: {report.reason}", err=True)
+        sys.exit(1)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped: do not cut counters at 80 columns
+    console.print(_table(rows, title=f"{report.topology} — {report.run_dir}"))
+
+
+__all__ = ["status", "up"]

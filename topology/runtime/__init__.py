@@ -1,0 +1,33 @@
+"""Actor runtime: the Actor base class, its context and counters, heartbeats, and the local runtimes.
+
+``LocalRuntime`` runs one supervised OS process per replica; ``SingleProcessRuntime`` runs every replica in
+one event loop (``flywheel up --single-process``). Both implement ``Runtime``; a Ray runtime will too.
+"""
+
+from topology.runtime._actor import Actor, ActorContext, ActorState, Counters
+from topology.runtime._restart import RestartPolicy
+from topology.runtime._rundir import RunInfo, RunNotFound, find_run, read_run_info
+from topology.runtime._runtime import RunResult, Runtime
+from topology.runtime._single import SingleProcessRuntime
+from topology.runtime._status import ReplicaStatus, RunStatus, read_run_status, status_bucket
+from topology.runtime._supervisor import LocalRuntime
+
+__all__ = [
+    "Actor",
+    "ActorContext",
+    "ActorState",
+    "Counters",
+    "LocalRuntime",
+    "ReplicaStatus",
+    "RestartPolicy",
+    "RunInfo",
+    "RunNotFound",
+    "RunResult",
+    "RunStatus",
+    "Runtime",
+    "SingleProcessRuntime",
+    "find_run",
+    "read_run_info",
+    "read_run_status",
+    "status_bucket",
+]

@@ -1,0 +1,124 @@
+"""The actor base class, its context and its counters.
+
+Contract: an actor is constructed with an :class:`ActorContext` and its kind's validated config, then driven
+through ``start → run → drain → stop`` exactly once by a runtime (one OS process per replica, or one event
+loop for all of them with ``--single-process``). ``run()`` must return soon after ``ctx.stopping`` is set;
+``drain()`` then finishes in-flight work and acks it; ``stop()`` releases resources. The actor never learns
+where its peers run: everything it needs arrives through the context.
+
+Non-goals: no thread safety (an actor lives on one event loop), no persistence of counters across restarts
+(an actor that must resume writes its own checkpoint under ``ctx.state_dir``).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+import structlog
+
+if TYPE_CHECKING:
+    from topology._spec import Spec
+    from topology.bus import Bus
+
+ConfigT = TypeVar("ConfigT")
+
+
+class ActorState(enum.StrEnum):
+    """Where a replica is in its lifecycle, as reported in heartbeats and ``flywheel status``."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    RESTARTING = "restarting"  # written by the supervisor while it waits out the backoff
+    FAILED = "failed"  # written by the supervisor when the replica exhausted its restarts
+
+
+class Counters:
+    """Cheap in-process counters and gauges an actor reports in its heartbeats.
+
+    ``inc`` adds to a counter, ``set`` overwrites a gauge; both live in one flat namespace so that
+    ``flywheel status`` can print them side by side.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[str, float] = {}
+
+    def inc(self, name: str, n: float = 1) -> None:
+        self._values[name] = self._values.get(name, 0) + n
+
+    def set(self, name: str, value: float) -> None:
+        self._values[name] = value
+
+    def get(self, name: str) -> float:
+        return self._values.get(name, 0)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        return f"Counters({self._values!r})"
+
+
+@dataclass
+class ActorContext:
+    """Everything a replica may use: who it is, the validated spec, a connected bus, a bound logger."""
+
+    topology: str
+    actor: str
+    replica: int
+    kind: str
+    spec: Spec
+    bus: Bus
+    run_dir: Path
+    restarts: int = 0
+    log: structlog.typing.FilteringBoundLogger = field(default=None)  # type: ignore[assignment]
+    counters: Counters = field(default_factory=Counters)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = structlog.get_logger("flywheel").bind(
+                topology=self.topology, actor=self.actor, replica=self.replica
+            )
+
+    @property
+    def state_dir(self) -> Path:
+        """``run_dir/state/<actor>/<replica>``: where this replica keeps checkpoints (created on access)."""
+        path = self.run_dir / "state" / self.actor / str(self.replica)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+class Actor(abc.ABC, Generic[ConfigT]):
+    """Base class of every actor kind. Subclasses implement :meth:`run`; the other hooks are optional."""
+
+    def __init__(self, ctx: ActorContext, config: ConfigT) -> None:
+        self.ctx = ctx
+        self.config = config
+
+    async def start(self) -> None:
+        """Open connections, load weights, subscribe. Runs before :meth:`run`."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """The actor's loop. Must return soon after ``self.ctx.stopping`` is set."""
+
+    async def drain(self) -> None:
+        """Finish in-flight work and ack it. Runs after :meth:`run` returned."""
+
+    async def stop(self) -> None:
+        """Release resources. Runs last, also after a crash in :meth:`start` or :meth:`run`."""
+
+    def report(self) -> dict[str, Any]:
+        """What heartbeats carry as ``counters``; defaults to the counters' snapshot."""
+        return dict(self.ctx.counters.snapshot())

@@ -1,0 +1,137 @@
+"""Entry point of one replica process: ``python -m topology.runtime._child --spec … --actor … --replica …``.
+
+Contract: loads the spec, imports the actor kind's factory, sizes torch's thread pool from the actor's
+``resources.num_cpus`` (only if the kind's module imported torch — this module never does), connects to
+the bus, and runs the replica's lifecycle with heartbeats. SIGTERM/SIGINT set ``ctx.stopping`` (the actor
+drains); a second one is logged and ignored — the supervisor SIGKILLs after its grace period. Exit status:
+0 after a clean stop, 1 after a crash, 2 when the replica could not even be set up (bad spec, unknown actor).
+Logs go to stderr (the supervisor appends them to ``<run_dir>/logs/<actor>-<replica>.log``).
+
+Non-goals: this is not a user-facing command; ``flywheel up`` builds its arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from topology.runtime._actor import ActorContext
+from topology.runtime._lifecycle import Replica
+from topology.runtime._plugins import ActorModuleError, import_actor_modules
+from topology.runtime._session import connect_bus
+
+
+def configure_logging() -> None:
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def size_torch_threads(num_cpus: float) -> int | None:
+    """Give torch ``ceil(num_cpus)`` intra-op threads (at least 1) if torch is loaded; returns what was set."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return None
+    threads = max(1, math.ceil(num_cpus))
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # only settable before the first parallel op; the intra-op pool is what matters
+        pass
+    return threads
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m topology.runtime._child")
+    parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--actor", required=True)
+    parser.add_argument("--replica", required=True, type=int)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--bus-url", required=True)
+    parser.add_argument("--restarts", type=int, default=0)
+    parser.add_argument("--supervisor-pid", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int:
+    actor_spec = spec.actors[args.actor]
+    bus = await connect_bus(spec, args.bus_url, client_name=f"{spec.name}-{args.actor}-{args.replica}")
+    try:
+        ctx = ActorContext(
+            topology=spec.name, actor=args.actor, replica=args.replica, kind=actor_spec.kind, spec=spec,
+            bus=bus, run_dir=args.run_dir, restarts=args.restarts,
+        )  # fmt: skip
+        replica = Replica(ctx, factory, actor_spec.config, heartbeat_s=spec.runtime.heartbeat_s)
+        async with anyio.create_task_group() as tg:
+
+            async def on_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        ctx.log.info("signal received", signal=signal.Signals(signum).name)
+                        ctx.stopping.set()
+
+            tg.start_soon(on_signals)
+            ok = await replica.run()
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await bus.close()
+    return 0 if ok else 1
+
+
+def _exit_before_start(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Stopped before the actor even started (still importing): nothing to drain, so a clean exit.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_before_start)
+    args = _parse(argv)
+    configure_logging()
+    log = structlog.get_logger("flywheel.child").bind(actor=args.actor, replica=args.replica)
+    if args.supervisor_pid is not None and os.getppid() != args.supervisor_pid:
+        log.error("supervisor is gone before this replica started; exiting")
+        return 2
+    from topology import load_spec
+    from topology._errors import SpecError
+    from topology._registry import actor_kinds, resolve_factory
+
+    try:
+        import_actor_modules()
+        spec = load_spec(args.spec)
+    except ActorModuleError as exc:
+        log.error(str(exc))
+        return 2
+    except SpecError as exc:
+        log.error("spec no longer valid", spec=str(args.spec), errors=str(exc))
+        return 2
+    if args.actor not in spec.actors:
+        log.error("no such actor in spec", spec=str(args.spec))
+        return 2
+    actor_spec = spec.actors[args.actor]
+    factory = resolve_factory(actor_kinds()[actor_spec.kind])
+    threads = size_torch_threads(actor_spec.resources.num_cpus)
+    log.info("replica process up", pid=os.getpid(), torch_threads=threads, restarts=args.restarts)
+    return anyio.run(_amain, args, spec, factory, backend="asyncio")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The Runtime protocol and what the local runtimes share: stop requests, signals, duration, the verdict.
+
+Contract: ``await runtime.run(duration_s=...)`` brings the topology up, keeps it running until a stop is
+requested (:meth:`request_stop`, SIGINT/SIGTERM when ``handle_signals``, ``duration_s`` elapsed, every
+replica finished by itself, or a replica exhausted its restart budget), drains it and returns a
+:class:`RunResult`. A second SIGINT/SIGTERM during the drain skips the rest of the grace period. Between
+``started`` being set and ``run`` returning, ``run_dir``, ``bus_url`` and :meth:`statuses` are available.
+
+Non-goals: placement across machines (the Ray runtime, later, implements the same protocol).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+import structlog
+
+from topology.runtime._restart import RestartPolicy
+from topology.runtime._session import Session
+from topology.runtime._status import ReplicaStatus, read_status
+
+if TYPE_CHECKING:
+    from topology._spec import Spec
+
+_log = structlog.get_logger("flywheel.runtime")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: ``ok`` unless a replica exhausted its restarts (then ``message`` says which)."""
+
+    ok: bool
+    message: str
+    run_dir: Path
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+
+class Runtime(Protocol):
+    started: anyio.Event
+
+    @property
+    def run_dir(self) -> Path | None: ...
+
+    @property
+    def bus_url(self) -> str | None: ...
+
+    async def run(self, *, duration_s: float | None = None) -> RunResult: ...
+
+    def request_stop(self, reason: str) -> None: ...
+
+    async def statuses(self) -> list[ReplicaStatus]: ...
+
+
+class RuntimeBase:
+    """Stop bookkeeping shared by :class:`LocalRuntime` and :class:`SingleProcessRuntime`."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        *,
+        run_root: Path | None = None,
+        drain_timeout_s: float = 10.0,
+        handle_signals: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.run_root = run_root
+        self.drain_timeout_s = drain_timeout_s
+        self.handle_signals = handle_signals
+        self.started = anyio.Event()
+        self.policy = RestartPolicy.from_spec(spec.runtime.restart)
+        self.session: Session | None = None
+        self._stop = anyio.Event()
+        self._stop_reason = ""
+        self._failure: str | None = None
+        self._hurry = anyio.Event()  # set by a second signal: skip the rest of the drain grace period
+        self._finished: set[tuple[str, int]] = set()
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.session.run_dir if self.session else None
+
+    @property
+    def bus_url(self) -> str | None:
+        return self.session.bus_url if self.session else None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def replica_keys(self) -> list[tuple[str, int]]:
+        return [(name, i) for name, actor in self.spec.actors.items() for i in range(actor.replicas)]
+
+    def request_stop(self, reason: str) -> None:
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            _log.info("stopping topology", topology=self.spec.name, reason=reason)
+            self._stop.set()
+
+    def fail(self, message: str) -> None:
+        """Stop the whole topology because of ``message`` (the first failure wins)."""
+        if self._failure is None:
+            self._failure = message
+        self.request_stop("failure")
+
+    def replica_finished(self, key: tuple[str, int]) -> None:
+        """A replica ended cleanly on its own (not asked to); when all did, the run is over."""
+        self._finished.add(key)
+        if len(self._finished) == len(self.replica_keys()):
+            self.request_stop("every actor finished")
+
+    async def statuses(self) -> list[ReplicaStatus]:
+        if self.session is None:
+            return []
+        return await read_status(self.session.bus, self.spec.name, self.replica_keys())
+
+    async def watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self._stop.is_set():
+                    _log.warning("second signal: not waiting for the drain", signal=name)
+                    self._hurry.set()
+                else:
+                    self.request_stop(f"{name} received")
+
+    async def stop_after(self, duration_s: float) -> None:
+        await anyio.sleep(duration_s)
+        self.request_stop(f"--duration {duration_s:g}s elapsed")
+
+    async def wait_stop(self) -> None:
+        await self._stop.wait()
+
+    def result(self, session: Session) -> RunResult:
+        ok = self._failure is None
+        message = self._failure if self._failure is not None else f"stopped cleanly ({self._stop_reason})"
+        session.info.exit = "ok" if ok else message.splitlines()[0]
+        return RunResult(ok=ok, message=message, run_dir=session.run_dir)
+
+    def drain_deadline(self) -> float:
+        return time.monotonic() + self.drain_timeout_s

@@ -1,0 +1,209 @@
+"""LocalRuntime: one OS process per actor replica on this machine, supervised.
+
+Contract:
+- Each replica runs ``python -m topology.runtime._child …`` with stdout+stderr appended to
+  ``<run_dir>/logs/<actor>-<replica>.log``, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set from its
+  ``resources.num_cpus``, in its own session (a terminal ^C reaches the supervisor, which decides), and with
+  ``PR_SET_PDEATHSIG(SIGKILL)``: it dies with the supervisor, even a SIGKILLed one — no orphans.
+- A replica that exits non-zero (or is killed) while the topology runs is restarted after the policy's
+  backoff; its status record says ``restarting`` meanwhile. One that crashes more than ``max_restarts``
+  times within ``window_s`` stops the whole topology; the result names the actor and quotes the last lines
+  of its log. A replica that exits 0 by itself is done and not restarted.
+- Stopping: SIGTERM to every child (they drain), wait up to ``drain_timeout_s``, SIGKILL the rest, then the
+  session closes (nats-server stopped last).
+
+Non-goals: no resource isolation beyond thread counts (no cgroups, no CPU pinning).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from topology.runtime._actor import ActorState
+from topology.runtime._runtime import RunResult, RuntimeBase
+from topology.runtime._session import Session, open_session
+from topology.runtime._status import ReplicaStatus, put_status
+
+if TYPE_CHECKING:
+    from topology._spec import Spec
+
+_log = structlog.get_logger("flywheel.runtime")
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.05
+_LOG_TAIL_LINES = 12
+
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def thread_env(num_cpus: float) -> dict[str, str]:
+    threads = str(max(1, math.ceil(num_cpus)))
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
+
+
+class LocalRuntime(RuntimeBase):
+    """Runs each replica as its own supervised OS process. See the module docstring."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        *,
+        run_root: Path | None = None,
+        drain_timeout_s: float = 10.0,
+        handle_signals: bool = True,
+        python: Sequence[str] = (sys.executable,),
+    ) -> None:
+        super().__init__(spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals)
+        self.python = tuple(python)
+        self.procs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+
+    async def run(self, *, duration_s: float | None = None) -> RunResult:
+        async with open_session(self.spec, run_root=self.run_root) as session:
+            self.session = session
+            _log.info("topology up", topology=self.spec.name, run_dir=str(session.run_dir), bus=session.bus_url)
+            try:
+                async with anyio.create_task_group() as tg:
+                    if self.handle_signals:
+                        tg.start_soon(self.watch_signals)
+                    if duration_s is not None:
+                        tg.start_soon(self.stop_after, duration_s)
+                    for key in self.replica_keys():
+                        tg.start_soon(self._supervise, session, key)
+                    self.started.set()
+                    await self.wait_stop()
+                    await self._shutdown()
+                    tg.cancel_scope.cancel()
+            finally:
+                self._kill_all()  # also on cancellation or an error above: never leave a child behind
+            return self.result(session)
+
+    def _spawn(self, session: Session, key: tuple[str, int], restarts: int) -> subprocess.Popen[bytes]:
+        actor, replica = key
+        log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
+        cmd = [
+            *self.python, "-m", "topology.runtime._child",
+            "--spec", str(self.spec.source_path),
+            "--actor", actor,
+            "--replica", str(replica),
+            "--run-dir", str(session.run_dir),
+            "--bus-url", session.bus_url,
+            "--restarts", str(restarts),
+            "--supervisor-pid", str(os.getpid()),
+        ]  # fmt: skip
+        env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus)}
+        with open(log_path, "ab") as out:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            out.write(f"--- flywheel: {actor}[{replica}] start #{restarts + 1} at {stamp} ---\n".encode())
+            out.flush()
+            # Popen from the event-loop thread: PDEATHSIG fires when the *forking thread* exits.
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=_die_with_parent, start_new_session=True,
+            )  # fmt: skip
+        self.procs[key] = proc
+        _log.info("replica started", actor=actor, replica=replica, pid=proc.pid, restarts=restarts)
+        return proc
+
+    async def _supervise(self, session: Session, key: tuple[str, int]) -> None:
+        actor, replica = key
+        restarts = 0
+        while not self.stopping:
+            proc = self._spawn(session, key, restarts)
+            started = time.time()
+            while proc.poll() is None:  # noqa: ASYNC110 — a Popen's exit is not awaitable; poll it
+                await anyio.sleep(_POLL_S)
+            if self.stopping:
+                return
+            code = proc.returncode
+            if code == 0:
+                _log.info("replica finished", actor=actor, replica=replica)
+                self.replica_finished(key)
+                return
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
+            delay = self.policy.on_crash(key)
+            state = ActorState.FAILED if delay is None else ActorState.RESTARTING
+            await self._put(session, key, state, proc.pid, restarts + (delay is not None), started, how)
+            if delay is None:
+                tail = "\n".join(f"  | {line}" for line in log_tail(log_path))
+                self.fail(
+                    f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
+                    f"{self.policy.window_s:g}s (last: {how}); stopping the topology.\n"
+                    f"Last lines of {log_path}:\n{tail}"
+                )
+                return
+            _log.warning("replica crashed", actor=actor, replica=replica, how=how, restart_in_s=round(delay, 2))
+            await anyio.sleep(delay)
+            restarts += 1
+
+    async def _put(
+        self, session: Session, key: tuple[str, int], state: ActorState, pid: int, restarts: int,
+        started_at: float, error: str,
+    ) -> None:  # fmt: skip
+        actor, replica = key
+        record = ReplicaStatus(
+            actor=actor, replica=replica, kind=self.spec.actors[actor].kind, state=state.value, pid=pid,
+            restarts=restarts, started_at=started_at, ts=time.time(), error=error,
+        )  # fmt: skip
+        try:
+            await put_status(session.bus, self.spec.name, record)
+        except Exception as exc:
+            _log.warning("could not record replica status", error=f"{type(exc).__name__}: {exc}")
+
+    async def _shutdown(self) -> None:
+        live = {key: p for key, p in self.procs.items() if p.poll() is None}
+        for proc in live.values():
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = self.drain_deadline()
+        with anyio.move_on_after(self.drain_timeout_s):
+            while any(p.poll() is None for p in live.values()) and not self._hurry.is_set():  # noqa: ASYNC110
+                await anyio.sleep(_POLL_S)
+        late = [f"{a}[{r}]" for (a, r), p in live.items() if p.poll() is None]
+        if late:
+            why = "second signal" if self._hurry.is_set() else f"no drain within {self.drain_timeout_s:g}s"
+            _log.warning("killing replicas", replicas=late, why=why, left_s=round(deadline - time.monotonic(), 1))
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _log.error("replica did not die after SIGKILL", pid=proc.pid)
