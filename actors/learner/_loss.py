@@ -1,0 +1,125 @@
+"""Decoupled PPO with truncated importance weights — the learner's loss, written once.
+
+Contract (see ``shared/reference/ALGORITHMS.md``), per completion token ``t``:
+
+```
+ratio_t   = exp(log π_θ,t − log π_prox,t)
+iw_t      = min(exp(log π_prox,t − log μ_t), C)          # no grad
+clipped_t = clip(ratio_t, 1 − ε_low, 1 + ε_high)
+loss_t    = − iw_t · min(ratio_t · A, clipped_t · A)
+loss      = Σ loss_t / Σ 1                                # token-level mean over the batch
+```
+
+plus, optionally, ``β · mean(kl_t)`` with the k3 estimator against a frozen reference policy. All tensors are
+``[batch, time]`` with a float ``mask`` marking completion tokens (prompt and padding are 0).
+
+What this module does not do: it computes no logprobs (the policy does) and it does not filter stale samples
+(the batcher does, before any forward pass, so stale samples cost no compute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Knobs of the decoupled PPO loss."""
+
+    clip_low: float = 0.2  # ε_low: ratio may fall to 1 − ε_low before the clip bites
+    clip_high: float = 0.28  # ε_high: "clip-higher" leaves room for unlikely tokens to grow
+    iw_cap: float = 3.0  # C: truncation of the behavior→proximal importance weight
+    kl_coef: float = 0.0  # β: weight of the k3 KL to the reference policy; 0 disables it
+
+    def __post_init__(self) -> None:
+        if not 0 < self.clip_low < 1:
+            raise ValueError(f"clip_low: expected a number in (0, 1), got {self.clip_low}")
+        if self.clip_high <= 0:
+            raise ValueError(f"clip_high: expected a number > 0, got {self.clip_high}")
+        if self.iw_cap < 1:
+            raise ValueError(f"iw_cap: expected a number >= 1, got {self.iw_cap}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef: expected a number >= 0, got {self.kl_coef}")
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """What one loss evaluation reports (plain floats, detached)."""
+
+    loss: float
+    tokens: int
+    iw_mean: float
+    iw_max: float
+    iw_truncated_frac: float  # fraction of tokens whose importance weight hit the cap
+    clipped_frac: float  # fraction of tokens where the clipped branch was the one taken
+    kl: float  # mean k3 KL to the reference (0 when disabled)
+    ratio_mean: float
+
+
+def importance_weights(prox_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated ``min(π_prox / μ, C)`` per token, without grad."""
+    with torch.no_grad():
+        return torch.exp(prox_logprobs - behavior_logprobs).clamp(max=cap)
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref − θ) − (ref − θ) − 1`` (always ≥ 0)."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PPOConfig,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """The token-mean decoupled PPO loss and its statistics.
+
+    ``advantages`` is ``[batch]`` (one per completion) or ``[batch, time]``. An all-zero mask yields a zero
+    loss that still has a grad path (so callers need no special case) and zeroed statistics.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)
+    mask = mask.to(logprobs.dtype)
+    tokens = int(mask.sum().item())
+    denom = mask.sum().clamp(min=1.0)
+
+    iw = importance_weights(prox_logprobs.detach(), behavior_logprobs, config.iw_cap)
+    ratio = torch.exp(logprobs - prox_logprobs.detach())
+    clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+    unclipped_obj = ratio * advantages
+    clipped_obj = clipped * advantages
+    objective = torch.minimum(unclipped_obj, clipped_obj)
+    per_token = -iw * objective
+    loss = (per_token * mask).sum() / denom
+
+    kl_value = 0.0
+    if ref_logprobs is not None and config.kl_coef > 0:
+        kl = k3_kl(logprobs, ref_logprobs.detach())
+        kl_mean = (kl * mask).sum() / denom
+        loss = loss + config.kl_coef * kl_mean
+        kl_value = float(kl_mean.detach())
+
+    with torch.no_grad():
+        on = mask > 0
+        if tokens:
+            iw_on = iw[on]
+            stats = LossStats(
+                loss=float(loss.detach()),
+                tokens=tokens,
+                iw_mean=float(iw_on.mean()),
+                iw_max=float(iw_on.max()),
+                iw_truncated_frac=float((iw_on >= config.iw_cap).float().mean()),
+                clipped_frac=float((clipped_obj < unclipped_obj)[on].float().mean()),
+                kl=kl_value,
+                ratio_mean=float(ratio[on].mean()),
+            )
+        else:
+            stats = LossStats(0.0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    return loss, stats

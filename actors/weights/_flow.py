@@ -1,0 +1,136 @@
+"""Versioned weight flow: the learner publishes, every generator watches and swaps in flight.
+
+The current version's manifest lives in the KV bucket ``fw_<topology>_weights`` under key ``current`` (and,
+with a promotion gate, ``serving``). Publishing = put the tensors through the transport, then the manifest into
+KV; a manifest therefore never points at tensors that are not there yet.
+
+Guarantees:
+- versions are monotonic: a publisher refuses a version ≤ the current one; a subscriber ignores them;
+- a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one);
+- a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) is logged and
+  counted, and the engine keeps serving the version it had.
+
+Non-goals: no consensus about "which version is live everywhere" — status heartbeats report each generator's
+version; the promotion gate decides what *serving* generators watch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from actors.generator._types import Engine
+from actors.weights._manifest import WeightManifest, WeightPayloadError
+from actors.weights._transports import WeightTransport
+from topology.bus import Bus
+
+__all__ = ["CURRENT", "SERVING", "WeightPublisher", "WeightSubscriber", "weights_bucket"]
+
+CURRENT = "current"
+SERVING = "serving"
+
+
+def weights_bucket(topology: str) -> str:
+    return f"fw_{topology}_weights".replace("-", "_")
+
+
+class WeightPublisher:
+    def __init__(self, bus: Bus, topology: str, transport: WeightTransport, *, key: str = CURRENT) -> None:
+        self._bus = bus
+        self._bucket = weights_bucket(topology)
+        self._transport = transport
+        self._key = key
+        self.last_publish_s = 0.0
+
+    async def current(self) -> WeightManifest | None:
+        raw = await self._bus.kv_get(self._bucket, self._key)
+        return WeightManifest.from_json(raw) if raw else None
+
+    async def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightManifest:
+        current = await self.current()
+        if current is not None and version <= current.version:
+            raise ValueError(f"weight versions are monotonic: cannot publish v{version} after v{current.version}")
+        started = time.perf_counter()
+        manifest = await self._transport.put(version, state_dict)
+        await self._bus.kv_put(self._bucket, self._key, manifest.to_json())
+        self.last_publish_s = time.perf_counter() - started
+        return manifest
+
+    async def point(self, manifest: WeightManifest, key: str) -> None:
+        """Point another key (e.g. ``serving``) at an already published version — promotion and rollback."""
+        await self._bus.kv_put(self._bucket, key, manifest.to_json())
+
+
+class WeightSubscriber:
+    """Watches one KV key and swaps every new version into ``engine`` between its decode steps."""
+
+    def __init__(self, bus: Bus, topology: str, engine: Engine, transports: Mapping[str, WeightTransport],
+                 *, key: str = CURRENT, log: Any = None,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self._bus = bus
+        self._bucket = weights_bucket(topology)
+        self._engine = engine
+        self._transports = dict(transports)
+        self._key = key
+        self._log = log
+        self._on_event = on_event
+        self.applied = 0
+        self.rejected = 0
+        self.last_error = ""
+        self.last_swap_s = 0.0
+
+    async def run(self) -> None:
+        """Apply the current version (if newer than the engine's), then every newer one as it is announced."""
+        async for raw in self._bus.kv_watch(self._bucket, self._key):
+            await self.apply_raw(raw)
+
+    async def apply_raw(self, raw: bytes) -> bool:
+        try:
+            manifest = WeightManifest.from_json(raw)
+        except WeightPayloadError as exc:
+            self._reject(-1, str(exc))
+            return False
+        return await self.apply(manifest)
+
+    async def apply(self, manifest: WeightManifest) -> bool:
+        if manifest.version <= self._engine.version:
+            return False
+        transport = self._transports.get(manifest.transport)
+        if transport is None:
+            self._reject(manifest.version, f"no transport {manifest.transport!r} configured here "
+                                           f"(have: {', '.join(sorted(self._transports)) or 'none'})")
+            return False
+        started = time.perf_counter()
+        try:
+            state_dict = await transport.get(manifest)
+            _check_finite(state_dict, manifest.version)
+            await self._engine.update_weights(manifest.version, state_dict)
+        except (WeightPayloadError, ValueError, RuntimeError, OSError) as exc:
+            self._reject(manifest.version, str(exc))
+            return False
+        self.applied += 1
+        self.last_swap_s = time.perf_counter() - started
+        self._emit("weights.swapped", {"version": manifest.version, "swap_s": round(self.last_swap_s, 4),
+                                       "transport": manifest.transport})
+        return True
+
+    def _reject(self, version: int, reason: str) -> None:
+        self.rejected += 1
+        self.last_error = reason
+        self._emit("weights.rejected", {"version": version, "reason": reason,
+                                        "serving": self._engine.version})
+
+    def _emit(self, event: str, fields: dict[str, Any]) -> None:
+        if self._log is not None:
+            (self._log.warning if event.endswith("rejected") else self._log.info)(event, **fields)
+        if self._on_event is not None:
+            self._on_event(event, fields)
+
+
+def _check_finite(state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WeightPayloadError(f"v{version}: {name} holds NaN or infinite values")

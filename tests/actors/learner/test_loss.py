@@ -1,0 +1,100 @@
+"""The decoupled PPO loss against hand-computed values (shared/reference/ALGORITHMS.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from actors.learner._loss import PPOConfig, decoupled_ppo_loss, importance_weights, k3_kl
+
+
+def _t(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_iw_is_one_when_behavior_equals_proximal() -> None:
+    lp = _t([-1.0, -2.0, -0.5])
+    assert torch.allclose(importance_weights(lp, lp, cap=3.0), torch.ones_like(lp))
+
+
+def test_iw_is_capped() -> None:
+    prox = _t([0.0, 0.0])
+    behavior = _t([-math.log(10.0), -math.log(2.0)])  # ratios 10 and 2
+    iw = importance_weights(prox, behavior, cap=3.0)
+    assert iw.tolist()[0] == [3.0, pytest.approx(2.0)]
+
+
+def test_on_policy_positive_advantage_increases_logprob() -> None:
+    logits = torch.zeros(1, 1, 4, dtype=torch.float64, requires_grad=True)
+    token = torch.tensor([[2]])
+    logprobs = torch.log_softmax(logits, -1).gather(-1, token[..., None])[..., 0]
+    frozen = logprobs.detach()
+    loss, _ = decoupled_ppo_loss(logprobs, frozen, frozen, torch.tensor([1.0], dtype=torch.float64),
+                                 torch.ones(1, 1), PPOConfig())
+    loss.backward()
+    assert logits.grad is not None
+    # gradient descent moves the logit of the sampled token up, the others down
+    assert logits.grad[0, 0, 2] < 0
+    assert all(logits.grad[0, 0, i] > 0 for i in (0, 1, 3))
+
+
+def test_hand_computed_value_with_clipping_and_truncation() -> None:
+    cfg = PPOConfig(clip_low=0.2, clip_high=0.2, iw_cap=2.0)
+    # token 0: ratio 1.5 (clipped to 1.2 for A>0), iw = e^{0.5} = 1.6487
+    # token 1: ratio 0.5 (A>0 → min picks 0.5, unclipped), iw = e^{1.0} capped to 2
+    # token 2: padding (masked)
+    prox = _t([-1.0, -1.0, -1.0])
+    cur = prox + torch.log(_t([1.5, 0.5, 7.0]))
+    behavior = _t([-1.5, -2.0, -9.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    loss, stats = decoupled_ppo_loss(cur, prox, behavior, torch.tensor([2.0], dtype=torch.float64), mask, cfg)
+    expected = -(math.exp(0.5) * 1.2 * 2.0 + 2.0 * 0.5 * 2.0) / 2
+    assert loss.item() == pytest.approx(expected)
+    assert stats.tokens == 2
+    assert stats.iw_truncated_frac == pytest.approx(0.5)
+    assert stats.clipped_frac == pytest.approx(0.5)
+    assert stats.iw_max == pytest.approx(2.0)
+
+
+def test_negative_advantage_clips_on_the_low_side() -> None:
+    cfg = PPOConfig(clip_low=0.2, clip_high=0.2, iw_cap=5.0)
+    prox = _t([-1.0])
+    cur = prox + math.log(0.5)  # ratio 0.5 → clipped 0.8; A<0: min(0.5·-1, 0.8·-1) = -0.8
+    loss, stats = decoupled_ppo_loss(cur, prox, prox, torch.tensor([-1.0], dtype=torch.float64),
+                                     torch.ones(1, 1), cfg)
+    assert loss.item() == pytest.approx(0.8)
+    assert stats.clipped_frac == 1.0
+
+
+def test_empty_mask_gives_zero_loss_not_nan() -> None:
+    lp = _t([-1.0, -2.0]).requires_grad_()
+    loss, stats = decoupled_ppo_loss(lp, lp.detach(), lp.detach(), torch.tensor([1.0], dtype=torch.float64),
+                                     torch.zeros(1, 2), PPOConfig())
+    assert loss.item() == 0.0 and not math.isnan(loss.item())
+    loss.backward()
+    assert stats.tokens == 0
+
+
+def test_k3_kl_is_zero_at_reference_and_positive_elsewhere() -> None:
+    lp = _t([-1.0, -2.0])
+    assert torch.allclose(k3_kl(lp, lp), torch.zeros_like(lp))
+    assert (k3_kl(lp, lp - 0.3) > 0).all()
+
+
+def test_kl_term_is_added_with_its_coefficient() -> None:
+    prox = _t([-1.0])
+    ref = _t([-1.5])
+    cfg = PPOConfig(kl_coef=0.5)
+    loss, stats = decoupled_ppo_loss(prox, prox, prox, torch.tensor([0.0], dtype=torch.float64),
+                                     torch.ones(1, 1), cfg, ref_logprobs=ref)
+    kl = math.exp(-0.5) + 0.5 - 1
+    assert stats.kl == pytest.approx(kl)
+    assert loss.item() == pytest.approx(0.5 * kl)
+
+
+@pytest.mark.parametrize("kwargs", [{"clip_low": 0.0}, {"clip_low": 1.0}, {"iw_cap": 0.5}, {"kl_coef": -1.0}])
+def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        PPOConfig(**kwargs)

@@ -1,0 +1,93 @@
+"""Weight transports over a real nats-server and a real directory: round trips and rejected payloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.weights import (
+    ObjectStoreTransport,
+    SafetensorsDirTransport,
+    WeightManifest,
+    WeightPayloadError,
+    WeightPublisher,
+    check_state_dict,
+    describe,
+)
+from topology.bus import Bus
+
+pytestmark = pytest.mark.anyio
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"wte.weight": torch.randn(32, 16, generator=gen), "ln.bias": torch.randn(16, generator=gen)}
+
+
+async def test_object_store_round_trip(bus: Bus) -> None:
+    transport = ObjectStoreTransport(bus, "weights_rt")
+    state = _state()
+    manifest = await transport.put(1, state)
+    again = await transport.get(WeightManifest.from_json(manifest.to_json()))
+    assert all(torch.equal(state[k], again[k]) for k in state)
+
+
+async def test_object_store_rejects_truncated_and_corrupted_payloads(bus: Bus) -> None:
+    transport = ObjectStoreTransport(bus, "weights_bad")
+    manifest = await transport.put(1, _state())
+    blob = await bus.object_get("weights_bad", manifest.location)
+    await bus.object_put("weights_bad", manifest.location, blob[: len(blob) // 2])
+    with pytest.raises(WeightPayloadError, match="truncated"):
+        await transport.get(manifest)
+    await bus.object_put("weights_bad", manifest.location, blob[:-4] + b"\x00\x01\x02\x03")
+    with pytest.raises(WeightPayloadError, match="digest"):
+        await transport.get(manifest)
+
+
+async def test_object_store_keeps_only_recent_versions(bus: Bus) -> None:
+    transport = ObjectStoreTransport(bus, "weights_keep", keep_versions=2)
+    manifests = [await transport.put(v, _state(v)) for v in range(1, 5)]
+    with pytest.raises(Exception, match="not found"):
+        await transport.get(manifests[0])
+    assert (await transport.get(manifests[-1]))["ln.bias"].shape == (16,)
+
+
+async def test_safetensors_dir_is_hf_layout_and_atomic(tmp_path: Path) -> None:
+    transport = SafetensorsDirTransport(tmp_path, extra_files={"config.json": b"{}"})
+    manifest = await transport.put(3, _state())
+    version_dir = Path(manifest.location)
+    assert sorted(p.name for p in version_dir.iterdir()) == ["config.json", "model.safetensors"]
+    assert not list(tmp_path.glob(".*partial*"))  # nothing half-written is left behind
+    loaded = await transport.get(manifest)
+    assert torch.equal(loaded["wte.weight"], _state()["wte.weight"])
+
+
+async def test_safetensors_dir_rejects_a_truncated_file(tmp_path: Path) -> None:
+    transport = SafetensorsDirTransport(tmp_path)
+    manifest = await transport.put(1, _state())
+    path = Path(manifest.location) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(WeightPayloadError, match="not a valid safetensors"):
+        await transport.get(manifest)
+
+
+def test_check_state_dict_names_every_problem() -> None:
+    expected = describe(_state())
+    bad = {"wte.weight": torch.zeros(32, 8), "extra": torch.zeros(1)}
+    with pytest.raises(WeightPayloadError) as info:
+        check_state_dict(bad, expected)
+    message = str(info.value)
+    assert "missing ln.bias" in message and "unexpected extra" in message and "shape [32, 8]" in message
+    with pytest.raises(WeightPayloadError, match="dtype float16"):
+        check_state_dict({**_state(), "ln.bias": torch.zeros(16, dtype=torch.float16)}, expected)
+
+
+async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
+    publisher = WeightPublisher(bus, bus.topology, ObjectStoreTransport(bus, "weights_mono"))
+    await publisher.publish(2, _state())
+    with pytest.raises(ValueError, match="monotonic"):
+        await publisher.publish(2, _state())
+    current = await publisher.current()
+    assert current is not None and current.version == 2
