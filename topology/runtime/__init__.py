@@ -11,6 +11,7 @@ from topology.runtime._runtime import RunResult, Runtime
 from topology.runtime._single import SingleProcessRuntime
 from topology.runtime._status import ReplicaStatus, RunStatus, read_run_status, status_bucket
 from topology.runtime._supervisor import LocalRuntime
+from topology.runtime._until import iterate_until
 
 __all__ = [
     "Actor",
@@ -27,6 +28,7 @@ __all__ = [
     "Runtime",
     "SingleProcessRuntime",
     "find_run",
+    "iterate_until",
     "read_run_info",
     "read_run_status",
     "status_bucket",

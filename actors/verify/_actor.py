@@ -1,0 +1,111 @@
+"""The verify actor: ``rollouts`` in, ``scored`` out, code run in a warm sandbox pool.
+
+Every completion of a rollout is scored with its domain's verifier (built once per domain from the spec); the
+group is published as one ``scored`` message with a reward, a verdict and the time it took per completion,
+then the rollout is acked. Scoring never raises: a verifier failure is an ``internal_error`` verdict with
+reward 0, so one bad completion cannot stall the channel. Up to ``max_in_flight`` rollouts are verified at
+once; the sandbox pool's own bounded queue provides the backpressure beyond that.
+
+Non-goals: no caching of verdicts across identical completions, no verifier hot reload.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from actors._messages import RolloutMsg, ScoredCompletion, ScoredMsg
+from actors.verify._config import VerifyConfig
+from actors.verify._pool import SandboxPool
+from actors.verify._score import DomainVerifier, Scorer
+from topology.bus import Delivery
+from topology.runtime import Actor, ActorContext, iterate_until
+
+__all__ = ["VerifyActor"]
+
+
+class VerifyActor(Actor[VerifyConfig]):
+    def __init__(self, ctx: ActorContext, config: VerifyConfig) -> None:
+        super().__init__(ctx, config)
+        self._pool: SandboxPool | None = None
+        self._scorer: Scorer | None = None
+        wanted = set(config.domains) if config.domains else set(ctx.spec.domains)
+        self._domains = {name: d for name, d in ctx.spec.domains.items() if name in wanted}
+
+    async def start(self) -> None:
+        self._pool = SandboxPool.from_config(self.config.sandbox)
+        await self._pool.start()
+        verifiers = {name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in self._domains.items()}
+        self._scorer = Scorer(verifiers, pool=self._pool)
+        self.ctx.log.info("verify.ready", isolation=str(self._pool.statistics().isolation),
+                          domains=sorted(self._domains))
+
+    async def run(self) -> None:
+        channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        limit = anyio.CapacityLimiter(self.config.max_in_flight)
+        # the work group closes before the consumer does, so every accepted rollout is acked (or nak'ed)
+        async with (
+            self.ctx.bus.consume(channel_in, self.ctx.actor, model=RolloutMsg,
+                                 batch=min(64, self.config.max_in_flight)) as rollouts,
+            anyio.create_task_group() as work,
+        ):
+            async for delivery in iterate_until(rollouts, self.ctx.stopping):
+                await limit.acquire_on_behalf_of(delivery.id)
+                work.start_soon(self._handle, delivery, limit)
+
+    async def stop(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
+
+    def report(self) -> dict[str, Any]:
+        counters = self.ctx.counters.snapshot()
+        if self._pool is not None:
+            stats = self._pool.statistics()
+            counters["sandbox_queue"] = float(getattr(stats, "queued", 0))
+        return counters
+
+    async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter) -> None:
+        assert self._scorer is not None
+        rollout = delivery.payload
+        try:
+            if rollout.domain not in self._domains:
+                await delivery.dead_letter(f"no verifier here for domain {rollout.domain!r}")
+                self.ctx.counters.inc("unknown_domain")
+                return
+            started = time.perf_counter()
+            scored: list[ScoredCompletion] = []
+            async with anyio.create_task_group() as group:
+                results: list[Any] = [None] * len(rollout.completions)
+
+                async def one(index: int, text: str) -> None:
+                    assert self._scorer is not None
+                    results[index] = await self._scorer.score(rollout.domain, text, rollout.verifier_fields)
+
+                for index, completion in enumerate(rollout.completions):
+                    group.start_soon(one, index, completion.text)
+            for completion, result in zip(rollout.completions, results, strict=True):
+                scored.append(ScoredCompletion(**completion.model_dump(), reward=result.reward,
+                                               verdict=str(result.verdict), detail=result.detail[:200]))
+                self.ctx.counters.inc(f"verdict.{result.verdict}")
+            message = ScoredMsg(
+                task_id=rollout.task_id, domain=rollout.domain, prompt_ids=rollout.prompt_ids,
+                heldout=rollout.heldout, temperature=rollout.temperature, origin="domain",
+                generator=rollout.generator, generate_s=rollout.generate_s,
+                verify_s=time.perf_counter() - started, completions=scored,
+            )
+            out = self.ctx.spec.actors[self.ctx.actor].publishes
+            await self.ctx.bus.publish(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
+                                       id=f"{delivery.id}.s", source=f"{self.ctx.actor}/{self.ctx.replica}")
+            await delivery.ack()
+            self.ctx.counters.inc("rollouts")
+            self.ctx.counters.inc("completions", len(scored))
+            mean = sum(c.reward for c in scored) / len(scored)
+            self.ctx.counters.set(f"reward.{rollout.domain}", round(mean, 3))
+        except Exception as exc:
+            self.ctx.counters.inc("errors")
+            self.ctx.log.warning("verify.rollout_failed", task_id=rollout.task_id, error=str(exc))
+            await delivery.nak(delay_s=1.0)
+        finally:
+            limit.release_on_behalf_of(delivery.id)
