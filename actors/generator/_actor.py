@@ -1,0 +1,240 @@
+"""The generator actor: ``prompts`` in, ``rollouts`` out, weights swapped in while it runs.
+
+Each prompt message asks for ``group_size`` completions; they are submitted to the engine together and
+published as one rollout (a GRPO group stays together). Many prompts are in flight at once — up to
+``max_batch_size`` completions — so the engine's continuous batching always has rows to decode. A prompt is
+acked only after its rollout is published: a generator killed mid-prompt loses nothing, its prompts are
+redelivered to a sibling replica or to itself after the restart.
+
+Weights: a :class:`~actors.weights.WeightSubscriber` watches the topology's current version and swaps it into
+the engine between decode steps. When the topology has a learner, a new generator waits for the first
+published version (so it never samples from weights the learner does not have); otherwise it serves the
+policy as the spec describes it (checkpoint or fresh init) as version 0.
+
+Non-goals: the gateway's serving path (the gateway calls the engine through its own client) and weight sync
+over a torch.distributed group inside one machine (``weight_sync: distributed`` is for SGLang/vLLM servers,
+whose own group the learner drives; see :mod:`actors.generator._weights_group`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from actors._messages import CompletionRecord, PromptMsg, RolloutMsg
+from actors.generator._config import GeneratorConfig
+from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
+from actors.policy._prompting import encode_prompt
+from actors.weights import (
+    ObjectStoreTransport,
+    SafetensorsDirTransport,
+    WeightSubscriber,
+    WeightTransport,
+    weights_bucket,
+)
+from topology.bus import Delivery
+from topology.runtime import Actor, ActorContext, iterate_until
+
+__all__ = ["GeneratorActor", "weight_transports"]
+
+_DEFAULT_MAX_NEW_TOKENS = 64
+
+
+def weight_transports(ctx: ActorContext) -> dict[str, WeightTransport]:
+    """Every transport a generator can receive from; the manifest says which one a version used."""
+    return {
+        "object-store": ObjectStoreTransport(ctx.bus, weights_bucket(ctx.topology)),
+        "disk": SafetensorsDirTransport(ctx.run_dir / "weights"),
+    }
+
+
+class GeneratorActor(Actor[GeneratorConfig]):
+    def __init__(self, ctx: ActorContext, config: GeneratorConfig) -> None:
+        super().__init__(ctx, config)
+        self.engine: Engine | None = None
+        self._tokenizer: Any = None
+        self._subscriber: WeightSubscriber | None = None
+        self._in_flight = 0
+        self._tokens = 0
+        self._started = time.monotonic()
+        self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.engine, self._tokenizer = await self._build_engine()
+        self._subscriber = WeightSubscriber(
+            self.ctx.bus, self.ctx.topology, self.engine, weight_transports(self.ctx), log=self.ctx.log,
+            on_event=lambda event, fields: self.ctx.counters.inc(event),
+        )
+        self.ctx.log.info("generator.ready", engine=self.engine.name, max_batch_size=self.config.max_batch_size,
+                          waits_for_weights=self._has_learner)
+
+    async def _build_engine(self) -> tuple[Engine, Any]:
+        if self.config.engine == "torch":
+            from actors.generator._torch_engine import TorchEngine
+
+            threads = max(1, int(self.ctx.spec.actors[self.ctx.actor].resources.num_cpus or 1))
+            engine = await asyncio.to_thread(TorchEngine.from_config, self.ctx.spec.policy, self.config,
+                                             num_threads=threads, seed=1000 + self.ctx.replica)
+            return engine, engine.tokenizer
+        tokenizer = await asyncio.to_thread(_load_tokenizer, self.ctx.spec.policy)
+        url = self.config.url or ""
+        http_engine: Any
+        if self.config.engine == "sglang":
+            from actors.generator._sglang import SGLangEngine
+
+            http_engine = SGLangEngine(url, timeout_s=self.config.request_timeout_s)
+        else:
+            from actors.generator._vllm import VLLMEngine
+
+            http_engine = VLLMEngine(url, timeout_s=self.config.request_timeout_s)
+        await http_engine.start()
+        return http_engine, tokenizer
+
+    async def run(self) -> None:
+        assert self.engine is not None and self._subscriber is not None
+        limit = anyio.CapacityLimiter(max(1, self.config.max_batch_size))
+        channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_weights)
+            tg.start_soon(self._report_loop)
+            if self._has_learner:
+                await self._wait_for_first_weights()
+            # the work group closes before the consumer does, so every accepted prompt is acked (or nak'ed)
+            async with (
+                self.ctx.bus.consume(channel_in, self.ctx.actor, model=PromptMsg,
+                                     batch=self.config.max_batch_size) as prompts,
+                anyio.create_task_group() as work,
+            ):
+                async for delivery in iterate_until(prompts, self.ctx.stopping):
+                    slots = min(delivery.payload.group_size, self.config.max_batch_size)
+                    for index in range(slots):
+                        await limit.acquire_on_behalf_of(_token(delivery, index))
+                    work.start_soon(self._handle, delivery, limit, slots)
+            tg.cancel_scope.cancel()
+
+    async def drain(self) -> None:
+        # run() only returns after its work group finished every accepted prompt, so nothing is in flight here.
+        self.ctx.log.info("generator.drained", tokens=self._tokens)
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+
+    # ------------------------------------------------------------------ work
+    async def _wait_for_first_weights(self) -> None:
+        assert self.engine is not None
+        waited = 0.0
+        while self.engine.version == 0 and not self.ctx.stopping.is_set():
+            await asyncio.sleep(0.2)
+            waited += 0.2
+            if waited in (10.0, 60.0):
+                self.ctx.log.info("generator.waiting_for_weights", waited_s=waited)
+
+    async def _watch_weights(self) -> None:
+        assert self._subscriber is not None
+        await self._subscriber.run()
+
+    async def _handle(self, delivery: Delivery[PromptMsg], limit: anyio.CapacityLimiter, slots: int) -> None:
+        assert self.engine is not None
+        msg = delivery.payload
+        try:
+            self._in_flight += 1
+            started = time.perf_counter()
+            completions = await self.engine.generate(self._requests(delivery.id, msg))
+            rollout = self._rollout(msg, completions, time.perf_counter() - started)
+            await self.ctx.bus.publish(self._out_channel(), "rollout", rollout.model_dump(mode="json"),
+                                       id=f"{delivery.id}.r", source=self._who())
+            await delivery.ack()
+            self.ctx.counters.inc("prompts")
+            self.ctx.counters.inc("completions", len(completions))
+            generated = sum(len(c.token_ids) for c in completions)
+            self._tokens += generated
+            self.ctx.counters.inc("tokens", generated)
+        except Exception as exc:  # an engine or bus failure: give the prompt back for another try
+            self.ctx.counters.inc("errors")
+            self.ctx.log.warning("generator.prompt_failed", task_id=msg.task_id, error=str(exc))
+            await delivery.nak(delay_s=1.0)
+        finally:
+            self._in_flight -= 1
+            for index in range(slots):
+                limit.release_on_behalf_of(_token(delivery, index))
+
+    def _requests(self, message_id: str, msg: PromptMsg) -> list[GenerationRequest]:
+        prompt_ids = tuple(encode_prompt(self._tokenizer, msg.prompt))
+        params = SamplingParams(
+            max_new_tokens=self._max_new_tokens(msg.domain),
+            temperature=self.config.temperature if msg.temperature is None else msg.temperature,
+            top_p=self.config.top_p,
+            top_k=self.config.top_k,
+        )
+        return [GenerationRequest(f"{message_id}.{i}", prompt_ids, params) for i in range(msg.group_size)]
+
+    def _max_new_tokens(self, domain: str) -> int:
+        domain_spec = self.ctx.spec.domains.get(domain)
+        wanted = getattr(domain_spec, "max_new_tokens", None) or _DEFAULT_MAX_NEW_TOKENS
+        return min(wanted, self.config.max_new_tokens) if self.config.max_new_tokens else wanted
+
+    def _rollout(self, msg: PromptMsg, completions: list[Completion], generate_s: float) -> RolloutMsg:
+        temperature = self.config.temperature if msg.temperature is None else msg.temperature
+        return RolloutMsg(
+            task_id=msg.task_id,
+            domain=msg.domain,
+            prompt=msg.prompt,
+            prompt_ids=list(completions[0].prompt_ids),
+            verifier_fields=msg.verifier_fields,
+            heldout=msg.heldout,
+            temperature=temperature,
+            generator=self._who(),
+            generate_s=generate_s,
+            completions=[
+                CompletionRecord(text=c.text, token_ids=list(c.token_ids), logprobs=list(c.logprobs),
+                                 versions=list(c.versions), finish_reason=c.finish_reason)
+                for c in completions
+            ],
+        )
+
+    def _out_channel(self) -> str:
+        publishes = self.ctx.spec.actors[self.ctx.actor].publishes
+        return "rollouts" if "rollouts" in publishes or not publishes else publishes[0]
+
+    def _who(self) -> str:
+        return f"{self.ctx.actor}/{self.ctx.replica}"
+
+    async def _report_loop(self) -> None:
+        last_tokens, last_t = 0, time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            self.ctx.counters.set("tokens_per_s", round((self._tokens - last_tokens) / max(now - last_t, 1e-6), 1))
+            last_tokens, last_t = self._tokens, now
+            self.ctx.counters.set("in_flight_prompts", self._in_flight)
+            if self.engine is not None:
+                self.ctx.counters.set("version", self.engine.version)
+                stats = getattr(self.engine, "stats", None)
+                if callable(stats):
+                    engine_stats = stats()
+                    for key in ("mean_batch_occupancy", "queue_depth", "running", "weight_updates_rejected"):
+                        if key in engine_stats:
+                            self.ctx.counters.set(key, float(engine_stats[key]))
+
+
+def _token(delivery: Delivery[PromptMsg], index: int) -> tuple[str, int]:
+    return (delivery.id, index)
+
+
+def _load_tokenizer(policy_spec: Any) -> Any:
+    """The tokenizer of an HTTP-served model: the HF tokenizer of the ``hf:<dir>`` policy (no weights loaded)."""
+    model = str(getattr(policy_spec, "model", ""))
+    if not model.startswith("hf:"):
+        raise ValueError(f"engines sglang/vllm need policy.model: hf:<model dir> for the tokenizer, got {model!r}")
+    import transformers
+
+    from actors.policy import HFTokenizer
+
+    path = Path(model[3:])
+    return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))

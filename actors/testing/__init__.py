@@ -1,0 +1,12 @@
+"""Public fakes for users' tests: inference servers that speak SGLang's and vLLM's HTTP shapes.
+
+``async with FakeSGLangServer(engine) as server`` (or ``FakeVLLMServer``) serves a real
+:class:`~actors.generator.TorchEngine` on a free loopback port in the caller's event loop, so the HTTP
+engine clients — and the whole loop — run without GPUs. Importing this package imports torch.
+"""
+
+from ._fake_sglang import FakeSGLangServer
+from ._fake_vllm import FakeVLLMServer
+from ._server import AppServer, free_port
+
+__all__ = ["AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port"]

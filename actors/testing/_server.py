@@ -1,0 +1,101 @@
+"""Run a FastAPI app with uvicorn on a free loopback port, inside the caller's event loop.
+
+Contract: ``async with AppServer(app) as server`` returns once the socket accepts connections;
+``server.url`` is ``http://127.0.0.1:<port>``. Leaving the block stops the server (in-flight requests get
+``shutdown_grace_s``, then are cancelled) and closes the socket. The server runs in the *same* event
+loop as the caller, so it can share objects bound to that loop (the torch engine's scheduler).
+``stop()``/``start()`` can be called again to simulate a server going down and coming back on the same
+port. Non-goals: TLS, signal handling (left to the caller's process), multiple workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+__all__ = ["AppServer", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for a TCPStore or a server that binds it itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:  # the test process keeps its own handlers
+        yield
+
+
+class AppServer:
+    def __init__(self, app: FastAPI, *, port: int | None = None, shutdown_grace_s: float = 1.0) -> None:
+        self.app = app
+        self.port = port or 0
+        self.shutdown_grace_s = shutdown_grace_s
+        self._server: _QuietServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        if not self.port:
+            raise RuntimeError("server not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("server already running")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, round(self.shutdown_grace_s)),
+        )
+        server = _QuietServer(config)
+        self._server = server
+
+        async def serve() -> None:
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sock.close()
+
+        self._task = asyncio.create_task(serve(), name=f"fake-server:{self.port}")
+        while not server.started:
+            if self._task.done():
+                self._task.result()  # re-raise the startup failure
+                raise RuntimeError(f"server on port {self.port} exited during startup")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=self.shutdown_grace_s + 5)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            self._server = None
+            self._task = None
+
+    async def __aenter__(self) -> Any:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

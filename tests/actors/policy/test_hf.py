@@ -1,0 +1,49 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.policy import HFTokenizer, Policy, write_tiny_hf_model
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def hf_policy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    directory = write_tiny_hf_model(tmp_path_factory.mktemp("hf") / request.param, arch=request.param)
+    return Policy.from_spec({"model": f"hf:{directory}"})
+
+
+def test_loads_a_local_directory(hf_policy: Policy) -> None:
+    assert hf_policy.kind == "hf"
+    assert isinstance(hf_policy.tokenizer, HFTokenizer)
+    assert hf_policy.tokenizer.decode(hf_policy.tokenizer.encode("1 + 2 = 3")) == "1 + 2 = 3"
+    assert hf_policy.max_context == 256
+    names = list(hf_policy.state_dict())
+    assert not any(n.startswith("hf.") for n in names)  # the model's own names, as in its safetensors
+
+
+def test_cache_matches_full_forward(hf_policy: Policy) -> None:
+    ids = torch.tensor([hf_policy.tokenizer.encode("hello world")])
+    full, _ = hf_policy.forward(ids)
+    first, cache = hf_policy.forward(ids[:, :6], use_cache=True)
+    rest, _ = hf_policy.forward(ids[:, 6:], torch.ones(1, ids.shape[1]), cache=cache, use_cache=True)
+    torch.testing.assert_close(torch.cat((first, rest), dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_logprobs_equal_single_rows(hf_policy: Policy) -> None:
+    short = torch.tensor([hf_policy.tokenizer.encode("1+1=2")])
+    pad = 6
+    padded = torch.cat((torch.zeros(1, pad, dtype=torch.long), short), dim=1)
+    mask = torch.cat((torch.zeros(1, pad), torch.ones(1, short.shape[1])), dim=1)
+    torch.testing.assert_close(
+        hf_policy.token_logprobs(padded, mask)[:, pad:], hf_policy.token_logprobs(short), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_directory_without_config_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        Policy.from_spec({"model": f"hf:{tmp_path}"})
+
+
+def test_hf_config_keys_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown key 'n_layer' for hf models"):
+        Policy.from_spec({"model": f"hf:{tmp_path}", "config": {"n_layer": 2}})
