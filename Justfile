@@ -44,16 +44,19 @@ bootstrap:
     python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
     "$python" -c 'import sys; assert sys.version_info >= (3, 11), "flywheel needs Python >= 3.11, found " + sys.version' 
     [ -x "{{py}}" ] || "$python" -m venv "{{venv}}"
-    pip=("{{py}}" -m pip install --quiet --disable-pip-version-check)
+    pip_install() {  # quiet, minus the machine's notes about local index folders it cannot find
+        "{{py}}" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+        return "${PIPESTATUS[0]}"
+    }
     if ! "{{py}}" -c 'import torch' 2>/dev/null; then
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             echo "flywheel: GPU found: installing torch 2.13.0 (CUDA build)" >&2
         else
             echo "flywheel: no GPU: installing torch 2.13.0 (CPU build where one is available locally)" >&2
         fi
-        "${pip[@]}" "torch==2.13.0"
+        pip_install "torch==2.13.0"
     fi
-    "${pip[@]}" -e ".[dev,hf]"
+    pip_install -e ".[dev,hf]"
     if ! command -v bwrap >/dev/null 2>&1; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             echo "flywheel: installing bubblewrap (the sandbox's isolation) with apt-get" >&2

@@ -67,7 +67,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def start(self) -> None:
         self.engine, self._tokenizer = await self._build_engine()
         self._subscriber = WeightSubscriber(
-            self.ctx.bus, self.ctx.topology, self.engine, weight_transports(self.ctx), log=self.ctx.log,
+            self.ctx.bus, self.ctx.topology, self.engine, weight_transports(self.ctx), key=self.config.follow,
+            log=self.ctx.log,
             on_event=lambda event, fields: self.ctx.counters.inc(event),
         )
         self.ctx.log.info("generator.ready", engine=self.engine.name, max_batch_size=self.config.max_batch_size,

@@ -29,6 +29,8 @@ class GeneratorConfig(SpecModel):
     top_k: int = Field(default=0, ge=0)  # top-k sampling; 0 = off
     serve: bool = False  # also answer gateway traffic (then publishes `traffic` as well)
     weight_sync: Literal["object-store", "disk", "distributed"] = "object-store"  # how new weights arrive
+    follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
+    #   serving: only versions the promotion gate promoted (for generators that answer users)
     request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request
 
     @model_validator(mode="after")

@@ -20,6 +20,8 @@ import anyio
 import click
 import structlog
 
+from topology.cli._progress import LearningView
+
 _STATE_STYLE = {"running": "green", "starting": "cyan", "draining": "yellow", "stopping": "yellow",
                 "stopped": "dim", "restarting": "magenta", "crashed": "red", "failed": "bold red"}  # fmt: skip
 
@@ -140,19 +142,28 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
         expected = runtime.replica_keys()
         heartbeat_s = runtime.spec.runtime.heartbeat_s
 
+        view = LearningView()
+        records: list[Any] = []
+
         async def current_rows() -> list[dict[str, Any]] | None:
+            nonlocal records
             if runtime.stopping:
                 return None  # the bus is going away with the run: stop drawing
             try:
-                return _rows(await runtime.statuses(), expected, heartbeat_s)
+                records = await runtime.statuses()
+                return _rows(records, expected, heartbeat_s)
             except Exception:  # a bus hiccup must not take the run down with it
                 return []
 
         if console.is_terminal:
+            from rich.console import Group
+
             with Live(console=console, auto_refresh=False, transient=False) as live:
                 while (rows := await current_rows()) is not None:
                     title = f"{runtime.spec.name} — {_fmt_duration(time.monotonic() - began)}"
-                    live.update(_table(rows, title=title), refresh=True)
+                    learning = view.renderable(records)
+                    table = _table(rows, title=title)
+                    live.update(Group(learning, table) if learning is not None else table, refresh=True)
                     await anyio.sleep(1.0)
             return
         while True:
@@ -160,6 +171,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
             if (rows := await current_rows()) is None:
                 return
             click.echo(_plain_line(rows, time.monotonic() - began))
+            if (learning_line := view.line(records)) is not None:
+                click.echo(learning_line)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(display)

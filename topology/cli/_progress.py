@@ -1,0 +1,123 @@
+"""The live learning view of ``flywheel up``: version, reward and held-out accuracy by domain, throughput.
+
+Everything shown comes from the replicas' heartbeat counters, so the view works the same for every runtime
+and needs no extra channel. It reads these counter names (absent ones are simply not shown):
+
+- learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
+  ``heldout_acc.<domain>``, ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
+- generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas).
+
+The first held-out accuracy seen per domain is kept as the baseline (the learner evaluates right after the
+warm start), so the view shows how far each domain has climbed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LearningView"]
+
+_PHASES: dict[float, str] = {0: "warmstart", 1: "rl"}  # counters are numbers: the learner reports its phase as one
+
+
+@dataclass
+class LearningView:
+    baseline: dict[str, float] = field(default_factory=dict)
+
+    def summarize(self, records: Iterable[Any]) -> dict[str, Any] | None:
+        learner: dict[str, Any] = {}
+        tokens_per_s = 0.0
+        gen_versions: list[float] = []
+        for record in records:
+            counters = dict(getattr(record, "counters", {}) or {})
+            kind = getattr(record, "kind", "") or ""
+            if kind == "learner" or "samples_applied" in counters:
+                learner = counters
+            elif kind == "generator" or "tokens_per_s" in counters:
+                tokens_per_s += float(counters.get("tokens_per_s", 0.0))
+                if "version" in counters:
+                    gen_versions.append(float(counters["version"]))
+        if not learner and not gen_versions:
+            return None
+        domains = sorted({key.split(".", 1)[1] for key in learner
+                          if key.startswith(("reward.", "heldout_acc.", "dropped_stale."))})
+        rows = []
+        for domain in domains:
+            acc = learner.get(f"heldout_acc.{domain}")
+            if acc is not None and domain not in self.baseline:
+                self.baseline[domain] = float(acc)
+            rows.append({
+                "domain": domain,
+                "reward": learner.get(f"reward.{domain}"),
+                "heldout_acc": acc,
+                "baseline": self.baseline.get(domain),
+                "dropped": learner.get(f"dropped_stale.{domain}", 0),
+            })
+        phase = learner.get("phase")
+        return {
+            "phase": _PHASES.get(phase, phase) if isinstance(phase, int | float) else phase,
+            "version": learner.get("version"),
+            "step": learner.get("step"),
+            "samples": learner.get("samples_applied"),
+            "staleness": learner.get("staleness_mean"),
+            "tokens_per_s": tokens_per_s,
+            "generator_versions": (min(gen_versions), max(gen_versions)) if gen_versions else None,
+            "domains": rows,
+        }
+
+    def renderable(self, records: Iterable[Any]) -> Any:
+        summary = self.summarize(records)
+        if summary is None:
+            return None
+        from rich.table import Table
+
+        table = Table(title=self.headline(summary), title_justify="left", show_edge=False, pad_edge=False)
+        for column in ("domain", "reward", "held-out acc", "Δ since start", "dropped (stale)"):
+            table.add_column(column, justify="left" if column == "domain" else "right")
+        for row in summary["domains"]:
+            table.add_row(row["domain"], _pct(row["reward"], raw=True), _pct(row["heldout_acc"]),
+                          _delta(row["heldout_acc"], row["baseline"]), str(int(row["dropped"] or 0)))
+        return table
+
+    def line(self, records: Iterable[Any]) -> str | None:
+        summary = self.summarize(records)
+        if summary is None:
+            return None
+        parts = [self.headline(summary)]
+        for row in summary["domains"]:
+            parts.append(f"{row['domain']}: acc {_pct(row['heldout_acc'])} ({_delta(row['heldout_acc'], row['baseline'])})"
+                         f" reward {_pct(row['reward'], raw=True)}")
+        return " | ".join(parts)
+
+    @staticmethod
+    def headline(summary: dict[str, Any]) -> str:
+        bits = []
+        if summary["phase"] is not None:
+            bits.append(str(summary["phase"]))
+        if summary["version"] is not None:
+            bits.append(f"v{int(summary['version'])}")
+        if summary["step"] is not None:
+            bits.append(f"step {int(summary['step'])}")
+        if summary["samples"] is not None:
+            bits.append(f"{int(summary['samples']):,} samples")
+        bits.append(f"{summary['tokens_per_s']:,.0f} tok/s")
+        if summary["generator_versions"] is not None:
+            low, high = summary["generator_versions"]
+            bits.append(f"generators v{int(low)}" + (f"–v{int(high)}" if high != low else ""))
+        if summary["staleness"] is not None:
+            bits.append(f"staleness {float(summary['staleness']):.1f}")
+        return "learning: " + " · ".join(bits)
+
+
+def _pct(value: Any, *, raw: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{float(value):.2f}" if raw else f"{100 * float(value):.0f}%"
+
+
+def _delta(value: Any, baseline: Any) -> str:
+    if value is None or baseline is None:
+        return "—"
+    return f"{100 * (float(value) - float(baseline)):+.0f} pts"
