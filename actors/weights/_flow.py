@@ -106,7 +106,7 @@ class WeightSubscriber:
         started = time.perf_counter()
         try:
             state_dict = await transport.get(manifest)
-            _check_finite(state_dict, manifest.version)
+            # the engine validates names, shapes, dtypes and finite values before it touches its weights
             await self._engine.update_weights(manifest.version, state_dict)
         except (WeightPayloadError, ValueError, RuntimeError, OSError) as exc:
             self._reject(manifest.version, str(exc))
@@ -128,9 +128,3 @@ class WeightSubscriber:
             (self._log.warning if event.endswith("rejected") else self._log.info)(event, **fields)
         if self._on_event is not None:
             self._on_event(event, fields)
-
-
-def _check_finite(state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-    for name, tensor in state_dict.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise WeightPayloadError(f"v{version}: {name} holds NaN or infinite values")

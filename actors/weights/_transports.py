@@ -1,7 +1,8 @@
 """Weight transports: how the tensors of one version travel from the learner to the generators.
 
 - :class:`ObjectStoreTransport` — the NATS JetStream object store (the embedded default: nothing to share but
-  the bus). Payload = one safetensors blob; the object store chunks it and checks its SHA-256 on the way out.
+  the bus). Payload = one safetensors blob; the object store chunks it and records its SHA-256 digest, which
+  travels in the manifest: a blob corrupted in transit or replaced since it was announced is rejected.
 - :class:`SafetensorsDirTransport` — a directory in Hugging Face layout (``model.safetensors`` + ``config.json``),
   what SGLang and vLLM load from disk; on ``/dev/shm`` it is the shared-memory path. Each version is written to
   a hidden temporary directory and renamed into place, so a reader never sees a half-written version.
@@ -15,7 +16,6 @@ Non-goals: no compression, no partial (delta) updates, no authentication beyond 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -25,12 +25,12 @@ from typing import Protocol
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
-from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save as st_save
 from safetensors.torch import save_file as st_save_file
 
 from actors.weights._manifest import WeightManifest, WeightPayloadError, check_state_dict, describe
-from topology.bus import Bus
+from actors.weights._mmap import map_safetensors
+from topology.bus import Bus, BusError
 
 __all__ = ["ObjectStoreTransport", "SafetensorsDirTransport", "WeightTransport"]
 
@@ -64,22 +64,21 @@ class ObjectStoreTransport:
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
         tensors = _contiguous_cpu(state_dict)
         blob = await asyncio.to_thread(st_save, tensors)
-        digest = await asyncio.to_thread(lambda: hashlib.sha256(blob).hexdigest())
         name = f"v{version}"
-        await self._bus.object_put(self._bucket, name, blob)
+        _, digest = await self._bus.object_put(self._bucket, name, blob)
         if version - self._keep >= 0:
             await self._bus.object_delete(self._bucket, f"v{version - self._keep}")
         return WeightManifest(version, self.name, name, describe(tensors), len(blob), digest)
 
     async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
-        blob = await self._bus.object_get(self._bucket, manifest.location)
+        try:
+            blob = await self._bus.object_get(self._bucket, manifest.location,
+                                              expect_digest=manifest.digest or None)
+        except BusError as exc:
+            raise WeightPayloadError(f"v{manifest.version}: {exc}") from exc
         if len(blob) != manifest.nbytes:
             raise WeightPayloadError(f"v{manifest.version}: payload is {len(blob)} bytes, manifest says "
                                      f"{manifest.nbytes} (truncated?)")
-        if manifest.digest:
-            digest = await asyncio.to_thread(lambda: hashlib.sha256(blob).hexdigest())
-            if digest != manifest.digest:
-                raise WeightPayloadError(f"v{manifest.version}: payload digest mismatch (corrupted in transit?)")
         try:
             state_dict = await asyncio.to_thread(st_load, blob)
         except (SafetensorError, ValueError, RuntimeError) as exc:
@@ -132,8 +131,8 @@ class SafetensorsDirTransport:
         if not path.is_file():
             raise WeightPayloadError(f"v{manifest.version}: {path} does not exist (pruned or never written)")
         try:
-            state_dict = await asyncio.to_thread(st_load_file, str(path))
-        except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
+            state_dict = await asyncio.to_thread(map_safetensors, path)  # views of the file: one copy, into the model
+        except (ValueError, RuntimeError, OSError) as exc:
             raise WeightPayloadError(f"v{manifest.version}: {path} is not a valid safetensors file: {exc}") from exc
         check_state_dict(state_dict, manifest.tensors, what=f"v{manifest.version}")
         return state_dict

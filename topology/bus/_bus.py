@@ -253,11 +253,12 @@ class Bus:
         """The key's current value (if any), then each new value."""
         return self._stores.watch(bucket, key)
 
-    async def object_put(self, bucket: str, name: str, data: bytes) -> int:
+    async def object_put(self, bucket: str, name: str, data: bytes) -> tuple[int, str]:
+        """Store a blob (chunked); returns ``(size, digest)`` — pass the digest to :meth:`object_get`."""
         return await self._stores.object_put(bucket, name, data)
 
-    async def object_get(self, bucket: str, name: str) -> bytes:
-        return await self._stores.object_get(bucket, name)
+    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None) -> bytes:
+        return await self._stores.object_get(bucket, name, expect_digest=expect_digest)
 
     async def object_delete(self, bucket: str, name: str) -> bool:
         return await self._stores.object_delete(bucket, name)

@@ -3,7 +3,8 @@
 Contract: buckets are created on first use (``history`` 1 unless ``ensure_kv`` said otherwise); values are
 bytes; ``get`` of a missing or deleted key is ``None``; ``watch`` yields the current value (if any) and then
 every new value of the key — deletes are skipped. Object store puts chunk large blobs (1 MiB chunks) and
-``get`` returns the whole blob.
+``get`` returns the whole blob, checked against the SHA-256 digest nats-py recorded at put time; passing
+``expect_digest`` (the digest ``object_put`` returned) also rejects an object that was replaced since.
 
 Non-goals: typed values (callers encode), compare-and-set (use nats-py's ``KeyValue.update`` directly).
 """
@@ -110,19 +111,27 @@ class Stores:
         self._obj[bucket] = store
         return store
 
-    async def object_put(self, bucket: str, name: str, data: bytes) -> int:
+    async def object_put(self, bucket: str, name: str, data: bytes) -> tuple[int, str]:
+        """Store ``data``; returns its size and the SHA-256 digest the object store recorded."""
         store = await self.objects(bucket)
         meta = api.ObjectMeta(name=name, options=api.ObjectMetaOptions(max_chunk_size=_OBJECT_CHUNK))
         info = await store.put(name, data, meta=meta)
-        return int(info.size or 0)
+        return int(info.size or 0), str(info.digest or "")
 
-    async def object_get(self, bucket: str, name: str) -> bytes:
+    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None) -> bytes:
         store = await self.objects(bucket)
+        sink = _Sink()
         try:
-            result = await store.get(name)
+            # writeinto: nats-py otherwise grows one bytes object chunk by chunk (quadratic for large blobs)
+            result = await store.get(name, writeinto=sink)  # type: ignore[arg-type]
         except js_errors.ObjectNotFoundError:
             raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
-        return bytes(result.data or b"")
+        except js_errors.DigestMismatchError:
+            raise BusError(f"object {name!r} in {bucket!r} does not match its digest (corrupted)") from None
+        if expect_digest is not None and str(result.info.digest or "") != expect_digest:
+            raise BusError(f"object {name!r} in {bucket!r} was replaced: digest {result.info.digest}, "
+                           f"expected {expect_digest}")
+        return sink.getvalue()
 
     async def object_delete(self, bucket: str, name: str) -> bool:
         """Delete an object; ``False`` when it was not there (deleting is idempotent)."""
@@ -132,3 +141,17 @@ class Stores:
         except js_errors.NotFoundError:
             return False
         return True
+
+
+class _Sink:
+    """Collects object chunks; one join at the end instead of a copy per chunk."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)

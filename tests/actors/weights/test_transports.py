@@ -39,11 +39,16 @@ async def test_object_store_rejects_truncated_and_corrupted_payloads(bus: Bus) -
     manifest = await transport.put(1, _state())
     blob = await bus.object_get("weights_bad", manifest.location)
     await bus.object_put("weights_bad", manifest.location, blob[: len(blob) // 2])
-    with pytest.raises(WeightPayloadError, match="truncated"):
+    with pytest.raises(WeightPayloadError, match="replaced"):
         await transport.get(manifest)
     await bus.object_put("weights_bad", manifest.location, blob[:-4] + b"\x00\x01\x02\x03")
-    with pytest.raises(WeightPayloadError, match="digest"):
+    with pytest.raises(WeightPayloadError, match="replaced"):
         await transport.get(manifest)
+    # a manifest that lies about the size is caught too (no digest to lean on)
+    _, digest = await bus.object_put("weights_bad", manifest.location, blob)
+    lying = WeightManifest(1, manifest.transport, manifest.location, manifest.tensors, manifest.nbytes + 1, digest)
+    with pytest.raises(WeightPayloadError, match="truncated"):
+        await transport.get(lying)
 
 
 async def test_object_store_keeps_only_recent_versions(bus: Bus) -> None:
@@ -91,3 +96,22 @@ async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
         await publisher.publish(2, _state())
     current = await publisher.current()
     assert current is not None and current.version == 2
+
+
+def test_mapped_safetensors_equal_a_regular_load_and_reject_truncation(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from actors.weights._mmap import MalformedSafetensors, map_safetensors
+
+    state = {**_state(), "steps": torch.arange(5), "empty": torch.zeros(0, 3), "half": torch.ones(4).half()}
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    mapped, loaded = map_safetensors(path), load_file(str(path))
+    assert set(mapped) == set(loaded)
+    assert all(torch.equal(mapped[k], loaded[k]) and mapped[k].dtype == loaded[k].dtype for k in loaded)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(MalformedSafetensors, match="truncated"):
+        map_safetensors(path)
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(MalformedSafetensors):
+        map_safetensors(path)

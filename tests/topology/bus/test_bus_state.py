@@ -42,7 +42,13 @@ async def test_invalid_bucket_is_a_clear_error(bus: Bus) -> None:
 
 async def test_object_store_roundtrip_of_a_few_megabytes(bus: Bus) -> None:
     blob = os.urandom(5 * 1024 * 1024 + 17)
-    assert await bus.object_put("weights", "v1.safetensors", blob) == len(blob)
+    size, digest = await bus.object_put("weights", "v1.safetensors", blob)
+    assert size == len(blob) and digest.startswith("SHA-256=")
+    assert await bus.object_get("weights", "v1.safetensors", expect_digest=digest) == blob
+    await bus.object_put("weights", "v1.safetensors", blob[::-1])
+    with pytest.raises(BusError, match="replaced"):
+        await bus.object_get("weights", "v1.safetensors", expect_digest=digest)
+    await bus.object_put("weights", "v1.safetensors", blob)
     assert await bus.object_get("weights", "v1.safetensors") == blob
     with pytest.raises(BusError, match="not found"):
         await bus.object_get("weights", "v2.safetensors")

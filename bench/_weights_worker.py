@@ -1,0 +1,84 @@
+"""One 'generator' process of bench/weights.py: real engines, a real WeightSubscriber per model size.
+
+It builds a TorchEngine for every size the bench asks for, watches each size's weights key through the
+real subscriber (object store or disk transports), and reports every swap with a wall-clock timestamp on
+an ephemeral subject. For the broadcast transport it joins the bench's gloo group as rank ``--rank`` and
+receives when told to. Started and stopped by bench/weights.py; not meant to be run by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import torch
+
+from actors.generator import TorchEngine
+from actors.generator._weights_group import WeightGroup, receive_weights
+from actors.policy import PRESETS, GPTConfig, Policy
+from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightSubscriber, weights_bucket
+from topology.bus import Bus
+
+
+async def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    sizes = args.sizes.split(",")
+    engines = {size: TorchEngine(Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0), max_batch_size=4)
+               for size in sizes}
+    control = await Bus.connect(args.url, topology="bench-weights", name=f"worker-{args.rank}")
+    group: WeightGroup | None = None
+
+    def reporter(size: str) -> Any:
+        def on_event(event: str, fields: dict[str, Any]) -> None:
+            asyncio.get_running_loop().create_task(control.publish_ephemeral(
+                "bench.swapped", {"rank": args.rank, "size": size, "event": event, "t": time.time(), **fields}))
+        return on_event
+
+    tasks = []
+    buses = []
+    for size in sizes:
+        topology = f"bench-{size}"
+        bus = await Bus.connect(args.url, topology=topology, name=f"worker-{args.rank}-{size}")
+        buses.append(bus)
+        transports = {"object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
+                      "disk": SafetensorsDirTransport(args.disk_root)}
+        subscriber = WeightSubscriber(bus, topology, engines[size], transports, on_event=reporter(size))
+        tasks.append(asyncio.create_task(subscriber.run()))
+    commands = await control.subscribe_ephemeral(f"bench.cmd.{args.rank}")
+    await control.publish_ephemeral("bench.ready", {"rank": args.rank})
+    async for message in commands:
+        command = message.payload
+        if command["op"] == "stop":
+            break
+        if command["op"] == "join":
+            group = await asyncio.to_thread(WeightGroup, "127.0.0.1", command["port"], command["world"], args.rank)
+            continue
+        if command["op"] == "recv":
+            assert group is not None
+            engine = engines[command["size"]]
+            expected = {name: (tuple(t.shape), t.dtype) for name, t in engine.policy.state_dict().items()}
+            staged = await asyncio.to_thread(receive_weights, group, command["names"], command["dtypes"],
+                                             command["shapes"], expected)
+            await engine.update_weights(command["version"], staged)
+            await control.publish_ephemeral("bench.swapped", {"rank": args.rank, "size": command["size"],
+                                                              "event": "weights.swapped", "t": time.time(),
+                                                              "version": command["version"],
+                                                              "transport": "broadcast"})
+    for task in tasks:
+        task.cancel()
+    for engine in engines.values():
+        await engine.close()
+    for bus in buses:
+        await bus.close()
+    await control.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--sizes", required=True)
+    parser.add_argument("--disk-root", required=True)
+    asyncio.run(main(parser.parse_args()))
