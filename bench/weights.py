@@ -33,13 +33,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import markdown_table, write_results  # noqa: E402
-
-from actors.generator import GenerationRequest, SamplingParams, TorchEngine  # noqa: E402
-from actors.generator._weights_group import WeightBroadcaster, describe  # noqa: E402
-from actors.policy import PRESETS, GPTConfig, Policy  # noqa: E402
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, weights_bucket  # noqa: E402
-from topology.bus import Bus, EmbeddedNats  # noqa: E402
+from actors.generator import GenerationRequest, SamplingParams, TorchEngine
+from actors.generator._weights_group import WeightBroadcaster, describe
+from actors.policy import PRESETS, GPTConfig, Policy
+from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, weights_bucket
+from bench._common import markdown_table, write_results
+from topology.bus import Bus, EmbeddedNats
 
 ROOT = Path(__file__).resolve().parents[1]
 
