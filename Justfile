@@ -56,7 +56,7 @@ bootstrap:
         fi
         pip_install "torch==2.13.0"
     fi
-    pip_install -e ".[dev,hf]"
+    pip_install -e ".[dev,hf,ray]"
     if ! command -v bwrap >/dev/null 2>&1; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             echo "flywheel: installing bubblewrap (the sandbox's isolation) with apt-get" >&2

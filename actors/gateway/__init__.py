@@ -1,1 +1,52 @@
-"""The `gateway` actor kind (its config model lives in `actors.gateway._config`)."""
+"""The `gateway` actor kind: an OpenAI-compatible HTTP API served by the topology's generators.
+
+Importing this package stays light (the spec layer imports ``actors.gateway._config``); the actor, the app
+and the serve client (FastAPI, uvicorn, the tokenizer) load on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._config import GatewayConfig
+
+if TYPE_CHECKING:
+    from ._actor import GatewayActor, read_api_keys
+    from ._app import ApiError, ApiKeys, Gateway
+    from ._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
+
+_LAZY = {
+    "GatewayActor": "_actor",
+    "read_api_keys": "_actor",
+    "ApiError": "_app",
+    "ApiKeys": "_app",
+    "Gateway": "_app",
+    "GenerationError": "_client",
+    "GeneratorsBusy": "_client",
+    "NoGenerators": "_client",
+    "ServeCall": "_client",
+    "ServeClient": "_client",
+}
+
+__all__ = [
+    "ApiError",
+    "ApiKeys",
+    "Gateway",
+    "GatewayActor",
+    "GatewayConfig",
+    "GenerationError",
+    "GeneratorsBusy",
+    "NoGenerators",
+    "ServeCall",
+    "ServeClient",
+    "read_api_keys",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from topology._registry import ActorKind, register_actor_kind
 from topology._spec import SpecModel, show
@@ -21,7 +21,15 @@ class GatewayConfig(SpecModel):
     port: int = Field(default=8000, ge=0, le=65535)  # 0 picks a free port (printed at start)
     model_name: str = "flywheel"  # the model id reported by /v1/models and accepted in requests
     api_keys_env: str = "FLYWHEEL_API_KEYS"  # env var with comma-separated keys for feedback and admin routes
+    api_keys_file: str | None = None  # file with one key per line (# comments); relative to the spec file
+    require_key_for_inference: bool = False  # also demand a key on /v1/chat/completions, /v1/completions
+    require_key_for_metrics: bool = False  # also demand a key on /metrics (Prometheus scrapes without one)
     max_concurrency: int = Field(default=256, ge=1)  # requests in flight before new ones get HTTP 429
+    max_streams: int = Field(default=256, ge=1)  # streaming responses open at once before HTTP 429
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)  # larger request bodies get HTTP 413
+    max_tokens: int = Field(default=1024, ge=1)  # largest max_tokens a request may ask for (HTTP 400 above)
+    default_max_tokens: int = Field(default=256, ge=1)  # max_tokens of a request that names none
+    retry_after_s: int = Field(default=1, ge=1)  # Retry-After of a 429 when the generators are full
     request_timeout_s: float = Field(default=120.0, gt=0)  # per request, end to end
     default_domain: str | None = None  # domain recorded with requests that name none (per-domain baselines)
 
@@ -31,6 +39,12 @@ class GatewayConfig(SpecModel):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise ValueError(f"expected the NAME of an environment variable (not the keys), got {show(name)}")
         return name
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> GatewayConfig:
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(f"expected default_max_tokens <= max_tokens ({self.max_tokens}), got {self.default_max_tokens}")
+        return self
 
 
 register_actor_kind(

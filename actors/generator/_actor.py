@@ -11,15 +11,18 @@ the engine between decode steps. When the topology has a learner, a new generato
 published version (so it never samples from weights the learner does not have); otherwise it serves the
 policy as the spec describes it (checkpoint or fresh init) as version 0.
 
-Non-goals: the gateway's serving path (the gateway calls the engine through its own client) and weight sync
-over a torch.distributed group inside one machine (``weight_sync: distributed`` is for SGLang/vLLM servers,
-whose own group the learner drives; see :mod:`actors.generator._weights_group`).
+With ``serve: true`` the same engine also answers the gateway (:mod:`actors.generator._serve`), from the
+start — before the first learner version, users are served the policy as specified.
+
+Non-goals: weight sync over a torch.distributed group inside one machine (``weight_sync: distributed`` is
+for SGLang/vLLM servers, whose own group the learner drives; see :mod:`actors.generator._weights_group`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,11 @@ class GeneratorActor(Actor[GeneratorConfig]):
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_weights)
             tg.start_soon(self._report_loop)
+            if self.config.serve:  # [gateway] answer gateway requests over NATS (actors.generator._serve)
+                from actors.generator._serve import default_max_in_flight, serve
+
+                tg.start_soon(partial(serve, self.ctx, self.engine,
+                                      max_in_flight=default_max_in_flight(self.config.max_batch_size)))
             if self._has_learner:
                 await self._wait_for_first_weights()
             # the work group closes before the consumer does, so every accepted prompt is acked (or nak'ed)

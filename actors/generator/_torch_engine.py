@@ -29,6 +29,11 @@ Contract:
 * ``pause()`` returns once no step is running and no new step will start; ``resume()`` continues.
   ``abort(request_id)`` ends a request at the next step boundary with ``finish_reason="abort"``.
   ``close()`` finishes the current step and ends everything left as ``"abort"``.
+* Streaming (for the gateway): ``generate(requests, on_token=cb)`` calls ``cb(TokenDelta)`` on the event loop
+  after every step, once per request that gained tokens in it, before its completion resolves; the callback
+  must not block or raise. ``generate_stream(request)`` wraps it as an async iterator of ``TokenDelta``
+  followed by the final ``Completion``; leaving the iteration early aborts the request. Neither changes
+  what is sampled: the tokens, logprobs and versions are those of the final ``Completion``.
 * ``step_hook`` (public, for tests and instrumentation): awaited after every step with the number of
   steps done so far, before the next step starts and outside the lock — e.g. to apply a weight update
   after exactly k steps.
@@ -42,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +71,20 @@ from ._types import (
 StepHook = Callable[[int], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class TokenDelta:
+    """Tokens a request gained since its previous delta (usually one step's worth: one token)."""
+
+    request_id: str
+    index: int  # position of the request in the ``generate()`` call that submitted it
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+
+
+TokenCallback = Callable[[TokenDelta], None]
+
+
 @dataclass(eq=False)
 class _Seq:
     request: GenerationRequest
@@ -78,6 +97,9 @@ class _Seq:
     versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     aborted: bool = False
+    on_token: TokenCallback | None = None
+    index: int = 0
+    reported: int = 0  # tokens already handed to on_token
 
 
 class TorchEngine:
@@ -152,7 +174,10 @@ class TorchEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    async def generate(
+        self, requests: Sequence[GenerationRequest], *, on_token: TokenCallback | None = None
+    ) -> list[Completion]:
+        """Complete every request (continuous batching); ``on_token`` streams progress, see the module doc."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         for request in requests:
@@ -161,9 +186,10 @@ class TorchEngine:
         loop = asyncio.get_running_loop()
         seqs: list[_Seq] = []
         try:
-            for request in requests:
+            for index, request in enumerate(requests):
                 await self._slots.acquire()
                 seq = self._new_seq(request, loop.create_future())
+                seq.on_token, seq.index = on_token, index
                 seqs.append(seq)
                 self._pending.append(seq)
                 self._wake.set()
@@ -173,6 +199,22 @@ class TorchEngine:
                 seq.aborted = True
                 seq.future.cancel()
             raise
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | Completion]:
+        """Yield the request's tokens as they are sampled, then its ``Completion``; closing the iterator early
+        (``aclose()``, a cancelled consumer) aborts the request."""
+        queue: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
+        task = asyncio.ensure_future(self.generate([request], on_token=queue.put_nowait))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (delta := await queue.get()) is not None:
+                yield delta
+            yield (await task)[0]
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def abort(self, request_id: str) -> int:
         """End every queued or running request with this id as ``"abort"`` at the next step boundary."""
@@ -314,11 +356,21 @@ class TorchEngine:
                         if not seq.future.done():
                             seq.future.set_exception(exc)
                     continue
+            self._report_tokens(rows)
             for seq in finished:
                 self._resolve(seq)
             self._counts["steps"] += 1
             if self.step_hook is not None:
                 await self.step_hook(self._counts["steps"])
+
+    @staticmethod
+    def _report_tokens(rows: list[_Seq]) -> None:
+        for seq in rows:
+            if seq.on_token is None or len(seq.tokens) <= seq.reported:
+                continue
+            start, seq.reported = seq.reported, len(seq.tokens)
+            seq.on_token(TokenDelta(seq.request.request_id, seq.index, tuple(seq.tokens[start:]),
+                                    tuple(seq.logprobs[start:]), tuple(seq.versions[start:])))
 
     def _admit(self) -> list[_Seq]:
         admit: list[_Seq] = []

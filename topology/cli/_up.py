@@ -1,8 +1,8 @@
 """``flywheel up`` (run a topology, supervised) and ``flywheel status`` (what every replica is doing).
 
 Contract: ``up`` validates the spec first (every issue printed as ``file:line:col: path: message``, exit 1),
-prints the run dir and bus URL, shows replica states while it runs (a live table on a terminal, a plain line
-every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor exhausted its restarts.
+prints the run dir and bus URL (and a gateway's URL once it listens), shows replica states while it runs (a
+live table on a terminal, a plain line every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor exhausted its restarts.
 ``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints a table,
 or ``--json``; it exits 1 with one sentence when no run is live.
 """
@@ -105,6 +105,17 @@ def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
     return f"[{_fmt_duration(elapsed_s)}] " + " ".join(parts)
 
 
+def _new_urls(records: list[Any], announced: set[str]) -> list[str]:
+    """``<actor>: <url>`` for each replica reporting a ``url`` (a gateway) that was not printed yet."""
+    lines = []
+    for r in records:
+        url = r.counters.get("url") if isinstance(r.counters, dict) else None
+        if isinstance(url, str) and url not in announced:
+            announced.add(url)
+            lines.append(f"{r.actor + ':':<8} {url}")
+    return lines
+
+
 def _load_spec_or_exit(path: Path) -> Any:
     from topology import load_spec
     from topology._errors import SpecError
@@ -144,6 +155,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
 
         view = LearningView()
         records: list[Any] = []
+        announced: set[str] = set()
 
         async def current_rows() -> list[dict[str, Any]] | None:
             nonlocal records
@@ -151,6 +163,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
                 return None  # the bus is going away with the run: stop drawing
             try:
                 records = await runtime.statuses()
+                for line in _new_urls(records, announced):  # a gateway's URL, once it listens
+                    click.echo(line)
                 return _rows(records, expected, heartbeat_s)
             except Exception:  # a bus hiccup must not take the run down with it
                 return []
@@ -187,14 +201,19 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
               help="Stop by itself (with a graceful drain) after S seconds. Default: run until Ctrl-C / SIGTERM.")  # fmt: skip
 @click.option("--single-process", is_flag=True,
               help="Run every replica as a task in this one process (for debuggers and profilers; no isolation).")  # fmt: skip
+@click.option("--runtime", "runtime_kind", type=click.Choice(["local", "ray"]), default=None,
+              help="Where replicas run (default: the spec's runtime.kind): local processes, or Ray actors.")  # fmt: skip
+@click.option("--address", metavar="ADDR",
+              help="With --runtime ray: the Ray cluster to join (auto, ray://head:10001). Default: runtime.address, "
+                   "else a new local Ray instance.")  # fmt: skip
 @click.option("--run-dir", "run_root", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Create the run directory under DIR instead of the spec's runtime.run_dir.")  # fmt: skip
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
               help="On stop, give replicas S seconds to drain before they are killed.")  # fmt: skip
 @click.option("--every", "interval_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S",
               help="When stdout is not a terminal, print a status line every S seconds.")  # fmt: skip
-def up(spec_path: Path, duration: float | None, single_process: bool, run_root: Path | None,
-       drain_timeout: float, interval_s: float) -> None:  # fmt: skip
+def up(spec_path: Path, duration: float | None, single_process: bool, runtime_kind: str | None, address: str | None,
+       run_root: Path | None, drain_timeout: float, interval_s: float) -> None:  # fmt: skip
     """Run the topology in SPEC as a supervised service, until Ctrl-C, SIGTERM or --duration.
 
     \b
@@ -213,20 +232,35 @@ def up(spec_path: Path, duration: float | None, single_process: bool, run_root: 
       flywheel up specs/embedded.yaml
       flywheel up specs/embedded.yaml --duration 60
       flywheel up specs/embedded.yaml --single-process     # one process, easy to debug
+      flywheel up specs/embedded.yaml --runtime ray        # each replica a Ray actor (local Ray)
+      flywheel up specs/ray-cluster.yaml --address auto    # join the Ray cluster of this machine
     In another terminal: flywheel status
     """
     _configure_logging()
     spec = _load_spec_or_exit(spec_path)
     from topology.runtime import LocalRuntime, SingleProcessRuntime
 
-    runtime_cls = SingleProcessRuntime if single_process else LocalRuntime
-    runtime = runtime_cls(spec, run_root=run_root.resolve() if run_root else None, drain_timeout_s=drain_timeout)
+    kind = runtime_kind or spec.runtime.kind
+    if address is not None and kind != "ray":
+        raise click.UsageError("--address is for --runtime ray (or a spec with runtime.kind: ray)")
+    if single_process and runtime_kind == "ray":
+        raise click.UsageError("--single-process and --runtime ray exclude each other")
+    run_root = run_root.resolve() if run_root else None
+    runtime: Any
+    if kind == "ray" and not single_process:
+        from topology.runtime import RayRuntime
+
+        runtime = RayRuntime(spec, run_root=run_root, drain_timeout_s=drain_timeout, address=address)
+    else:
+        runtime_cls = SingleProcessRuntime if single_process else LocalRuntime
+        runtime = runtime_cls(spec, run_root=run_root, drain_timeout_s=drain_timeout)
     try:
         result = anyio.run(_up_main, runtime, duration, interval_s, backend="asyncio")
-    except Exception as exc:  # bus could not start, run dir not writable, …: one line, not a traceback
+    except Exception as exc:  # bus could not start, run dir not writable, no Ray, …: one line, not a traceback
         from topology.bus import BusError
+        from topology.runtime import RayUnavailable
 
-        if isinstance(exc, BusError | OSError):
+        if isinstance(exc, BusError | OSError | RayUnavailable):
             raise click.ClickException(str(exc)) from None
         raise
     if result.ok:

@@ -1,0 +1,163 @@
+"""The gateway actor: uvicorn serving :class:`~actors.gateway._app.Gateway` inside the actor's event loop.
+
+Lifecycle: ``start`` loads the policy's tokenizer (never its weights), the API keys (the env var named by
+``api_keys_env`` and/or ``api_keys_file``; never the spec text), binds the socket (``port: 0`` picks a free
+one) and subscribes to generator replies; ``run`` serves until ``ctx.stopping``, then lets open requests
+finish (up to ``request_timeout_s``); ``stop`` releases the socket. ``report()`` adds ``url`` to the
+counters, so heartbeats — and ``flywheel up`` / ``flywheel status`` — show where the gateway listens.
+
+Non-goals: TLS, HTTP/2, several workers per replica (run more replicas behind a load balancer instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import uvicorn
+
+from actors.gateway._app import ApiKeys, Gateway
+from actors.gateway._client import ServeClient
+from actors.gateway._config import GatewayConfig
+from actors.gateway._prompt import PromptBuilder, load_tokenizer
+from actors.generator._serve import ping_subject
+from topology.runtime import Actor, ActorContext
+
+__all__ = ["GatewayActor", "read_api_keys"]
+
+
+def read_api_keys(config: GatewayConfig, spec_dir: Path) -> list[str]:
+    """Keys from ``$<api_keys_env>`` (comma-separated) and ``api_keys_file`` (one per line, ``#`` comments)."""
+    keys = [k.strip() for k in os.environ.get(config.api_keys_env, "").split(",") if k.strip()]
+    if config.api_keys_file:
+        path = Path(config.api_keys_file).expanduser()
+        path = path if path.is_absolute() else spec_dir / path
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"api_keys_file: cannot read {path}: {exc.strerror or exc}") from None
+        keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return keys
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the runtime owns SIGINT/SIGTERM and sets ``ctx.stopping``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class GatewayActor(Actor[GatewayConfig]):
+    def __init__(self, ctx: ActorContext, config: GatewayConfig) -> None:
+        super().__init__(ctx, config)
+        self.url: str | None = None
+        self.gateway: Gateway | None = None
+        self._socket: socket.socket | None = None
+        self._client: ServeClient | None = None
+        self._health: tuple[float, dict[str, Any]] = (0.0, {})
+
+    async def start(self) -> None:
+        spec_dir = self.ctx.spec.source_path.parent
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.ctx.spec.policy, spec_dir)
+        keys = ApiKeys(read_api_keys(self.config, spec_dir))
+        if not len(keys):
+            self.ctx.log.warning("gateway.no_api_keys", hint=f"set ${self.config.api_keys_env} or api_keys_file; "
+                                 "/v1/feedback rejects every call until then")  # fmt: skip
+        serving = sum(a.replicas for a in self.ctx.spec.actors.values()
+                      if a.kind == "generator" and getattr(a.config, "serve", False))  # fmt: skip
+        self._client = ServeClient(self.ctx.bus.nc, self.ctx.topology, attempts=min(3, max(1, serving)))
+        await self._client.start()
+        self.gateway = Gateway(self.config, client=self._client, builder=PromptBuilder(tokenizer), keys=keys,
+                               publish=self._publish, health=self._check_health,
+                               who=f"{self.ctx.actor}/{self.ctx.replica}")  # fmt: skip
+        self._socket = _bind(self.config.host, self.config.port)
+        port = self._socket.getsockname()[1]
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        self.ctx.log.info("gateway.listening", url=self.url, model=self.config.model_name,
+                          serving_generators=serving)  # fmt: skip
+
+    async def run(self) -> None:
+        assert self.gateway is not None and self._socket is not None
+        config = uvicorn.Config(self.gateway.app(), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=int(self.config.request_timeout_s) + 1,
+                                timeout_keep_alive=30, backlog=4096)  # fmt: skip
+        server = _Uvicorn(config)
+
+        async def serve_http() -> None:
+            await server.serve([self._socket] if self._socket is not None else None)
+            if not self.ctx.stopping.is_set():
+                raise RuntimeError("the HTTP server stopped by itself")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._report_loop)
+            async with anyio.create_task_group() as http:
+                http.start_soon(serve_http)
+                await self.ctx.stopping.wait()
+                server.should_exit = True  # uvicorn stops accepting, then waits for open requests
+            tg.cancel_scope.cancel()
+        self.ctx.log.info("gateway.stopped", url=self.url)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        if self._socket is not None:
+            self._socket.close()
+
+    def report(self) -> dict[str, Any]:
+        report: dict[str, Any] = dict(self.ctx.counters.snapshot())
+        if self.url is not None:
+            report["url"] = self.url
+        return report
+
+    async def _publish(self, channel: str, type: str, payload: dict[str, Any], id: str) -> None:
+        await self.ctx.bus.publish(channel, type, payload, id=id, source=f"{self.ctx.actor}/{self.ctx.replica}")
+
+    async def _check_health(self) -> dict[str, Any]:
+        """Ping one serving generator (cached for a second)."""
+        checked, report = self._health
+        loop = asyncio.get_running_loop()
+        if loop.time() - checked < 1.0 and report:
+            return report
+        try:
+            reply = await self.ctx.bus.nc.request(ping_subject(self.ctx.topology), b"{}", timeout=2.0)
+            pong = orjson.loads(reply.data)
+            report = {"ok": True, "generators": "available", "answered_by": pong.get("generator"),
+                      "version": pong.get("version")}  # fmt: skip
+        except Exception as exc:  # no responders, timeout, bus down: the gateway cannot serve
+            report = {"ok": False, "generators": "unavailable", "reason": type(exc).__name__}
+        self._health = (loop.time(), report)
+        return report
+
+    async def _report_loop(self) -> None:
+        while True:
+            await anyio.sleep(1.0)
+            if self.gateway is None:
+                continue
+            metrics = self.gateway.metrics
+            self.ctx.counters.set("in_flight", metrics.in_flight)
+            self.ctx.counters.set("streams_open", metrics.streams_open)
+            self.ctx.counters.set("requests", sum(metrics.requests.values()))
+            self.ctx.counters.set("traffic_published", metrics.traffic_published)
+            self.ctx.counters.set("feedback", metrics.feedback)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"gateway cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,201 @@
+"""Serving: a generator answers gateway requests over core NATS request/reply (the *serve protocol*).
+
+Protocol (orjson objects; ``v`` = :data:`SERVE_PROTOCOL_VERSION`):
+
+* Subject ``fw.<topology>.eph.serve`` (:func:`serve_subject`), queue group :data:`SERVE_QUEUE`: NATS hands
+  each request to one subscribed generator replica, which balances the replicas. Core NATS, not JetStream:
+  a request is answered now or not at all; nothing is stored.
+* Request (published with a reply subject): ``{v, request_id, prompt_ids: [int], params: {SamplingParams
+  fields; stop / stop_token_ids as lists}, stream: bool}``.
+* Replies, all to the request's reply subject:
+  ``{type: "busy", retry_after_s}`` — this replica already has ``max_in_flight`` serve requests or its
+  engine queue is full; sent at once, nothing was started (the gateway may try another replica, then 429).
+  ``{type: "error", status: 400|500, message}`` — bad parameters (400) or an engine failure (500).
+  ``{type: "delta", token_ids: [int]}`` — streaming only: tokens as the engine samples them (a torch engine
+  sends one per decode step; SGLang/vLLM engines have no token stream and send none — the final message
+  carries everything).
+  ``{type: "final", token_ids, logprobs, versions, text, finish_reason, generator}`` — always last.
+* Health: a request on ``fw.<topology>.eph.serve-ping`` (:func:`ping_subject`, same queue group) is
+  answered ``{type: "pong", generator, version, in_flight, max_in_flight}`` even when the replica is busy.
+* A generator that is stopping unsubscribes (new requests go to its siblings), answers what it accepted,
+  and sends ``{type: "error", status: 503}`` for a request it cannot finish.
+
+Non-goals: cancelling a request whose client went away (it runs to its ``max_new_tokens``), fairness between
+gateway traffic and training prompts beyond the engine's FIFO admission, persistence of anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import anyio
+import orjson
+
+from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
+from topology.runtime import ActorContext
+
+__all__ = [
+    "SERVE_PROTOCOL_VERSION",
+    "SERVE_QUEUE",
+    "default_max_in_flight",
+    "params_to_wire",
+    "ping_subject",
+    "serve",
+    "serve_subject",
+]
+
+SERVE_PROTOCOL_VERSION = 1
+SERVE_QUEUE = "generators"
+_PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_TUPLE_FIELDS = frozenset({"stop", "stop_token_ids"})
+
+
+def serve_subject(topology: str) -> str:
+    """Core NATS subject the gateway sends requests to (the bus's ephemeral namespace)."""
+    return f"fw.{topology}.eph.serve"
+
+
+def ping_subject(topology: str) -> str:
+    """Core NATS subject of the health ping (one serving replica answers)."""
+    return f"fw.{topology}.eph.serve-ping"
+
+
+def default_max_in_flight(max_batch_size: int) -> int:
+    """Serve requests one replica accepts at once: enough to keep its batch full several times over."""
+    return max(64, 8 * max_batch_size)
+
+
+def params_to_wire(params: SamplingParams) -> dict[str, Any]:
+    return {name: list(value) if name in _TUPLE_FIELDS else value
+            for name, value in dataclasses.asdict(params).items()}  # fmt: skip
+
+
+def params_from_wire(raw: Mapping[str, Any]) -> SamplingParams:
+    """Unknown keys are ignored (a newer gateway may send more); bad values raise ``ValueError``."""
+    fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in raw.items() if k in _PARAM_FIELDS}
+    try:
+        return SamplingParams(**fields)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+async def serve(ctx: ActorContext, engine: Engine, *, max_in_flight: int) -> None:
+    """Answer gateway requests with ``engine`` until ``ctx.stopping`` is set; returns once every accepted
+    request was answered. Counters: ``serve_requests``, ``serve_busy``, ``serve_errors``, ``serve_tokens``,
+    gauge ``serve_in_flight``."""
+    server = _Server(ctx, engine, max_in_flight)
+    async with anyio.create_task_group() as tg:
+        server.spawn = tg.start_soon
+        sub = await ctx.bus.nc.subscribe(serve_subject(ctx.topology), queue=SERVE_QUEUE, cb=server.on_msg)
+        ping = await ctx.bus.nc.subscribe(ping_subject(ctx.topology), queue=SERVE_QUEUE, cb=server.on_ping)
+        ctx.log.info("generator.serving", subject=serve_subject(ctx.topology), max_in_flight=max_in_flight)
+        try:
+            await ctx.stopping.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for subscription in (sub, ping):
+                    try:
+                        await subscription.unsubscribe()
+                    except Exception:  # the connection is going away anyway
+                        pass
+
+
+class _Server:
+    def __init__(self, ctx: ActorContext, engine: Engine, max_in_flight: int) -> None:
+        self.ctx = ctx
+        self.engine = engine
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.spawn: Callable[..., Any] | None = None
+        self.who = f"{ctx.actor}/{ctx.replica}"
+        self._stream = getattr(engine, "generate_stream", None)
+
+    async def on_msg(self, msg: Any) -> None:
+        reply = msg.reply
+        if not reply or self.spawn is None:
+            return
+        if self.in_flight >= self.max_in_flight or self._engine_full():
+            self.ctx.counters.inc("serve_busy")
+            await self._send(reply, {"type": "busy", "retry_after_s": 0.5})
+            return
+        self.in_flight += 1
+        self.ctx.counters.set("serve_in_flight", self.in_flight)
+        self.spawn(self._handle, reply, msg.data)
+
+    async def on_ping(self, msg: Any) -> None:
+        if msg.reply:
+            await self._send(msg.reply, {"type": "pong", "generator": self.who, "version": self.engine.version,
+                                         "in_flight": self.in_flight, "max_in_flight": self.max_in_flight})
+
+    def _engine_full(self) -> bool:
+        stats = getattr(self.engine, "stats", None)
+        limit = getattr(self.engine, "max_queue", None)
+        if not callable(stats) or not isinstance(limit, int):
+            return False
+        return int(stats().get("queue_depth", 0)) >= limit
+
+    async def _handle(self, reply: str, data: bytes) -> None:
+        try:
+            try:
+                request, stream = _parse(data)
+            except ValueError as exc:
+                await self._send(reply, {"type": "error", "status": 400, "message": str(exc)})
+                return
+            completion = await self._generate(reply, request, stream)
+            self.ctx.counters.inc("serve_requests")
+            self.ctx.counters.inc("serve_tokens", len(completion.token_ids))
+            await self._send(reply, {
+                "type": "final", "token_ids": list(completion.token_ids), "logprobs": list(completion.logprobs),
+                "versions": list(completion.versions), "text": completion.text,
+                "finish_reason": completion.finish_reason, "generator": self.who,
+            })  # fmt: skip
+        except ValueError as exc:  # the engine rejected the request (token ids, context length)
+            await self._send(reply, {"type": "error", "status": 400, "message": str(exc)})
+        except Exception as exc:
+            self.ctx.counters.inc("serve_errors")
+            self.ctx.log.warning("generator.serve_failed", error=f"{type(exc).__name__}: {exc}")
+            await self._send(reply, {"type": "error", "status": 500, "message": f"generation failed: {exc}"})
+        except BaseException:  # cancelled: the generator is stopping
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await self._send(reply, {"type": "error", "status": 503, "message": "generator stopping"})
+            raise
+        finally:
+            self.in_flight -= 1
+            self.ctx.counters.set("serve_in_flight", self.in_flight)
+
+    async def _generate(self, reply: str, request: GenerationRequest, stream: bool) -> Completion:
+        if not stream or self._stream is None:
+            return (await self.engine.generate([request]))[0]
+        items: AsyncIterator[Any] = self._stream(request)
+        async with contextlib.aclosing(items):  # type: ignore[type-var]
+            async for item in items:
+                if isinstance(item, Completion):
+                    return item
+                await self._send(reply, {"type": "delta", "token_ids": list(item.token_ids)})
+        raise RuntimeError("the engine's stream ended without a completion")
+
+    async def _send(self, reply: str, payload: Mapping[str, Any]) -> None:
+        try:
+            await self.ctx.bus.nc.publish(reply, orjson.dumps(payload))
+        except Exception as exc:  # a lost reply is the gateway's timeout to handle, not a crash here
+            self.ctx.log.warning("generator.serve_reply_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def _parse(data: bytes) -> tuple[GenerationRequest, bool]:
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise ValueError("serve request is not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("serve request must be a JSON object")
+    request_id, prompt_ids, params = raw.get("request_id"), raw.get("prompt_ids"), raw.get("params") or {}
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError("serve request needs a request_id")
+    if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+        raise ValueError("serve request needs prompt_ids: a list of ints")
+    if not isinstance(params, dict):
+        raise ValueError("serve request params must be an object")
+    return GenerationRequest(request_id, tuple(prompt_ids), params_from_wire(params)), bool(raw.get("stream"))

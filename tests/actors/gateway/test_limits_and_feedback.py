@@ -1,0 +1,156 @@
+"""Rejected requests get OpenAI-shaped 4xx errors and are never recorded; feedback needs a key and is
+accepted before and long after its request; saturation answers 429 with Retry-After."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from actors.gateway._actor import read_api_keys
+from actors.gateway._config import GatewayConfig
+from tests.actors.gateway.conftest import API_KEY, Running
+
+pytestmark = pytest.mark.timeout(60)
+CHAT = {"model": "flywheel", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def post(running: Running, path: str, *, key: str | None = None, **kwargs: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(running.url + path, headers=headers, timeout=20, **kwargs)  # type: ignore[arg-type]
+
+
+def error_of(response: httpx.Response) -> dict[str, object]:
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code"} and error["message"]
+    assert response.headers["x-request-id"].startswith("fw-")
+    return dict(error)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b'{"model": "flywheel", "messages": [', 400, "not valid JSON"),
+        (b'["not", "an", "object"]', 400, "body"),
+        (b'{"model": "flywheel"}', 400, "messages"),
+        (b'{"model": "flywheel", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400, "temperature"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n=1"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}', 400, "limit of 64"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 413, "over the limit"),
+    ],
+)
+def test_bad_requests_are_4xx_and_not_recorded(gateway: Running, body: bytes, status: int, fragment: str) -> None:
+    before = gateway.stored("traffic")
+    response = post(gateway, "/v1/chat/completions", content=body)
+    assert response.status_code == status, response.text
+    assert fragment in str(error_of(response)["message"])
+    assert gateway.stored("traffic") == before
+
+
+def test_chunked_oversized_body_is_413(gateway: Running) -> None:
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        yield b'{"model": "flywheel", "prompt": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    before = gateway.stored("traffic")
+    response = post(gateway, "/v1/completions", content=chunks())
+    assert response.status_code == 413
+    assert gateway.stored("traffic") == before
+
+
+def test_prompt_longer_than_the_context_is_400(gateway: Running) -> None:
+    before = gateway.stored("traffic")
+    response = post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": "z" * 3000, "max_tokens": 2})
+    assert response.status_code == 400 and "context" in str(error_of(response)["message"])
+    assert gateway.stored("traffic") == before
+
+
+def test_feedback_needs_a_valid_key(gateway: Running) -> None:
+    before = gateway.stored("feedback")
+    body = {"request_id": "fw-whatever", "label": "good"}
+    missing = post(gateway, "/v1/feedback", json=body)
+    assert missing.status_code == 401 and error_of(missing)["code"] == "missing_api_key"
+    wrong = post(gateway, "/v1/feedback", json=body, key="not-the-key")
+    assert wrong.status_code == 403 and error_of(wrong)["code"] == "invalid_api_key"
+    for bad in ({"request_id": "r", "label": "meh"}, {"request_id": "r", "score": 7}, {"request_id": "r"}):
+        assert post(gateway, "/v1/feedback", json=bad, key=API_KEY).status_code == 400
+    assert gateway.stored("feedback") == before
+
+
+def test_feedback_before_and_after_its_request(gateway: Running) -> None:
+    early = post(gateway, "/v1/feedback", key=API_KEY,
+                 json={"request_id": "fw-not-served-yet", "score": 0.25, "comment": "arrived first"})
+    assert early.status_code == 200 and early.json()["status"] == "accepted"
+    served = post(gateway, "/v1/chat/completions", json=CHAT)
+    request_id = served.json()["id"]
+    for _ in range(3):  # more traffic in between: the request is old news by the time feedback comes
+        post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": "a", "max_tokens": 2})
+    late = {"request_id": request_id, "label": "thumbs_down", "comment": "wrong"}
+    first = post(gateway, "/v1/feedback", json=late, key=API_KEY)
+    retry = post(gateway, "/v1/feedback", json=late, key=API_KEY)  # a client retry: same id, stored once
+    assert first.status_code == retry.status_code == 200 and first.json()["id"] == retry.json()["id"]
+    messages = {payload.request_id: payload for _, payload in gateway.read("feedback", gateway.stored("feedback"))}
+    assert messages["fw-not-served-yet"].score == 0.25 and messages["fw-not-served-yet"].comment == "arrived first"
+    assert messages[request_id].score == 0.0 and messages[request_id].label == "thumbs_down"
+    assert messages[request_id].key_id and API_KEY not in messages[request_id].key_id
+    assert sum(1 for _, p in gateway.read("feedback", gateway.stored("feedback")) if p.request_id == request_id) == 1
+
+
+def test_saturation_answers_429_with_retry_after(gateway: Running) -> None:
+    engine, app = gateway.generator.engine, gateway.gateway.gateway
+    assert engine is not None and app is not None
+
+    def wait_in_flight(count: int) -> None:
+        for _ in range(250):
+            if app.metrics.in_flight == count:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"in flight: {app.metrics.in_flight}, expected {count}")
+
+    stream_body = {"model": "flywheel", "prompt": "s", "max_tokens": 2, "stream": True}
+    gateway.run(engine.pause())  # every accepted request now waits: the gateway fills up
+    before = gateway.stored("traffic")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            streams = [pool.submit(post, gateway, "/v1/completions", json=stream_body) for _ in range(3)]
+            wait_in_flight(3)
+            over_streams = post(gateway, "/v1/completions", json=stream_body)
+            assert over_streams.status_code == 429 and "max_streams" in str(error_of(over_streams)["message"])
+            waiting = [pool.submit(post, gateway, "/v1/chat/completions", json=CHAT) for _ in range(3)]
+            wait_in_flight(6)
+            over = post(gateway, "/v1/chat/completions", json=CHAT)
+            assert over.status_code == 429 and "max_concurrency" in str(error_of(over)["message"])
+            assert over.headers["retry-after"] == "1" and error_of(over)["type"] == "rate_limit_error"
+            assert gateway.stored("traffic") == before
+            gateway.run(engine.resume())
+            assert all(f.result().status_code == 200 for f in (*streams, *waiting))
+    finally:
+        gateway.run(engine.resume())
+    assert gateway.stored("traffic") == before + 6  # recorded before each response completed
+
+
+def test_metrics_and_healthz(gateway: Running) -> None:
+    post(gateway, "/v1/chat/completions", json=CHAT)
+    health = httpx.get(gateway.url + "/healthz")
+    assert health.status_code == 200 and health.json()["generators"] == "available"
+    text = httpx.get(gateway.url + "/metrics").text
+    assert 'flywheel_gateway_requests_total{route="chat",status="200"}' in text
+    assert 'flywheel_gateway_request_seconds_bucket{route="chat",le="+Inf"}' in text
+    assert "flywheel_gateway_traffic_published_total" in text and "flywheel_gateway_streams_open 0" in text
+
+
+def test_api_keys_come_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "keys").write_text("# comment\nfile-key\n\n")
+    monkeypatch.setenv("MY_KEYS", "env-a, env-b,")
+    config = GatewayConfig(api_keys_env="MY_KEYS", api_keys_file="keys")
+    assert read_api_keys(config, tmp_path) == ["env-a", "env-b", "file-key"]
+    with pytest.raises(ValueError, match="api_keys_file: cannot read"):
+        read_api_keys(GatewayConfig(api_keys_file="missing"), tmp_path)
+    assert "FLYWHEEL_API_KEYS" not in os.environ or read_api_keys(GatewayConfig(), tmp_path)
