@@ -2,7 +2,7 @@
 
 A generator turns prompts into completions (token ids, behavior logprobs, weight version per token) with
 one engine — the builtin torch engine, or an SGLang/vLLM server over HTTP — and swaps in new weights
-while it runs. With ``serve: true`` it also answers gateway requests and publishes them to `traffic`.
+while it runs. With ``serve: true`` it also answers the gateway's requests (the gateway records them on `traffic`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class GeneratorConfig(SpecModel):
     temperature: float = Field(default=1.0, ge=0)  # sampling temperature (the learner must see the same one)
     top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
     top_k: int = Field(default=0, ge=0)  # top-k sampling; 0 = off
-    serve: bool = False  # also answer gateway traffic (then publishes `traffic` as well)
+    serve: bool = False  # also answer the gateway's requests (over core NATS request/reply)
     weight_sync: Literal["object-store", "disk", "distributed"] = "object-store"  # how new weights arrive
     follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
     #   serving: only versions the promotion gate promoted (for generators that answer users)
@@ -44,8 +44,6 @@ class GeneratorConfig(SpecModel):
         return self
 
 
-def _channels(config: GeneratorConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return ("prompts",), ("rollouts", "traffic") if config.serve else ("rollouts",)
 
 
 register_actor_kind(
@@ -56,7 +54,6 @@ register_actor_kind(
         consumes=("prompts",),
         publishes=("rollouts",),
         summary="samples completions for prompts (torch, SGLang or vLLM engine); swaps weights in flight",
-        channels=_channels,
     )
 )
 

@@ -25,7 +25,7 @@ def test_graph_nodes_replicas_and_edges() -> None:
     assert [a.name for a in graph.actors] == ["source", "generator", "verify", "learner", "gateway", "joiner", "recorder"]
     assert graph.actor("generator").replica_ids == ("generator/0", "generator/1", "generator/2")
     traffic = graph.channel("traffic")
-    assert traffic.producers == ("generator", "gateway")
+    assert traffic.producers == ("gateway",)
     assert traffic.consumers == ("joiner", "recorder")
     assert set(graph.channel("scored").producers) == {"verify", "joiner"}
     assert ("source", "prompts", "generator") in graph.edges

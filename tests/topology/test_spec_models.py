@@ -43,11 +43,14 @@ def test_runtime_shorthand_and_url_turns_embedded_off() -> None:
     assert spec.bus.embedded is False and spec.bus.url == "nats://h:4222"
 
 
-def test_serving_generator_publishes_traffic() -> None:
+def test_traffic_comes_from_the_gateway_not_from_serving_generators() -> None:
     text = MINIMAL.replace("generator: {replicas: 2, resources: {num_cpus: 0.5}}", "generator: {serve: true}") + \
         "  recorder: {consumes: [traffic, scored]}\n"
-    spec = load_spec_text(text, "t.yaml", {})
-    assert spec.actors["generator"].publishes == ("rollouts", "traffic")
+    with pytest.raises(SpecError, match="traffic"):
+        load_spec_text(text, "t.yaml", {})
+    spec = load_spec_text(text + "  gateway: {}\n", "t.yaml", {})
+    assert spec.actors["generator"].publishes == ("rollouts",)
+    assert "traffic" in spec.actors["gateway"].publishes
 
 
 def test_channel_overrides_and_external_channels() -> None:
