@@ -1,7 +1,13 @@
 """Config of the `learner` actor kind (light module: no torch; registers the kind on import).
 
 The learner trains the policy off-policy from `scored` (decoupled PPO with truncated importance weights,
-GRPO group advantages, per-domain baselines; see reference/ALGORITHMS.md) and publishes new weights.
+GRPO group advantages, per-domain baselines; see reference/ALGORITHMS.md) and publishes new weights. It also
+triggers the held-out evaluation: every `eval_every_steps` it publishes held-out prompts to `prompts`
+(greedy, `heldout: true`) and reads their scores back from `scored` — it never trains on them.
+
+`mode: sync` is the synchronous baseline (what the async loop is measured against): staleness is forced to 0,
+the learner trains on exactly one batch per weights version, and the source publishes one batch of prompts per
+version (see `actors.source._actor`).
 """
 
 from __future__ import annotations
@@ -17,29 +23,50 @@ from topology._spec import SpecModel
 class LearnerConfig(SpecModel):
     """Fields of a `learner` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
+    mode: Literal["async", "sync"] = "async"  # sync: one batch per version, max_staleness forced to 0 (baseline)
     lr: float = Field(default=3e-5, gt=0)  # RL learning rate; on tiny models >= 2e-4 collapsed accuracy, 2e-5..5e-5 climbed
+    weight_decay: float = Field(default=0.0, ge=0)  # AdamW weight decay of the RL optimizer
     batch_size: int = Field(default=64, ge=1)  # completions per optimizer step
+    ppo_epochs: int = Field(default=1, ge=1)  # passes over each batch (ratio current/proximal moves off 1 after the first)
+    minibatches: int = Field(default=1, ge=1)  # optimizer steps per pass (the batch split by completions)
     max_staleness: int = Field(default=4, ge=0)  # drop samples older than this many versions; 0 = synchronous
     publish_every_steps: int = Field(default=1, ge=1)  # publish new weights every K optimizer steps
-    checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint model, optimizer and statistics every K steps
-    eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence; 0 = off
+    checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint (then ack what it covers) every K steps
+    eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
+    eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
-    kl_beta: float = Field(default=0.0, ge=0)  # weight of the k3 KL to the initial policy; 0 = off
+    kl_beta: float = Field(default=0.0, ge=0)  # weight of the k3 KL to the post-warm-start policy; 0 = off
     grad_clip: float = Field(default=1.0, gt=0)  # max global gradient norm
-    per_domain_normalization: bool = True  # express advantages in each domain's reward units
+    normalize: Literal["domain", "group", "none"] = "domain"  # advantage scale: each domain's reward units,
+    #   the group's std (classic GRPO) or raw centred rewards — see actors/learner/_advantages.py
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain
-    buffer_size: int = Field(default=4096, ge=1)  # scored samples held before the oldest are dropped
+    buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits
+    fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
     weight_transport: Literal["object-store", "disk", "distributed"] = "object-store"  # how generators get weights
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
+    metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
+    plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
+    warm_start_log_every: int = Field(default=20, ge=1)  # log the supervised loss every N warm-start steps
 
     @model_validator(mode="after")
-    def _batch_fits_buffer(self) -> LearnerConfig:
+    def _consistent(self) -> LearnerConfig:
         if self.buffer_size < self.batch_size:
             raise ValueError(f"expected buffer_size >= batch_size ({self.batch_size}), got {self.buffer_size}")
+        if self.minibatches > self.batch_size:
+            raise ValueError(f"expected minibatches <= batch_size ({self.batch_size}), got {self.minibatches}")
         return self
+
+    @property
+    def effective_max_staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.max_staleness
+
+
+def _channels(config: LearnerConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    # held-out prompts are published by the learner itself (it knows when a version is worth evaluating)
+    return ("scored",), (("prompts",) if config.eval_every_steps > 0 else ())
 
 
 register_actor_kind(
@@ -48,9 +75,10 @@ register_actor_kind(
         config=LearnerConfig,
         factory="actors.learner._actor:LearnerActor",
         consumes=("scored",),
-        publishes=(),
-        summary="off-policy policy-gradient learner; publishes new weight versions",
+        publishes=("prompts",),
+        summary="off-policy policy-gradient learner; publishes new weight versions and held-out eval prompts",
         domain_fields=("domains",),
+        channels=_channels,
     )
 )
 

@@ -16,6 +16,14 @@ Contract:
   A consumer group that stops consuming stalls the source (it is the slowest group) — logged once per stall.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
 
+- Sync mode: when the topology's learner has `mode: sync`, the source does not run ahead of the learner: it
+  publishes exactly `batch_size / group_size` prompts (rounded up) per weights version — once when a new
+  version appears under the KV key `current` of `fw_<topology>_weights` (polled; the JSON manifest's
+  `version`), and nothing more until the next one. Before publishing it waits (up to 30 s, then publishes with a
+  warning) until every generator's heartbeat reports that version, so the batch is sampled by exactly those
+  weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
+  Backpressure and `prompts_per_s` do not apply then.
+
 Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
 """
 
@@ -27,6 +35,7 @@ from typing import Any
 
 import anyio
 import nats.js.errors as js_errors
+import orjson
 
 from actors._messages import PromptMsg
 from topology.bus import new_id
@@ -75,8 +84,57 @@ class SourceActor(Actor[SourceConfig]):
         except js_errors.NotFoundError:
             return 0  # the stream does not exist yet; the first publish creates it
 
+    def sync_batch(self) -> int | None:
+        """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""
+        for actor in self.ctx.spec.actors.values():
+            if actor.kind == "learner" and getattr(actor.config, "mode", "async") == "sync":
+                batch_size = int(getattr(actor.config, "batch_size", 1))
+                group_size = min(d.group_size for d in self.sampler.domains.values())  # never short of a batch
+                return max(1, -(-batch_size // group_size))
+        return None
+
+    async def weights_version(self) -> int:
+        """The current weights version in KV (0 before the first publish); the manifest is plain JSON."""
+        bucket = f"fw_{self.ctx.topology}_weights".replace("-", "_")  # actors.weights.weights_bucket, torch-free
+        raw = await self.ctx.bus.kv_get(bucket, "current")
+        return int(orjson.loads(raw).get("version", 0)) if raw else 0
+
+    async def wait_generators(self, version: int, timeout_s: float = 30.0) -> None:
+        from topology.runtime._status import read_status
+
+        replicas = [(name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "generator"
+                    for i in range(a.replicas)]
+        with anyio.move_on_after(timeout_s) as scope:
+            while not self.ctx.stopping.is_set():
+                records = await read_status(self.ctx.bus, self.ctx.topology, replicas)
+                if len(records) == len(replicas) and all(
+                        float(r.counters.get("version", 0)) >= version for r in records):
+                    return
+                with anyio.move_on_after(_POLL_S):
+                    await self.ctx.stopping.wait()
+        if scope.cancelled_caught:
+            self.ctx.log.warning("source: generators did not report the new version in time", version=version)
+
+    async def run_sync(self, per_version: int) -> None:
+        last = 0
+        while not self.ctx.stopping.is_set():
+            version = await self.weights_version()
+            if version > last:
+                last = version
+                await self.wait_generators(version)
+                for start in range(0, per_version, _BATCH):
+                    await self.publish_batch(min(_BATCH, per_version - start))
+                self.ctx.counters.set("sync_version", version)
+                continue
+            with anyio.move_on_after(_POLL_S):
+                await self.ctx.stopping.wait()
+
     async def run(self) -> None:
         ctx, config = self.ctx, self.config
+        per_version = self.sync_batch()
+        if per_version is not None:
+            await self.run_sync(per_version)
+            return
         rate = config.prompts_per_s
         burst = max(1.0, rate or 0.0)  # at least one prompt, so rates below 1/s still publish
         tokens, last = burst, time.monotonic()

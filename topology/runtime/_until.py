@@ -20,8 +20,13 @@ async def iterate_until(source: AsyncIterable[T], stopping: anyio.Event) -> Asyn
     while not stopping.is_set():
         next_item = asyncio.ensure_future(iterator.__anext__())
         stop_wait = asyncio.ensure_future(stopping.wait())
-        done, _ = await asyncio.wait({next_item, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
+        try:
+            done, _ = await asyncio.wait({next_item, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled while waiting: leave no orphan future behind
+            next_item.cancel()
+            raise
+        finally:
+            stop_wait.cancel()
         if next_item not in done:
             next_item.cancel()
             return

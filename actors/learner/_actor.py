@@ -1,0 +1,395 @@
+"""The learner actor: ``scored`` in, new weight versions out — off-policy RL with exactly-once sample accounting.
+
+Lifecycle:
+- ``start``: build the policy from the spec; if ``state_dir`` holds a checkpoint, restore model, optimizer, step,
+  version, advantage statistics and the applied ledger from it; otherwise, when the policy has no checkpoint and
+  ``warm_start.steps > 0``, run the supervised warm start (``_warmstart``) and checkpoint it. Then publish the
+  weights as version ``max(checkpointed, current in KV) + 1`` — also after a restart, so generators drop weights
+  the crash rolled back — and, after a warm start, publish a held-out evaluation round (the baseline).
+- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
+  greedy training samples are dropped, counted and acked); the train loop builds batches by domain weight
+  (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
+  samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights, checkpoints
+  and evaluates. On stop the current step finishes, a final checkpoint is taken and what it covers is acked.
+
+Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
+its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
+is acked without being applied; anything applied after that checkpoint was never acked and is applied again to
+the restored weights. Every applied message is also written to ``metrics/applied-*.parquet`` with the step and
+the learner's incarnation (flushed before each checkpoint), which is the audit trail tests use.
+
+Requirements: one replica (the ledger is per process; a sibling would receive un-acked messages), and
+``bus.max_ack_pending`` ≥ ``checkpoint_every_steps × batch_size`` plus the buffer — the learner passes
+``max_ack_pending`` to its consumer accordingly. Held messages are kept alive with ``in_progress``.
+
+``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in, weights are published
+after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
+
+Non-goals: data-parallel learners, the torch.distributed weight broadcast (``weight_transport: distributed`` is
+refused at start with a clear message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from actors._messages import ScoredMsg
+from actors.learner._advantages import AdvantageEstimator, staleness
+from actors.learner._batcher import DomainBatcher
+from actors.learner._checkpoint import Checkpointer
+from actors.learner._config import LearnerConfig
+from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
+from actors.learner._ledger import AppliedLedger
+from actors.learner._metrics import MetricsWriter, plot_heldout
+from actors.learner._trainer import StepStats, Trainer, TrainSample
+from actors.policy import Policy
+from actors.weights import WeightPublisher
+from topology.bus import Delivery
+from topology.runtime import Actor, ActorContext
+
+__all__ = ["LearnerActor"]
+
+_KEEPALIVE_S_MAX = 10.0  # in_progress at least this often for held messages (ack_wait / 3 when shorter)
+_REWARD_WINDOW = 100  # groups in the running reward / accuracy per domain
+
+
+@dataclass
+class _Held:
+    """A training group waiting in the buffer."""
+
+    delivery: Delivery[ScoredMsg]
+    msg: ScoredMsg
+    size: int
+
+
+class LearnerActor(Actor[LearnerConfig]):
+    # set by start() (actors.learner._setup)
+    policy: Policy
+    trainer: Trainer
+    checkpointer: Checkpointer
+    metrics: MetricsWriter
+    evals: EvalTracker
+    publisher: WeightPublisher
+
+    def __init__(self, ctx: ActorContext, config: LearnerConfig) -> None:
+        super().__init__(ctx, config)
+        self.step = 0
+        self.version = 0
+        self.phase = "init"
+        self.max_staleness = config.effective_max_staleness
+        self.publish_every = 1 if config.mode == "sync" else config.publish_every_steps
+        self.ledger = AppliedLedger()
+        self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
+        names = list(config.domains) if config.domains else list(ctx.spec.domains)
+        self.domain_names = names
+        weights = {n: float(ctx.spec.domains[n].weight) for n in names if n in ctx.spec.domains}
+        self.batcher: DomainBatcher[_Held] = DomainBatcher(
+            weights, config.batch_size, fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
+            buffer_size=config.buffer_size)
+        self._held: dict[str, _Held] = {}  # buffered, not applied yet
+        self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
+        self._rewards: dict[str, deque[tuple[float, float]]] = {}
+        self._staleness_last: list[int] = []
+        self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self._last_checkpoint_step = -1
+        self._steps_t: deque[float] = deque(maxlen=20)
+        self._channel_out = "prompts" if "prompts" in ctx.spec.actors[ctx.actor].publishes else None
+
+    # ------------------------------------------------------------------ start
+    async def start(self) -> None:
+        ctx, config = self.ctx, self.config
+        actor = ctx.spec.actors[ctx.actor]
+        if actor.replicas != 1:
+            raise ValueError(f"actors.{ctx.actor}.replicas: a learner runs as exactly 1 replica, got {actor.replicas}")
+        if config.weight_transport == "distributed":
+            raise ValueError(f"actors.{ctx.actor}.weight_transport: 'distributed' is not supported by the torch "
+                             "learner yet; use object-store or disk")
+        from actors.learner._setup import setup_learner
+
+        await setup_learner(self)
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        config = self.config
+        channel = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        window = config.buffer_size + config.batch_size * (config.checkpoint_every_steps + 1)
+        max_ack_pending = max(window, self.ctx.spec.bus.max_ack_pending)
+        async with (
+            self.ctx.bus.consume(channel, self.ctx.actor, model=ScoredMsg, batch=min(256, config.batch_size),
+                                 max_ack_pending=max_ack_pending) as scored,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(self._consume, scored)
+            tg.start_soon(self._keepalive)
+            tg.start_soon(self._periodic)
+            self.phase = "rl"
+            await self._train_loop()
+            await self.checkpoint()  # covers every step taken, then acks what it covers
+            tg.cancel_scope.cancel()
+
+    async def drain(self) -> None:
+        # run() already checkpointed and acked every applied message; buffered ones stay un-acked (redelivered).
+        from actors.learner._export import export_safetensors
+
+        self.metrics.flush()
+        await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
+        await anyio.to_thread.run_sync(lambda: export_safetensors(
+            self.policy, self.ctx.run_dir / "export", extra={"step": self.step, "version": self.version}))
+        self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self._held))
+
+    async def stop(self) -> None:
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.flush()
+
+    def report(self) -> dict[str, Any]:
+        counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
+        counters.update(phase=self.phase, step=self.step, version=self.version, buffered=self.batcher.completions,
+                        unacked=len(self._unacked))
+        if len(self._steps_t) >= 2:
+            counters["steps_per_s"] = round((len(self._steps_t) - 1) / max(self._steps_t[-1] - self._steps_t[0], 1e-9), 3)
+        return counters
+
+    # ------------------------------------------------------------------ consuming
+    async def _consume(self, scored: Any) -> None:
+        # cancelled by run() once the train loop has finished; a cancelled __anext__ loses nothing
+        async for delivery in scored:
+            await self._on_delivery(delivery)
+            while self.batcher.completions >= self.config.buffer_size and not self.ctx.stopping.is_set():
+                with anyio.move_on_after(0.05):  # the buffer is full: stop pulling until a step frees room
+                    await self.ctx.stopping.wait()
+
+    async def _on_delivery(self, delivery: Delivery[ScoredMsg]) -> None:
+        counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
+        if msg.heldout:
+            result = self.evals.record(mid, msg)
+            if result is not None:
+                counters.set(f"heldout_acc.{result.domain}", round(result.accuracy, 4))
+                self.metrics.add("eval", {"ts": time.time(), "step": self.step, "version": result.version,
+                                          "domain": result.domain, "n": result.n, "accuracy": result.accuracy,
+                                          "reward_mean": result.reward_mean})
+                self.ctx.log.info("learner.heldout", domain=result.domain, version=result.version,
+                                  accuracy=round(result.accuracy, 4), n=result.n)
+            await delivery.ack()
+            return
+        if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
+            self._unacked[mid] = delivery
+            return
+        if mid in self.ledger:
+            counters.inc("duplicates_skipped")
+            await delivery.ack()
+            return
+        if mid in self._held:
+            self._held[mid].delivery = delivery
+            return
+        if self.config.domains and msg.domain not in self.config.domains:
+            counters.inc("ignored_domain")
+            await delivery.ack()
+            return
+        if msg.temperature <= 0:  # greedy samples carry no behavior distribution to correct for
+            counters.inc("greedy_skipped")
+            await delivery.ack()
+            return
+        if self._is_stale(msg):
+            await self._drop_stale(delivery)
+            return
+        held = _Held(delivery, msg, len(msg.completions))
+        self._held[mid] = held
+        self.batcher.add(msg.domain, held, held.size)
+
+    def _group_staleness(self, msg: ScoredMsg) -> int:
+        return staleness(self.version, [v for c in msg.completions for v in c.versions])
+
+    def _is_stale(self, msg: ScoredMsg) -> bool:
+        return self._group_staleness(msg) > self.max_staleness
+
+    async def _drop_stale(self, delivery: Delivery[ScoredMsg]) -> None:
+        self.ctx.counters.inc(f"dropped_stale.{delivery.payload.domain}", len(delivery.payload.completions))
+        self.ctx.counters.inc("dropped_stale", len(delivery.payload.completions))
+        await delivery.ack()
+
+    async def _keepalive(self) -> None:
+        every = min(_KEEPALIVE_S_MAX, self.ctx.spec.bus.ack_wait_s / 3)
+        while True:
+            await anyio.sleep(every)
+            for delivery in [h.delivery for h in self._held.values()] + list(self._unacked.values()):
+                try:
+                    await delivery.in_progress()
+                except Exception as exc:  # a lost keepalive means a redelivery later: handled by the ledger
+                    self.ctx.log.warning("learner.keepalive_failed", error=str(exc))
+                    break
+
+    async def _periodic(self) -> None:
+        last_plot = time.monotonic()
+        while True:
+            await anyio.sleep(self.config.metrics_flush_s)
+            await anyio.to_thread.run_sync(self.metrics.flush)
+            if time.monotonic() - last_plot >= self.config.plot_every_s:
+                last_plot = time.monotonic()
+                await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
+
+    # ------------------------------------------------------------------ training
+    async def _train_loop(self) -> None:
+        while not self.ctx.stopping.is_set():
+            if not self.batcher.ready():
+                with anyio.move_on_after(0.05):
+                    await self.ctx.stopping.wait()
+                continue
+            await self.train_once()
+
+    async def train_once(self) -> StepStats | None:
+        """Take one batch from the buffer and apply it (one RL step); None when nothing was trainable."""
+        samples: list[TrainSample] = []
+        applied: list[_Held] = []
+        consumed: list[_Held] = []  # zero-signal groups: no effect on the weights, accounted like applied ones
+        self._staleness_last = []
+        while len(samples) < self.config.batch_size:
+            groups = self.batcher.take(self.config.batch_size - len(samples))
+            if not groups:
+                break
+            for held in groups:
+                del self._held[held.delivery.id]
+                if self._is_stale(held.msg):
+                    await self._drop_stale(held.delivery)
+                    continue
+                group_samples = self._samples(held.msg)
+                if group_samples is None:
+                    consumed.append(held)
+                    continue
+                samples.extend(group_samples)
+                applied.append(held)
+                self._staleness_last.append(self._group_staleness(held.msg))
+        if not applied:
+            self._account([], consumed)
+            if consumed and self.config.mode == "sync":
+                await self.publish_weights()  # same weights, new version: the source waits for it to go on
+            return None
+        stats = await anyio.to_thread.run_sync(self.trainer.rl_step, samples)
+        self.step += 1
+        self._steps_t.append(time.monotonic())
+        self._account(applied, consumed)
+        self._report_step(stats, applied)
+        if self.step % self.publish_every == 0:
+            await self.publish_weights()
+        if self.step % self.config.checkpoint_every_steps == 0:
+            await self.checkpoint()
+        if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
+            await self.publish_eval()
+        return stats
+
+    def _samples(self, msg: ScoredMsg) -> list[TrainSample] | None:
+        rewards = [c.reward for c in msg.completions]
+        if len(rewards) == 1:
+            advantages: list[float] | None = [self.estimator.single(msg.domain, rewards[0])]
+        else:
+            advantages = self.estimator.group(msg.domain, rewards)
+        window = self._rewards.setdefault(msg.domain, deque(maxlen=_REWARD_WINDOW))
+        window.append((sum(rewards) / len(rewards), sum(r >= CORRECT for r in rewards) / len(rewards)))
+        self.ctx.counters.set("groups_skipped", self.estimator.groups_skipped)
+        if advantages is None:
+            return None
+        limit = self.policy.max_context
+        out = []
+        for completion, advantage in zip(msg.completions, advantages, strict=True):
+            if not completion.token_ids or len(msg.prompt_ids) + len(completion.token_ids) > limit:
+                self.ctx.counters.inc("too_long_skipped")
+                continue
+            out.append(TrainSample(msg.prompt_ids, completion.token_ids, completion.logprobs, advantage,
+                                   msg.temperature))
+        return out
+
+    def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
+        """Ledger + audit trail for the step just taken (or for consumed groups when no step was taken)."""
+        for held in [*applied, *consumed]:
+            self._unacked[held.delivery.id] = held.delivery
+        self.ledger.add(h.delivery.id for h in [*applied, *consumed])
+        now = time.time()
+        for held, how in [*((h, "applied") for h in applied), *((h, "consumed") for h in consumed)]:
+            self.metrics.add("applied", {"ts": now, "step": self.step, "message_id": held.delivery.id,
+                                         "domain": held.msg.domain, "completions": held.size, "how": how})
+        self.ctx.counters.inc("samples_applied", sum(h.size for h in applied))
+        self.ctx.counters.inc("groups_applied", len(applied))
+
+    def _report_step(self, stats: StepStats, applied: list[_Held]) -> None:
+        counters = self.ctx.counters
+        for value in self._staleness_last:
+            counters.inc(f"staleness.{value}")
+        mean_staleness = sum(self._staleness_last) / max(len(self._staleness_last), 1)
+        row: dict[str, Any] = {"ts": time.time(), "step": self.step, "version": self.version,
+                               "staleness_mean": mean_staleness, "groups": len(applied),
+                               **{k: getattr(stats, k) for k in stats.__dataclass_fields__}}
+        for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
+            counters.set(name, round(float(getattr(stats, name)), 5))
+        counters.set("staleness_mean", round(mean_staleness, 3))
+        for domain, window in self._rewards.items():
+            reward = sum(r for r, _ in window) / len(window)
+            accuracy = sum(a for _, a in window) / len(window)
+            counters.set(f"reward.{domain}", round(reward, 4))
+            counters.set(f"accuracy.{domain}", round(accuracy, 4))
+            row[f"reward.{domain}"], row[f"accuracy.{domain}"] = reward, accuracy
+        for domain in {h.msg.domain for h in applied}:
+            row[f"completions.{domain}"] = sum(h.size for h in applied if h.msg.domain == domain)
+        self.metrics.add("step", row)
+
+    # ------------------------------------------------------------------ weights, checkpoints, evals
+    async def publish_weights(self) -> None:
+        state = {name: t.detach().to("cpu").clone() for name, t in self.policy.state_dict().items()}
+        current = await self.publisher.current()
+        self.version = max(self.version, current.version if current is not None else 0) + 1
+        await self.publisher.publish(self.version, state)
+        self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
+        self.ctx.log.info("learner.published", version=self.version, step=self.step)
+
+    async def checkpoint(self) -> None:
+        """Snapshot everything, then ack every message the snapshot covers."""
+        if self.step == self._last_checkpoint_step and not self._unacked:
+            return
+        self.metrics.flush(("applied", "step", "lifecycle"))  # the audit trail reaches disk before the snapshot
+        from actors.learner._setup import app_state
+
+        state = app_state(self)
+        started = time.perf_counter()
+        await anyio.to_thread.run_sync(self.checkpointer.save, self.step, state)
+        self._last_checkpoint_step = self.step
+        self.metrics.add("lifecycle", {"ts": time.time(), "event": "checkpoint", "step": self.step,
+                                       "version": self.version})
+        self.ctx.counters.set("checkpoint_s", round(time.perf_counter() - started, 3))
+        self.ctx.counters.set("last_checkpoint_step", self.step)
+        pending, self._unacked = self._unacked, {}
+        for delivery in pending.values():
+            await delivery.ack()
+
+    async def publish_eval(self) -> None:
+        if self._channel_out is None or not self.evals.tasks:
+            return
+        items = []
+        for tasks in self.evals.tasks.values():
+            for task in tasks:
+                payload = {**task.payload(group_size=1, heldout=True), "temperature": 0.0}
+                items.append(("prompt", payload, eval_message_id(self.version, task)))
+        await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        self.ctx.counters.inc("eval_rounds")
+        self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items))
+
+    def meta(self) -> dict[str, Any]:
+        return {"step": self.step, "version": self.version, "phase": self.phase,
+                "estimator": self.estimator.state_dict(),
+                "counters": {k: v for k, v in self.ctx.counters.snapshot().items()
+                             if k.startswith(("dropped_stale", "staleness.", "samples_applied", "groups_applied",
+                                              "duplicates_skipped", "eval_rounds"))}}
+
+    def load_meta(self, text: str) -> None:
+        meta = json.loads(text)
+        self.step, self.version = int(meta["step"]), int(meta["version"])
+        self.estimator.load_state_dict(meta["estimator"])
+        for name, value in meta.get("counters", {}).items():
+            self.ctx.counters.set(name, value)

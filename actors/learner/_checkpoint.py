@@ -1,0 +1,77 @@
+"""Learner checkpoints with torchsnapshot: written whole or not at all, the newest two kept.
+
+Layout: ``<root>/ckpt-<step:09d>/`` (a torchsnapshot directory). A checkpoint is taken into a hidden temporary
+directory next to it and renamed into place only when torchsnapshot has finished, so ``latest()`` never returns a
+half-written one — a learner killed with SIGKILL mid-checkpoint restarts from the previous one. Temporary leftovers
+of such a kill are removed by the next ``save``.
+
+What goes in is the caller's ``app_state`` (model, optimizer, and a ``torchsnapshot.StateDict`` of plain values);
+``restore`` fills the same keys in place.
+
+Non-goals: sharded / multi-rank checkpoints (one learner replica), cloud storage paths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Checkpointer"]
+
+_NAME = re.compile(r"^ckpt-(\d{9})$")
+
+
+class Checkpointer:
+    def __init__(self, root: Path, *, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep: expected an integer >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        found = []
+        for path in self.root.iterdir():
+            match = _NAME.match(path.name)
+            if match and (path / ".snapshot_metadata").exists():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1][1] if found else None
+
+    def save(self, step: int, app_state: Mapping[str, Any]) -> Path:
+        from torchsnapshot import Snapshot
+
+        for leftover in self.root.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = self.root / f".tmp-{step:09d}-{uuid.uuid4().hex[:8]}"
+        Snapshot.take(str(tmp), dict(app_state))
+        final = self.root / f"ckpt-{step:09d}"
+        if final.exists():  # a previous incarnation reached this step, then was rolled back past it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        for _, old in self.checkpoints()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def restore(self, path: Path, app_state: Mapping[str, Any]) -> None:
+        from torchsnapshot import Snapshot
+
+        Snapshot(str(path)).restore(dict(app_state))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

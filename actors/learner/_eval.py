@@ -1,0 +1,81 @@
+"""Held-out evaluation bookkeeping: which prompts to publish, and accuracy per (round, domain) from the scores.
+
+The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
+the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
+(``temperature: 0``), ``group_size: 1``, message id ``eval-<version>-<task id>`` (retries of a round dedupe on the
+bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from
+the prompt's (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version
+when an id has another shape (e.g. a custom generator).
+
+A completion counts as correct when its reward is ≥ 1 − 1e-9. A (round, domain) is complete when all of its
+prompts have come back; only complete rounds are reported (a half-evaluated round would be a biased number).
+
+Non-goals: evaluating with sampling (pass@k), confidence intervals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from actors._messages import ScoredMsg
+from actors.source import Task
+
+__all__ = ["EvalResult", "EvalTracker", "eval_message_id"]
+
+_ID = re.compile(r"^eval-(\d+)-")
+_KEEP_ROUNDS = 16  # incomplete rounds older than the newest 16 are forgotten
+CORRECT = 1.0 - 1e-9
+
+
+def eval_message_id(version: int, task: Task) -> str:
+    return f"eval-{version}-{task.id}"
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    version: int
+    domain: str
+    n: int
+    accuracy: float
+    reward_mean: float
+
+
+class EvalTracker:
+    def __init__(self, tasks: Mapping[str, Sequence[Task]]) -> None:
+        self.tasks = {domain: list(items) for domain, items in tasks.items() if items}
+        self._rounds: dict[tuple[int, str], list[float]] = {}
+        self._seen: dict[tuple[int, str], set[str]] = {}  # ids counted per round (kept after completion: dedupe)
+
+    def expected(self, domain: str) -> int:
+        return len(self.tasks.get(domain, ()))
+
+    def record(self, message_id: str, msg: ScoredMsg) -> EvalResult | None:
+        """Account one held-out score; returns the round's result when this score completes it."""
+        match = _ID.match(message_id)
+        if match:
+            version = int(match.group(1))
+        else:
+            version = min((v for c in msg.completions for v in c.versions), default=0)
+        key = (version, msg.domain)
+        seen = self._seen.setdefault(key, set())
+        if message_id in seen:  # a redelivery of a score already counted
+            return None
+        seen.add(message_id)
+        rewards = self._rounds.setdefault(key, [])
+        rewards.extend(c.reward for c in msg.completions)
+        self._forget_old()
+        if len(rewards) < max(self.expected(msg.domain), 1):
+            return None
+        del self._rounds[key]
+        return EvalResult(version=version, domain=msg.domain, n=len(rewards),
+                          accuracy=sum(r >= CORRECT for r in rewards) / len(rewards),
+                          reward_mean=sum(rewards) / len(rewards))
+
+    def _forget_old(self) -> None:
+        versions = sorted({v for v, _ in self._seen})
+        if len(versions) > _KEEP_ROUNDS:
+            cutoff = versions[-_KEEP_ROUNDS]
+            self._rounds = {k: v for k, v in self._rounds.items() if k[0] >= cutoff}
+            self._seen = {k: v for k, v in self._seen.items() if k[0] >= cutoff}

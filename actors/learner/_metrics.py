@@ -1,0 +1,101 @@
+"""The learner's metrics on disk: parquet parts under ``<run_dir>/metrics/`` and a held-out accuracy plot.
+
+Contract:
+- Rows are buffered in memory and written by :meth:`MetricsWriter.flush` to a new part file
+  ``<kind>-<incarnation>-<n:05d>.parquet`` (written to a temporary name, then renamed: a reader never sees a
+  partial file). Kinds: ``step`` (one row per optimizer step), ``eval`` (one row per held-out evaluation of a
+  domain), ``applied`` (one row per applied message: the exactly-once audit trail), ``lifecycle`` (start,
+  resume, warm start, checkpoints).
+- ``incarnation`` names one life of the learner process (a restart is a new incarnation), so parts of different
+  lives never collide and the audit trail can tell them apart.
+- :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null).
+- :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg).
+
+Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the live counters).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+__all__ = ["MetricsWriter", "plot_heldout", "read_metrics"]
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, incarnation: str) -> None:
+        self.dir = Path(run_dir) / "metrics"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.incarnation = incarnation
+        self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._parts = 0
+
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        self._rows[kind].append({"incarnation": self.incarnation, **row})
+
+    def pending(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def flush(self, kinds: tuple[str, ...] | None = None) -> list[Path]:
+        """Write the buffered rows (of ``kinds``, default all) to new part files; returns the files written."""
+        written = []
+        for kind in list(self._rows):
+            rows = self._rows[kind]
+            if not rows or (kinds is not None and kind not in kinds):
+                continue
+            self._rows[kind] = []
+            self._parts += 1
+            final = self.dir / f"{kind}-{self.incarnation}-{self._parts:05d}.parquet"
+            tmp = final.with_name("." + final.name + ".tmp")
+            pl.from_dicts(rows, infer_schema_length=None).write_parquet(tmp)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, final)
+            written.append(final)
+        return written
+
+
+def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
+    """Every row of ``kind`` written under ``run_dir/metrics`` (empty frame when there is none)."""
+    parts = sorted((Path(run_dir) / "metrics").glob(f"{kind}-*.parquet"))
+    if not parts:
+        return pl.DataFrame()
+    return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+
+
+def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
+    """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet."""
+    evals = read_metrics(run_dir, "eval")
+    if evals.is_empty():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = out or Path(run_dir) / "heldout_accuracy.png"
+    t0 = float(evals["ts"].min())  # type: ignore[arg-type]
+    fig, (by_time, by_version) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for domain in sorted(evals["domain"].unique().to_list()):
+        rows = evals.filter(pl.col("domain") == domain).sort("ts")
+        seconds = [float(t) - t0 for t in rows["ts"].to_list()]
+        by_time.plot(seconds, rows["accuracy"].to_list(), marker="o", label=domain)
+        by_version.plot(rows["version"].to_list(), rows["accuracy"].to_list(), marker="o", label=domain)
+    by_time.set_xlabel("seconds since the first evaluation")
+    by_version.set_xlabel("weights version")
+    by_time.set_ylabel("held-out accuracy (greedy)")
+    by_time.set_ylim(-0.02, 1.02)
+    by_time.legend(loc="best")
+    for axis in (by_time, by_version):
+        axis.grid(alpha=0.3)
+    fig.suptitle("held-out accuracy by domain")
+    fig.tight_layout()
+    tmp = out.with_name("." + out.name + ".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,206 @@
+"""The learner's optimizer steps: packing samples into tensors, one RL step, one supervised (warm-start) step.
+
+Contract:
+- Packing: each completion becomes one row ``prompt_ids + token_ids``, left-padded to the batch's longest row;
+  positions come from the attention mask (``Policy.token_logprobs``), so a row scores exactly the tokens the
+  generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
+  at the right end; the loss mask covers exactly them.
+- RL step (:meth:`Trainer.rl_step`): proximal logprobs = one forward pass without grad at the start of the
+  step; then ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step on the decoupled PPO
+  loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when ``kl_beta > 0``), with
+  global gradient-norm clipping. Logprobs use each sample's own temperature (the generator's), so behavior
+  and learner logprobs compare like with like. An empty batch is a no-op that reports zeros, never a NaN.
+- Supervised step (:meth:`Trainer.sft_step`): cross-entropy of the reference completion tokens only
+  (``encode_prompt`` + ``encode_completion``), its own AdamW at the warm-start learning rate.
+
+Non-goals: choosing samples (the batcher), advantages (``_advantages``), data-parallel training.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from actors.learner._loss import PPOConfig, decoupled_ppo_loss
+from actors.policy import Policy
+from actors.policy._prompting import encode_completion, encode_prompt
+
+__all__ = ["Packed", "StepStats", "TrainSample", "Trainer", "pack"]
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion ready to train on."""
+
+    prompt_ids: Sequence[int]
+    token_ids: Sequence[int]
+    behavior_logprobs: Sequence[float]  # log μ_t per completion token (same length as token_ids)
+    advantage: float
+    temperature: float  # > 0: the temperature the generator sampled with
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one RL step reports (plain floats)."""
+
+    samples: int
+    tokens: int
+    loss: float
+    iw_mean: float
+    iw_max: float
+    iw_truncated_frac: float
+    clipped_frac: float
+    kl: float
+    ratio_mean: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class Packed:
+    input_ids: torch.Tensor  # [B, L] left-padded
+    attention_mask: torch.Tensor  # [B, L]
+    loss_mask: torch.Tensor  # [B, L-1] float: 1 where entry t scores a completion token
+    behavior: torch.Tensor  # [B, L-1] behavior logprobs at those entries, 0 elsewhere
+    advantages: torch.Tensor  # [B]
+    temperatures: torch.Tensor  # [B]
+
+
+def pack(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | None, float, float]],
+         pad_id: int, device: torch.device) -> Packed:
+    """Rows of ``(prompt_ids, completion_ids, behavior_logprobs | None, advantage, temperature)``."""
+    length = max(len(p) + len(c) for p, c, _, _, _ in rows)
+    batch = len(rows)
+    ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((batch, length), dtype=torch.long)
+    loss_mask = torch.zeros((batch, max(length - 1, 1)))
+    behavior = torch.zeros((batch, max(length - 1, 1)))
+    for b, (prompt, completion, logprobs, _, _) in enumerate(rows):
+        seq = [*prompt, *completion]
+        ids[b, length - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        attn[b, length - len(seq):] = 1
+        if completion:
+            loss_mask[b, length - 1 - len(completion):] = 1.0
+            if logprobs is not None:
+                behavior[b, length - 1 - len(completion):] = torch.tensor(list(logprobs), dtype=torch.float32)
+    return Packed(
+        input_ids=ids.to(device), attention_mask=attn.to(device), loss_mask=loss_mask.to(device),
+        behavior=behavior.to(device),
+        advantages=torch.tensor([r[3] for r in rows], dtype=torch.float32, device=device),
+        temperatures=torch.tensor([r[4] for r in rows], dtype=torch.float32),
+    )
+
+
+def _logprobs(policy: Policy, ids: torch.Tensor, attn: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """``Policy.token_logprobs`` with a per-row temperature (one forward per distinct temperature)."""
+    values = sorted({float(t) for t in temps.tolist()})
+    if len(values) == 1:
+        return policy.token_logprobs(ids, attn, temperature=values[0])
+    parts, order = [], []
+    for value in values:
+        index = (temps == value).nonzero().flatten()
+        parts.append(policy.token_logprobs(ids[index.to(ids.device)], attn[index.to(ids.device)], temperature=value))
+        order.append(index)
+    inverse = torch.argsort(torch.cat(order)).to(ids.device)
+    return torch.cat(parts)[inverse]
+
+
+class Trainer:
+    """Owns the RL optimizer (and the frozen reference when KL is on) for one policy."""
+
+    def __init__(self, policy: Policy, *, lr: float, ppo: PPOConfig, grad_clip: float, weight_decay: float = 0.0,
+                 ppo_epochs: int = 1, minibatches: int = 1, with_reference: bool = False) -> None:
+        self.policy = policy
+        self.ppo = ppo
+        self.grad_clip = grad_clip
+        self.ppo_epochs = ppo_epochs
+        self.minibatches = minibatches
+        self.params = [p for p in policy.weights.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        self.reference: Policy | None = None
+        if with_reference:
+            self.reset_reference()
+
+    def reset_reference(self) -> None:
+        """Freeze a copy of the current weights as the KL reference."""
+        self.reference = copy.deepcopy(self.policy)
+        for p in self.reference.weights.parameters():
+            p.requires_grad_(False)
+
+    def _pad(self) -> int:
+        return int(self.policy.tokenizer.pad_id)
+
+    # ------------------------------------------------------------------ RL
+    def rl_step(self, samples: Sequence[TrainSample]) -> StepStats:
+        if not samples:
+            return StepStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
+                      self._pad(), self.policy.device)
+        module = self.policy.module
+        module.train()
+        with torch.no_grad():
+            prox = _logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.temperatures)
+            ref = None
+            if self.reference is not None and self.ppo.kl_coef > 0:
+                ref = _logprobs(self.reference, packed.input_ids, packed.attention_mask, packed.temperatures)
+        rows = torch.arange(len(samples))
+        chunks = [c for c in torch.chunk(rows, self.minibatches) if len(c)]
+        totals: dict[str, float] = dict.fromkeys(("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio"), 0.0)
+        tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
+        for _ in range(self.ppo_epochs):
+            for chunk in chunks:
+                index = chunk.to(packed.input_ids.device)
+                current = _logprobs(self.policy, packed.input_ids[index], packed.attention_mask[index],
+                                    packed.temperatures[chunk])
+                loss, stats = decoupled_ppo_loss(
+                    current, prox[index], packed.behavior[index], packed.advantages[index], packed.loss_mask[index],
+                    self.ppo, ref_logprobs=None if ref is None else ref[index],
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+                grad_norm = max(grad_norm, norm if math.isfinite(norm) else float("inf"))
+                if math.isfinite(norm):
+                    self.optimizer.step()
+                n = stats.tokens
+                tokens_seen += n
+                for key, value in (("loss", stats.loss), ("iw_mean", stats.iw_mean),
+                                   ("iw_trunc", stats.iw_truncated_frac), ("clipped", stats.clipped_frac),
+                                   ("kl", stats.kl), ("ratio", stats.ratio_mean)):
+                    totals[key] += value * n
+                iw_max = max(iw_max, stats.iw_max)
+        module.eval()
+        denom = max(tokens_seen, 1)
+        return StepStats(
+            samples=len(samples), tokens=tokens_seen // self.ppo_epochs, loss=totals["loss"] / denom,
+            iw_mean=totals["iw_mean"] / denom, iw_max=iw_max, iw_truncated_frac=totals["iw_trunc"] / denom,
+            clipped_frac=totals["clipped"] / denom, kl=totals["kl"] / denom, ratio_mean=totals["ratio"] / denom,
+            grad_norm=grad_norm,
+        )
+
+    # ------------------------------------------------------------------ supervised
+    def sft_rows(self, pairs: Sequence[tuple[str, str]]) -> Packed:
+        tok = self.policy.tokenizer
+        rows = [(encode_prompt(tok, prompt), encode_completion(tok, reference), None, 0.0, 1.0)
+                for prompt, reference in pairs]
+        return pack(rows, self._pad(), self.policy.device)
+
+    def sft_loss(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
+        """Mean cross-entropy (nats per token) of the reference completions given their prompts."""
+        packed = self.sft_rows(pairs)
+        logp = self.policy.token_logprobs(packed.input_ids, packed.attention_mask)
+        return -(logp * packed.loss_mask).sum() / packed.loss_mask.sum().clamp(min=1.0)
+
+    def sft_step(self, optimizer: torch.optim.Optimizer, pairs: Sequence[tuple[str, str]]) -> float:
+        """One supervised optimizer step on ``(prompt, reference)`` pairs; returns the loss before the step."""
+        self.policy.module.train()
+        loss = self.sft_loss(pairs)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        optimizer.step()
+        self.policy.module.eval()
+        return float(loss.detach())

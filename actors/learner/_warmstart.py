@@ -1,0 +1,67 @@
+"""The supervised warm start: a short phase of real SFT steps on the domains' reference answers.
+
+Used when the policy has no checkpoint (``policy.checkpoint: null``) and ``policy.warm_start.steps > 0``:
+batches of ``(prompt, reference)`` pairs are drawn from the *training* split of the learner's domains (domain by
+sampling weight, as the source does; held-out tasks are never drawn), and each step minimizes the cross-entropy of
+the reference completion tokens (``Trainer.sft_step``) with AdamW at ``warm_start.lr``. Tasks without a reference
+are skipped; when no domain yields references the warm start is skipped with a reason.
+
+Non-goals: epochs over a fixed dataset, learning-rate schedules, evaluation (the learner publishes a held-out
+evaluation right after the warm start).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from actors.learner._trainer import Trainer
+from actors.source import Domain, DomainSampler
+
+__all__ = ["WarmStartResult", "reference_pairs", "warm_start"]
+
+_MAX_EMPTY_DRAWS = 200  # draws without any reference before giving up on the warm start
+
+
+@dataclass
+class WarmStartResult:
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    skipped_reason: str = ""
+
+
+def reference_pairs(sampler: DomainSampler, count: int, max_len: int | None = None) -> list[tuple[str, str]]:
+    """``count`` (prompt, reference) pairs from the training split (fewer only when no task has a reference)."""
+    pairs: list[tuple[str, str]] = []
+    misses = 0
+    while len(pairs) < count and misses < _MAX_EMPTY_DRAWS:
+        _, task = sampler.next()
+        if not task.reference or (max_len is not None and len(task.prompt) + len(task.reference) + 2 > max_len):
+            misses += 1
+            continue
+        pairs.append((task.prompt, task.reference))
+    return pairs
+
+
+def warm_start(trainer: Trainer, domains: Mapping[str, Domain], *, steps: int, lr: float, batch_size: int,
+               seed: int = 0, on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
+    """Run ``steps`` supervised steps; ``on_step(step, loss)`` after each (1-based)."""
+    result = WarmStartResult()
+    if steps <= 0:
+        result.skipped_reason = "warm_start.steps is 0"
+        return result
+    sampler = DomainSampler(domains, random.Random(seed))
+    optimizer = torch.optim.AdamW(trainer.params, lr=lr, weight_decay=0.0)
+    for step in range(1, steps + 1):
+        pairs = reference_pairs(sampler, batch_size, trainer.policy.max_context)
+        if not pairs:
+            result.skipped_reason = "no task of the learner's domains has a reference answer"
+            return result
+        loss = trainer.sft_step(optimizer, pairs)
+        result.steps, result.losses = step, [*result.losses, loss]
+        if on_step is not None:
+            on_step(step, loss)
+    return result

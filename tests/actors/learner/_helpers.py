@@ -1,0 +1,125 @@
+"""Shared by the learner tests: a learner-only spec, hand-built `scored` groups, an in-process learner."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from actors._messages import ScoredMsg
+from actors.learner import read_metrics
+from actors.learner._actor import LearnerActor
+from actors.learner._config import LearnerConfig
+from actors.policy import CharTokenizer
+from actors.policy._prompting import encode_prompt
+from topology import load_spec
+from topology._spec import Spec
+from topology.bus import Bus, BusSettings
+from topology.runtime import ActorContext
+
+TINY = "{preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
+
+
+def write_spec(folder: Path, learner: str = "", *, domains: str = "", warm_steps: int = 0,
+               ack_wait_s: float = 1.0, dedupe_window_s: float = 120.0, name: str | None = None) -> Spec:
+    """A learner fed from an external `scored` channel (no generators), tiny policy."""
+    domains = domains or (
+        "  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 8, weight: 1.0}\n"
+    )
+    name = name or f"lrn-{uuid.uuid4().hex[:8]}"
+    path = folder / "spec.yaml"
+    path.write_text(
+        f"name: {name}\n"
+        f"bus: {{embedded: true, ack_wait_s: {ack_wait_s}, max_deliver: 20, dedupe_window_s: {dedupe_window_s}}}\n"
+        "runtime: {kind: local, run_dir: runs, heartbeat_s: 0.2}\n"
+        f"policy: {{model: builtin:tiny-gpt, config: {TINY}, warm_start: {{steps: {warm_steps}, lr: 3.0e-3, "
+        "batch_size: 16}}\n"
+        f"domains:\n{domains}"
+        "actors:\n"
+        "  learner:\n"
+        "    resources: {num_cpus: 1}\n"
+        "    device: cpu\n"
+        f"{learner}"
+        "channels:\n"
+        "  scored: {external: true}\n"
+    )
+    return load_spec(path)
+
+
+def scored(domain: str, rewards: list[float], *, versions: int | list[int] = 1, heldout: bool = False,
+           temperature: float = 1.0, prompt: str = "What is 1+2? ") -> dict[str, Any]:
+    """A `scored` payload: one completion per reward, each a couple of characters with versions."""
+    tok = CharTokenizer()
+    completions = []
+    for i, reward in enumerate(rewards):
+        ids = [*tok.encode(str(i % 10) + "3"), tok.eos_id]
+        vs = versions if isinstance(versions, list) else [versions] * len(ids)
+        completions.append({"text": f"{i % 10}3", "token_ids": ids, "logprobs": [-4.0] * len(ids),
+                            "versions": vs[: len(ids)] + [vs[-1]] * (len(ids) - len(vs)),
+                            "finish_reason": "stop", "reward": reward, "verdict": "ok"})
+    msg = ScoredMsg.model_validate({"task_id": f"{domain}-t", "domain": domain,
+                                    "prompt_ids": encode_prompt(tok, prompt), "heldout": heldout,
+                                    "temperature": temperature, "completions": completions})
+    return msg.model_dump(mode="json")
+
+
+def learner_config(spec: Spec) -> LearnerConfig:
+    config = spec.actors["learner"].config
+    assert isinstance(config, LearnerConfig)
+    return config
+
+
+@asynccontextmanager
+async def running_learner(spec: Spec, url: str, run_dir: Path, *,
+                          crash: bool = False) -> AsyncIterator[tuple[LearnerActor, Bus]]:
+    """Start a learner in this event loop; on exit stop it cleanly, or (crash=True) cancel it mid-run and drop its
+    bus connection without drain — what a SIGKILL leaves behind, as far as the bus and the state dir can tell."""
+    settings = BusSettings(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver,
+                           dedupe_window_s=spec.bus.dedupe_window_s)
+    async with await Bus.connect(url, topology=spec.name, name="learner", settings=settings) as bus:
+        for channel in spec.channels.values():
+            await bus.ensure_channel(channel.name)
+        ctx = ActorContext(topology=spec.name, actor="learner", replica=0, kind="learner", spec=spec, bus=bus,
+                           run_dir=run_dir)
+        actor = LearnerActor(ctx, learner_config(spec))
+        await actor.start()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            try:
+                yield actor, bus
+            finally:
+                if crash:
+                    tg.cancel_scope.cancel()
+                else:
+                    ctx.stopping.set()
+        if not crash:
+            await actor.drain()
+            await actor.stop()
+
+
+async def wait_until(predicate: Any, timeout_s: float = 20.0) -> None:
+    with anyio.fail_after(timeout_s):
+        for _ in iter(int, 1):  # until the predicate holds (or the deadline)
+            if predicate():
+                return
+            await anyio.sleep(0.05)
+
+
+def effective_applied(run_dir: Path) -> list[str]:
+    """Message ids whose effect is in the final weights: each incarnation's applications up to the step the next
+    incarnation resumed from (later ones were rolled back with the weights), plus all of the last one's."""
+    applied = read_metrics(run_dir, "applied")
+    resumes = read_metrics(run_dir, "lifecycle").filter(event="resume").sort("ts")
+    incarnations = sorted(set(read_metrics(run_dir, "lifecycle")["incarnation"].to_list()))
+    ids: list[str] = []
+    for index, incarnation in enumerate(incarnations):
+        rows = applied.filter(incarnation=incarnation)
+        if index + 1 < len(incarnations):
+            resumed_at = resumes.filter(incarnation=incarnations[index + 1])["step"].item()
+            rows = rows.filter(rows["step"] <= resumed_at)
+        ids.extend(rows["message_id"].to_list())
+    return ids

@@ -1,0 +1,38 @@
+"""DomainBatcher: ratios follow the domains' weights, whole groups only, never stalls on a missing domain."""
+
+from __future__ import annotations
+
+from actors.learner import DomainBatcher
+
+
+def test_batches_follow_domain_weights() -> None:
+    batcher: DomainBatcher[str] = DomainBatcher({"a": 3.0, "b": 1.0}, batch_size=16)
+    for i in range(200):
+        batcher.add("a", f"a{i}", 4)
+        batcher.add("b", f"b{i}", 4)
+    taken = [item for _ in range(20) for item in batcher.take()]
+    share_a = sum(item.startswith("a") for item in taken) / len(taken)
+    assert abs(share_a - 0.75) < 0.03
+    assert len(taken) == 20 * 4  # 16 completions = 4 groups of 4 per batch, never split
+
+
+def test_missing_domain_fills_from_others_after_wait() -> None:
+    now = [0.0]
+    batcher: DomainBatcher[str] = DomainBatcher({"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=2.0,
+                                                clock=lambda: now[0])
+    for i in range(4):
+        batcher.add("a", f"a{i}", 2)
+    assert not batcher.ready()  # enough in total, but b has none of its share yet
+    now[0] = 2.5
+    assert batcher.ready()
+    assert batcher.take() == ["a0", "a1", "a2", "a3"]
+
+
+def test_unknown_domain_gets_weight_one_and_is_ready_when_balanced() -> None:
+    batcher: DomainBatcher[int] = DomainBatcher({"a": 1.0}, batch_size=4, fill_wait_s=60)
+    batcher.add("a", 1, 2)
+    batcher.add("prod", 2, 2)
+    assert batcher.shares() == {"a": 0.5, "prod": 0.5}
+    assert batcher.ready()
+    assert sorted(batcher.take()) == [1, 2]
+    assert batcher.completions == 0
