@@ -1,1 +1,34 @@
-"""The `joiner` actor kind (its config model lives in `actors.joiner._config`)."""
+"""The `joiner` actor kind: late feedback joined to served traffic by request id, published to `scored`.
+
+Its config model lives in `actors.joiner._config` (imported by `actors`); the actor in `_actor`, its KV state
+in `_state`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from actors._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._actor import REVIEW_SOURCE as REVIEW_SOURCE
+    from ._actor import joined_sample as joined_sample
+    from ._actor import selected_for_review as selected_for_review
+    from ._state import JoinState as JoinState
+    from ._state import kv_key as kv_key
+
+_EXPORTS = {
+    "JoinState": "_state",
+    "REVIEW_SOURCE": "_actor",
+    "joined_sample": "_actor",
+    "kv_key": "_state",
+    "selected_for_review": "_actor",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "REVIEW_SOURCE",
+    "JoinState",
+    "joined_sample",
+    "kv_key",
+    "selected_for_review",
+]

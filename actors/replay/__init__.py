@@ -1,0 +1,95 @@
+"""Replay and promotion: re-issue recorded prompts against a weight version, score them, compare, report;
+the promotion gate's rule and the moves of the ``serving`` key (promote, rollback) with their log.
+
+Importing this package imports torch (the engine and the weights); the CLI imports it only when invoked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from actors._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._items import ReplayItem as ReplayItem
+    from ._items import load_items as load_items
+    from ._promote import (
+        Decision as Decision,
+    )
+    from ._promote import (
+        decide as decide,
+    )
+    from ._promote import (
+        decisions_path as decisions_path,
+    )
+    from ._promote import (
+        promote as promote,
+    )
+    from ._promote import (
+        read_decisions as read_decisions,
+    )
+    from ._promote import (
+        record as record,
+    )
+    from ._promote import (
+        rollback as rollback,
+    )
+    from ._promote import (
+        serving_manifest as serving_manifest,
+    )
+    from ._report import build_report as build_report
+    from ._report import mean_reward as mean_reward
+    from ._report import write_report as write_report
+    from ._run import Outcome as Outcome
+    from ._run import Replayer as Replayer
+    from ._run import ReplayRun as ReplayRun
+    from ._run import request_seed as request_seed
+    from ._weights import ResolvedWeights as ResolvedWeights
+    from ._weights import WeightsNotFound as WeightsNotFound
+    from ._weights import resolve_weights as resolve_weights
+
+_EXPORTS = {
+    "Decision": "_promote",
+    "Outcome": "_run",
+    "ReplayItem": "_items",
+    "ReplayRun": "_run",
+    "Replayer": "_run",
+    "ResolvedWeights": "_weights",
+    "WeightsNotFound": "_weights",
+    "build_report": "_report",
+    "decide": "_promote",
+    "decisions_path": "_promote",
+    "load_items": "_items",
+    "mean_reward": "_report",
+    "promote": "_promote",
+    "read_decisions": "_promote",
+    "record": "_promote",
+    "request_seed": "_run",
+    "resolve_weights": "_weights",
+    "rollback": "_promote",
+    "serving_manifest": "_promote",
+    "write_report": "_report",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "Decision",
+    "Outcome",
+    "ReplayItem",
+    "ReplayRun",
+    "Replayer",
+    "ResolvedWeights",
+    "WeightsNotFound",
+    "build_report",
+    "decide",
+    "decisions_path",
+    "load_items",
+    "mean_reward",
+    "promote",
+    "read_decisions",
+    "record",
+    "request_seed",
+    "resolve_weights",
+    "rollback",
+    "serving_manifest",
+    "write_report",
+]
