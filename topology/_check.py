@@ -47,6 +47,8 @@ from topology._yaml import Document, KeyPath, load_document, parse_text
 ModelT = TypeVar("ModelT", bound=BaseModel)
 TOP_LEVEL_KEYS = ("name", "description", "include", "bus", "runtime", "policy", "domains", "actors", "channels")
 _REQUIRED = ("name", "policy", "actors")
+# channels whose readers are people and their tools (flywheel review, dead-letter inspection), not actors
+_READ_BY_PEOPLE = frozenset({"deadletter", "review"})
 
 
 class _Checker:
@@ -127,6 +129,8 @@ class _Checker:
                 if override is not None:
                     overrides[cname] = override
         actors = self.check_actors(data, set(domains_raw))
+        if runtime is not None:
+            self.check_colocate(runtime, data)
         channels = self.check_channels(actors, overrides, channels_raw, name or "topology")
         if any(i.is_error for i in self.issues) or name is None or None in (bus, runtime, policy):
             return None
@@ -148,6 +152,15 @@ class _Checker:
                 self.error(where, message, severity="warning")
         warnings = tuple(sorted((i for i in self.issues if not i.is_error), key=lambda i: (i.file, i.line, i.col)))
         return dataclasses.replace(spec, warnings=warnings)
+
+    def check_colocate(self, runtime: RuntimeSpec, data: dict[str, Any]) -> None:
+        """Every name in ``runtime.colocate`` must be an actor of this spec."""
+        names = [n for n in (data.get("actors") or {}) if isinstance(n, str)]
+        for gi, group in enumerate(runtime.colocate):
+            for ni, name in enumerate(group):
+                if name not in names:
+                    self.error(("runtime", "colocate", gi, ni),
+                               f"expected an actor name ({', '.join(names) or 'none defined'}), got {show(name)}")
 
     def check_domain_files(self, name: str, domain: DomainSpec) -> DomainSpec:
         """Check ``jsonl:`` files exist; returns the domain with those paths made absolute."""
@@ -259,7 +272,7 @@ class _Checker:
                 self.error(where, f"consumes channel '{channel}'{source} but no actor publishes it — add a producer, "
                                   f"or declare channels: {{{channel}: {{external: true}}}}", at_key="consumes" not in block)
         for channel, names in producers.items() if self.channels_known else ():
-            if channel not in consumers and channel != "deadletter":
+            if channel not in consumers and channel not in _READ_BY_PEOPLE:
                 self.error(("actors", names[0]), f"publishes channel '{channel}' but no actor consumes it (messages will pile up)",
                            at_key=True, severity="warning")
         for channel in overrides:

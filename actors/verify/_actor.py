@@ -91,6 +91,7 @@ class VerifyActor(Actor[VerifyConfig]):
                 self.ctx.counters.inc(f"verdict.{result.verdict}")
             message = ScoredMsg(
                 task_id=rollout.task_id, domain=rollout.domain, prompt_ids=rollout.prompt_ids,
+                prompt=rollout.prompt, verifier_fields=rollout.verifier_fields,
                 heldout=rollout.heldout, temperature=rollout.temperature, origin="domain",
                 generator=rollout.generator, generate_s=rollout.generate_s,
                 verify_s=time.perf_counter() - started, completions=scored,

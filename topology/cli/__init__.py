@@ -18,6 +18,10 @@ _COMMANDS: dict[str, str] = {
     "up": "topology.cli._up:up",
     "status": "topology.cli._up:status",
     "sandbox": "actors.verify._cli:sandbox",
+    "replay": "topology.cli._replay:replay",
+    "review": "topology.cli._review:review",
+    "promote": "topology.cli._promote:promote",
+    "rollback": "topology.cli._promote:rollback",
 }
 
 

@@ -1,0 +1,164 @@
+"""The joiner actor: feedback + the served request it rates → one ``scored`` sample for the learner.
+
+Contract:
+- Every traffic record is stored in KV (see ``_state``) for ``window_s`` and acked; feedback looks its
+  request up there, so feedback may come seconds or days later, and across joiner restarts.
+- Feedback that arrives before its traffic record waits in KV (first one wins) and is joined when the
+  record comes. Both sides re-check the other after writing their own key, so a race between a request and
+  its feedback cannot strand either.
+- Feedback is applied at most once per request: the first applied wins; repeats (a retried POST, a second
+  opinion) are counted (``feedback.repeat``) and acked. Feedback whose timestamp is more than ``window_s``
+  after its request's is counted as ``feedback.expired`` and not trained on.
+- The joined sample is off-policy data: the completion's token ids, behavior logprobs and versions are the
+  served ones; ``origin`` is ``review`` for labels from ``flywheel review``, else ``feedback``; the reward
+  is the feedback's score (labels were mapped to scores by whoever published them, see
+  ``actors._messages.FEEDBACK_LABELS``: good/thumbs_up/accept → 1, bad/thumbs_down/reject → 0) clipped to
+  [0, 1]; domain = the config's ``domain``, else the request's, else ``"feedback"``. It is published with
+  the id ``joined.<request id>``: a crash between publish and the "applied" mark re-publishes the same id,
+  which JetStream stores once inside its dedupe window.
+- ``review_fraction`` of traffic (chosen by a hash of the request id) is queued on ``review`` with the
+  id ``review.<request id>``.
+
+Non-goals: joining on anything but the request id; feedback for requests the gateway never recorded
+(they wait in KV until the window closes, then expire).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import orjson
+
+from actors._messages import FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
+from actors.joiner._config import JoinerConfig
+from actors.joiner._state import JoinState
+from topology.bus import Delivery
+from topology.runtime import Actor, ActorContext, iterate_until
+
+__all__ = ["JoinerActor", "joined_sample", "selected_for_review"]
+
+REVIEW_SOURCE = "review"
+
+
+def selected_for_review(request_id: str, fraction: float) -> bool:
+    if fraction <= 0:
+        return False
+    digest = hashlib.sha256(b"flywheel-review:" + request_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < fraction
+
+
+def joined_sample(traffic: TrafficMsg, feedback: FeedbackMsg, *, source: str, domain: str | None) -> ScoredMsg:
+    """The ``scored`` message for one request and the feedback applied to it."""
+    reward = min(1.0, max(0.0, float(feedback.score)))
+    completion = traffic.completion
+    verdict = f"feedback:{feedback.label}" if feedback.label else f"feedback:{reward:g}"
+    return ScoredMsg(
+        task_id=traffic.request_id, domain=domain or traffic.domain or "feedback", prompt=traffic.prompt,
+        prompt_ids=traffic.prompt_ids, temperature=traffic.temperature,
+        origin="review" if source == REVIEW_SOURCE else "feedback", generator=traffic.generator,
+        generate_s=traffic.latency_s,
+        completions=[ScoredCompletion(**completion.model_dump(), reward=reward, verdict=verdict,
+                                      detail=feedback.comment[:200])],
+    )
+
+
+class JoinerActor(Actor[JoinerConfig]):
+    def __init__(self, ctx: ActorContext, config: JoinerConfig) -> None:
+        super().__init__(ctx, config)
+        self.state = JoinState(ctx.bus, ctx.topology, window_s=config.window_s, max_pending=config.max_pending)
+        spec_actor = ctx.spec.actors[ctx.actor]
+        self._in = {name: name for name in ("traffic", "feedback")}
+        if len(spec_actor.consumes) == 2:
+            self._in = {"traffic": spec_actor.consumes[0], "feedback": spec_actor.consumes[1]}
+        publishes = spec_actor.publishes
+        self._out = publishes[0] if publishes else "scored"
+        self._review = next((c for c in publishes if c == "review"), "review")
+        self._locks: dict[str, anyio.Lock] = {}
+
+    async def start(self) -> None:
+        await self.state.open()
+        self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._consume, self._in["traffic"], TrafficMsg, self._on_traffic)
+            tg.start_soon(self._consume, self._in["feedback"], FeedbackMsg, self._on_feedback)
+
+    async def _consume(self, channel: str, model: type[Any], handler: Callable[[Delivery[Any]], Awaitable[None]],
+                       ) -> None:
+        async with self.ctx.bus.consume(channel, self.ctx.actor, model=model, batch=64) as deliveries:
+            async for delivery in iterate_until(deliveries, self.ctx.stopping):
+                try:
+                    async with self._lock(delivery.payload.request_id):
+                        await handler(delivery)
+                except Exception as exc:  # the bus or KV is away: try again later
+                    self.ctx.counters.inc("errors")
+                    self.ctx.log.warning("joiner.failed", channel=channel, id=delivery.id, error=str(exc))
+                    await delivery.nak(delay_s=1.0)
+
+    def _lock(self, request_id: str) -> anyio.Lock:
+        if len(self._locks) > 10_000:
+            self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+        return self._locks.setdefault(request_id, anyio.Lock())
+
+    # -- handlers -------------------------------------------------------------------------------------
+    async def _on_traffic(self, delivery: Delivery[TrafficMsg]) -> None:
+        traffic = delivery.payload
+        rid = traffic.request_id
+        await self.state.put("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
+        self.ctx.counters.inc("traffic.stored")
+        if selected_for_review(rid, self.config.review_fraction):
+            await self.ctx.bus.publish(self._review, "review", traffic.model_dump(mode="json"), id=f"review.{rid}",
+                                       source=self._who())
+            self.ctx.counters.inc("review.queued")
+        pending = await self.state.get("feedback_pending", rid)
+        if pending is not None and await self.state.get("feedback_applied", rid) is None:
+            raw = orjson.loads(pending)
+            await self._join(traffic, FeedbackMsg.model_validate(raw["feedback"]), str(raw.get("source", "")))
+        if pending is not None:
+            await self.state.delete("feedback_pending", rid)
+        await delivery.ack()
+
+    async def _on_feedback(self, delivery: Delivery[FeedbackMsg]) -> None:
+        feedback = delivery.payload
+        rid = feedback.request_id
+        source = delivery.envelope.source
+        if await self.state.get("feedback_applied", rid) is not None:
+            self.ctx.counters.inc("feedback.repeat")
+            await delivery.ack()
+            return
+        stored = await self.state.get("traffic", rid)
+        if stored is None:
+            record = orjson.dumps({"feedback": feedback.model_dump(mode="json"), "source": source})
+            if not await self.state.create("feedback_pending", rid, record):
+                self.ctx.counters.inc("feedback.repeat")
+                await delivery.ack()
+                return
+            self.ctx.counters.inc("feedback.early")
+            stored = await self.state.get("traffic", rid)  # the request may have landed meanwhile
+            if stored is None:
+                await delivery.ack()
+                return
+            await self.state.delete("feedback_pending", rid)
+        await self._join(TrafficMsg.model_validate(orjson.loads(stored)), feedback, source)
+        await delivery.ack()
+
+    async def _join(self, traffic: TrafficMsg, feedback: FeedbackMsg, source: str) -> None:
+        rid = traffic.request_id
+        if feedback.ts - traffic.ts > self.config.window_s:
+            self.ctx.counters.inc("feedback.expired")
+            self.ctx.log.info("joiner.expired", request_id=rid, late_s=round(feedback.ts - traffic.ts, 1))
+            return
+        sample = joined_sample(traffic, feedback, source=source, domain=self.config.domain)
+        await self.ctx.bus.publish(self._out, "scored", sample.model_dump(mode="json"), id=f"joined.{rid}",
+                                   source=self._who())
+        applied = orjson.dumps({"feedback": feedback.model_dump(mode="json"), "source": source})
+        await self.state.put("feedback_applied", rid, applied)
+        self.ctx.counters.inc("feedback.joined")
+        self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
+
+    def _who(self) -> str:
+        return f"{self.ctx.actor}/{self.ctx.replica}"

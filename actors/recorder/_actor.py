@@ -1,0 +1,164 @@
+"""The recorder actor: ``traffic``, ``feedback`` and ``scored`` to parquet, every acknowledged event exactly once.
+
+How exactly-once holds across crashes (of the recorder, of the producer, of nats-server with JetStream on
+disk):
+
+1. A message is acknowledged only after the file holding it was renamed into place and its directory
+   fsynced. A crash before that loses nothing: JetStream redelivers the un-acked message.
+2. File names carry the stream sequences they hold; at start the recorder asks the server for the
+   consumer's *ack floor* (every sequence at or below it is acknowledged and never redelivered) and reads
+   the ``_seq`` column of every file whose last sequence is above it. A redelivered message already in a
+   file — the recorder died between rename and ack, or nats-server died before persisting the ack — is
+   acknowledged without being written again. The index is pruned to the un-acked window after each flush.
+3. The hidden temporary of a flush cut short is deleted at start; it never held an acknowledged message.
+4. A message redelivered while still buffered (``ack_wait_s`` elapsed) replaces its buffered copy; the flush
+   interval is capped at half of ``ack_wait_s`` so that this stays rare.
+
+A producer that publishes an id twice inside the bus's dedupe window is stored once by JetStream; beyond it,
+two messages exist and both are recorded (their ``_id`` column shows it).
+
+Non-goals: more than one replica per recordings directory (refused at start: two writers could both write a
+message redelivered between them), reading recordings (see ``read_recordings``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats.js.errors as js_errors
+from pydantic import BaseModel
+
+from actors.recorder._config import RecorderConfig
+from actors.recorder._schema import CHANNEL_MODELS, rows_of
+from actors.recorder._writer import ChannelWriter
+from topology.bus import Bus, Delivery
+from topology.runtime import Actor, ActorContext, iterate_until
+
+__all__ = ["RecorderActor", "ack_floor"]
+
+_Buffered = tuple[Delivery[Any], float, list[dict[str, Any]]]
+
+
+async def ack_floor(bus: Bus, channel: str, group: str) -> int:
+    """The consumer group's ack floor on ``channel``: every sequence up to it is acknowledged (0: none yet)."""
+    try:
+        info = await bus.nc.jetstream().consumer_info(bus.stream(channel), group)
+    except js_errors.NotFoundError:
+        return 0
+    return int(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0
+
+
+class RecorderActor(Actor[RecorderConfig]):
+    def __init__(self, ctx: ActorContext, config: RecorderConfig) -> None:
+        super().__init__(ctx, config)
+        spec_actor = ctx.spec.actors[ctx.actor]
+        self.channels = [c for c in spec_actor.consumes]
+        unknown = [c for c in self.channels if c not in CHANNEL_MODELS]
+        if unknown:
+            raise ValueError(f"recorder {ctx.actor!r}: no recorded schema for channel(s) {', '.join(unknown)} "
+                             f"(recordable: {', '.join(sorted(CHANNEL_MODELS))})")
+        if spec_actor.replicas != 1:
+            raise ValueError(f"recorder {ctx.actor!r}: expected replicas: 1 (one writer per recordings "
+                             f"directory), got {spec_actor.replicas}")
+        directory = Path(config.directory)
+        self.root = directory if directory.is_absolute() else ctx.run_dir / directory
+        self.writers = {c: ChannelWriter(self.root, c, partition=config.partition, compression=config.compression)
+                        for c in self.channels}
+        self._buffers: dict[str, dict[int, _Buffered]] = {c: {} for c in self.channels}
+        self._rows: dict[str, int] = dict.fromkeys(self.channels, 0)
+        self._locks = {c: anyio.Lock() for c in self.channels}
+        self._full = anyio.Event()
+        self.flush_every_s = min(config.flush_every_s, ctx.bus.settings.ack_wait_s / 2)
+
+    async def start(self) -> None:
+        for channel, writer in self.writers.items():
+            floor = await ack_floor(self.ctx.bus, channel, self.ctx.actor)
+            found = await anyio.to_thread.run_sync(writer.recover, floor)
+            self.ctx.log.info("recorder.recovered", channel=channel, ack_floor=floor, unacked_in_files=found)
+        self.ctx.log.info("recorder.ready", root=str(self.root), channels=self.channels)
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for channel in self.channels:
+                tg.start_soon(self._consume, channel)
+            tg.start_soon(self._flush_loop)
+        # consumers are closed; what they handed out is ours to write and acknowledge
+        await self.flush_all()
+
+    async def _consume(self, channel: str) -> None:
+        model: type[BaseModel] = CHANNEL_MODELS[channel]
+        batch = max(1, min(256, self.ctx.bus.settings.max_ack_pending // 2))
+        async with self.ctx.bus.consume(channel, self.ctx.actor, model=model, batch=batch) as deliveries:
+            async for delivery in iterate_until(deliveries, self.ctx.stopping):
+                await self._accept(channel, delivery)
+
+    async def _accept(self, channel: str, delivery: Delivery[Any]) -> None:
+        if self.writers[channel].written(delivery.stream_seq):
+            await delivery.ack()  # already in a file: a redelivery after a crash or a lost ack
+            self.ctx.counters.inc(f"{channel}.duplicates_skipped")
+            return
+        env = delivery.envelope
+        rows = rows_of(channel, delivery.payload, seq=delivery.stream_seq, id=env.id, ts=env.ts, source=env.source)
+        buffer = self._buffers[channel]
+        previous = buffer.get(delivery.stream_seq)
+        if previous is not None:
+            self._rows[channel] -= len(previous[2])
+            self.ctx.counters.inc(f"{channel}.redelivered_while_buffered")
+        buffer[delivery.stream_seq] = (delivery, env.ts, rows)
+        self._rows[channel] += len(rows)
+        if self._rows[channel] >= self.config.max_rows_per_file:
+            self._full.set()
+
+    async def _flush_loop(self) -> None:
+        while not self.ctx.stopping.is_set():
+            with anyio.move_on_after(self.flush_every_s):
+                async with anyio.create_task_group() as wake:
+                    async def on(event: anyio.Event) -> None:
+                        await event.wait()
+                        wake.cancel_scope.cancel()
+
+                    wake.start_soon(on, self._full)
+                    wake.start_soon(on, self.ctx.stopping)
+            self._full = anyio.Event()
+            if not self.ctx.stopping.is_set():
+                await self.flush_all()
+
+    async def flush_all(self) -> None:
+        for channel in self.channels:
+            await self.flush(channel)
+
+    async def flush(self, channel: str) -> None:
+        """Write what is buffered for ``channel``, then acknowledge it (see the module docstring)."""
+        async with self._locks[channel]:
+            buffer, self._buffers[channel] = self._buffers[channel], {}
+            self._rows[channel] = 0
+            if not buffer:
+                return
+            writer = self.writers[channel]
+            fresh = {seq: (ts, rows) for seq, (_d, ts, rows) in buffer.items() if not writer.written(seq)}
+            started = time.perf_counter()
+            try:
+                if fresh:
+                    await anyio.to_thread.run_sync(writer.write, fresh)
+            except Exception as exc:  # disk full, permissions: give everything back for a later try
+                self.ctx.counters.inc(f"{channel}.write_errors")
+                self.ctx.log.error("recorder.write_failed", channel=channel, messages=len(buffer), error=str(exc))
+                for delivery, _ts, _rows in buffer.values():
+                    await delivery.nak(delay_s=1.0)
+                return
+            with anyio.CancelScope(shield=True):
+                for delivery, _ts, _rows in buffer.values():
+                    await delivery.ack()
+            counters = self.ctx.counters
+            counters.inc(f"{channel}.messages", len(fresh))
+            counters.inc(f"{channel}.rows", sum(len(rows) for _ts, rows in fresh.values()))
+            counters.inc(f"{channel}.duplicates_skipped", len(buffer) - len(fresh))
+            counters.set(f"{channel}.files", writer.files_written)
+            counters.set("last_flush_s", round(time.perf_counter() - started, 4))
+            try:
+                writer.prune(await ack_floor(self.ctx.bus, channel, self.ctx.actor))
+            except Exception:  # the server is away; prune next time
+                pass

@@ -1,0 +1,158 @@
+"""The replay report, by domain: recorded vs replayed (vs another version), as JSON, markdown and a PNG.
+
+Per domain: samples; how many a verifier scored; mean reward recorded / replayed / against; the fraction of
+scored samples whose replayed verdict equals the recorded one (``agreement``); the fraction whose replayed
+text equals the recorded text (``text_match``); and for ``against`` how many samples changed outcome.
+Samples without verifier fields are marked "no verifier: compared by text only". Throughput: replay's
+tokens/s beside the bare engine's on the same prompts.
+
+Non-goals: statistical tests (the gate's threshold is a plain difference of means).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from actors.replay._items import ReplayItem
+from actors.replay._run import Outcome, ReplayRun
+
+__all__ = ["build_report", "mean_reward", "write_report"]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def mean_reward(run: ReplayRun) -> float | None:
+    return _mean([o.reward for o in run.outcomes if o.reward is not None])
+
+
+def _passed(verdict: str, reward: float | None) -> bool:
+    return verdict == "pass" or (reward is not None and reward >= 1.0)
+
+
+def build_report(items: Sequence[ReplayItem], replayed: ReplayRun, against: ReplayRun | None = None, *,
+                 seed: int, raw: tuple[int, float] | None = None) -> dict[str, Any]:
+    by_key = {o.key: o for o in replayed.outcomes}
+    other = {o.key: o for o in against.outcomes} if against is not None else {}
+    domains: dict[str, dict[str, Any]] = {}
+    for item in items:
+        row = domains.setdefault(item.domain or "(none)", {
+            "samples": 0, "scored": 0, "recorded": [], "replayed": [], "against": [], "agree": 0, "text_match": 0,
+            "changed_vs_against": 0, "text_only": 0})
+        mine: Outcome | None = by_key.get(item.key)
+        if mine is None:
+            continue
+        row["samples"] += 1
+        row["text_match"] += int(mine.text == item.recorded_text)
+        if mine.reward is None:
+            row["text_only"] += 1
+            if item.recorded_reward is not None:
+                row["recorded"].append(item.recorded_reward)
+            continue
+        row["scored"] += 1
+        row["replayed"].append(mine.reward)
+        if item.recorded_reward is not None:
+            row["recorded"].append(item.recorded_reward)
+            row["agree"] += int(_passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict,
+                                                                             item.recorded_reward))
+        theirs = other.get(item.key)
+        if theirs is not None and theirs.reward is not None:
+            row["against"].append(theirs.reward)
+            row["changed_vs_against"] += int(theirs.verdict != mine.verdict)
+    table: dict[str, dict[str, Any]] = {}
+    for domain, row in sorted(domains.items()):
+        scored = row["scored"]
+        table[domain] = {
+            "samples": row["samples"], "scored": scored,
+            "recorded_mean_reward": _mean(row["recorded"]), "replayed_mean_reward": _mean(row["replayed"]),
+            "against_mean_reward": _mean(row["against"]) if against is not None else None,
+            "agreement": round(row["agree"] / scored, 4) if scored else None,
+            "text_match": round(row["text_match"] / row["samples"], 4) if row["samples"] else None,
+            "changed_vs_against": row["changed_vs_against"] if against is not None else None,
+            "note": "no verifier: compared by text only" if row["text_only"] and not scored else "",
+        }  # fmt: skip
+    report: dict[str, Any] = {
+        "seed": seed, "samples": len(items),
+        "weights": {"label": replayed.label, "version": replayed.version, "mean_reward": mean_reward(replayed)},
+        "against": ({"label": against.label, "version": against.version, "mean_reward": mean_reward(against)}
+                    if against is not None else None),
+        "domains": table,
+        "throughput": {"replay_tokens": replayed.tokens, "replay_s": round(replayed.wall_s, 4),
+                       "replay_tokens_per_s": round(replayed.tokens_per_s, 1)},
+        "outcomes": [{"key": o.key, "domain": o.domain, "reward": o.reward, "verdict": o.verdict, "text": o.text}
+                     for o in replayed.outcomes],
+    }  # fmt: skip
+    if raw is not None:
+        tokens, seconds = raw
+        engine_tps = tokens / seconds if seconds > 0 else 0.0
+        report["throughput"].update({"engine_tokens": tokens, "engine_s": round(seconds, 4),
+                                     "engine_tokens_per_s": round(engine_tps, 1),
+                                     "replay_vs_engine": round(replayed.tokens_per_s / engine_tps, 3)
+                                     if engine_tps else None})
+    return report
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    w, a = report["weights"], report["against"]
+    lines = [f"# Replay of {report['samples']} recorded samples", "",
+             f"weights **{w['label']}** (mean reward {_fmt(w['mean_reward'])})"
+             + (f" against **{a['label']}** (mean reward {_fmt(a['mean_reward'])})" if a else "")
+             + f", seed {report['seed']}", "",
+             "| domain | samples | scored | recorded | replayed | against | agreement | text match | changed | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for domain, row in report["domains"].items():
+        lines.append("| " + " | ".join(_fmt(v) for v in (
+            domain, row["samples"], row["scored"], row["recorded_mean_reward"], row["replayed_mean_reward"],
+            row["against_mean_reward"], row["agreement"], row["text_match"], row["changed_vs_against"],
+            row["note"])) + " |")
+    t = report["throughput"]
+    lines += ["", f"Throughput: replay {t['replay_tokens_per_s']} tokens/s"
+              + (f", bare engine {t['engine_tokens_per_s']} tokens/s on the same prompts "
+                 f"({_fmt(t['replay_vs_engine'])} of it)" if "engine_tokens_per_s" in t else ""), ""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """report.json, report.md and report.png in ``out_dir`` (created)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.png"]
+    paths[0].write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    paths[1].write_text(markdown(report))
+    _plot(report, paths[2])
+    return paths
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = list(report["domains"])
+    series = [("recorded", "recorded_mean_reward"), (report["weights"]["label"], "replayed_mean_reward")]
+    if report["against"]:
+        series.append((report["against"]["label"], "against_mean_reward"))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(domains) + 2), 3.5))
+    width = 0.8 / len(series)
+    for i, (name, column) in enumerate(series):
+        values = [report["domains"][d][column] or 0.0 for d in domains]
+        ax.bar([x + i * width for x in range(len(domains))], values, width, label=name)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(domains))], domains)
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    ax.set_title("replay by domain")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,83 @@
+"""Which weights a replay runs: a version of a run (by number) or a checkpoint (a safetensors file or dir).
+
+``resolve_weights(ref, run_dir=…, bus=…)``:
+- ``initial`` / ``v0`` / ``0``: the policy exactly as the spec builds it (its checkpoint, or fresh init);
+- ``vN`` / ``N``: version N of the run — a pinned serving copy (``<run_dir>/weights/serving-vN``), the disk
+  transport's ``<run_dir>/weights/vN``, else (with a bus) the object store's ``serving-vN`` / ``vN``;
+- anything else: a path to a ``.safetensors`` file or a directory of them.
+
+Errors are one-line ``WeightsNotFound`` naming every place that was searched.
+
+Non-goals: downloading from hubs; versions the learner's stores already pruned (only pinned serving
+versions are kept for good).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import torch
+from safetensors.torch import load as st_load
+
+from actors.policy import StateDictError, read_safetensors
+from actors.weights import weights_bucket
+from topology.bus import Bus, BusError
+
+__all__ = ["ResolvedWeights", "WeightsNotFound", "resolve_weights"]
+
+_VERSION = re.compile(r"^v?(\d+)$")
+
+
+class WeightsNotFound(ValueError):
+    """No weights where the user pointed; the message lists where we looked."""
+
+
+@dataclass(frozen=True)
+class ResolvedWeights:
+    label: str  # "v3", "initial", or the checkpoint path
+    version: int  # -1 for a checkpoint outside any run
+    state_dict: dict[str, torch.Tensor] | None  # None: the spec's own policy
+
+
+async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | None = None) -> ResolvedWeights:
+    found, searched = await anyio.to_thread.run_sync(_local, ref, run_dir)
+    if found is not None:
+        return found
+    version = int(ref.removeprefix("v"))
+    if bus is not None:
+        bucket = weights_bucket(bus.topology)
+        for name in (f"serving-v{version}", f"v{version}"):
+            try:
+                blob = await bus.object_get(bucket, name)
+            except BusError:
+                searched.append(f"object store {bucket}/{name}")
+                continue
+            return ResolvedWeights(f"v{version}", version, dict(st_load(blob)))
+    where = "; ".join(searched) or "nowhere (pass the run dir, or run it while the run's bus is up)"
+    raise WeightsNotFound(f"version {version} not found (searched: {where})")
+
+
+def _local(ref: str, run_dir: Path | None) -> tuple[ResolvedWeights | None, list[str]]:
+    if ref in ("initial", "v0", "0"):
+        return ResolvedWeights("initial", 0, None), []
+    match = _VERSION.match(ref)
+    if match is None:
+        path = Path(ref).expanduser()
+        if not path.exists():
+            raise WeightsNotFound(f"no weights at {ref!r}: expected a version (v3), 'initial', or a path to a "
+                                  ".safetensors file or directory")
+        try:
+            return ResolvedWeights(str(path), -1, read_safetensors(path)), []
+        except StateDictError as exc:
+            raise WeightsNotFound(str(exc)) from None
+    version = int(match.group(1))
+    searched: list[str] = []
+    if run_dir is not None:
+        for folder in (run_dir / "weights" / f"serving-v{version}", run_dir / "weights" / f"v{version}"):
+            if (folder / "model.safetensors").is_file():
+                return ResolvedWeights(f"v{version}", version, read_safetensors(folder / "model.safetensors")), []
+            searched.append(str(folder))
+    return None, searched

@@ -1,0 +1,170 @@
+"""The joiner against a real nats-server: early and late feedback, repeats applied once, restarts, review."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors._messages import ScoredMsg, TrafficMsg
+from actors.joiner import selected_for_review
+from actors.joiner._actor import JoinerActor
+from actors.joiner._config import JoinerConfig
+from tests.actors.recorder._support import feedback, traffic
+from topology import Spec, load_spec
+from topology.bus import Bus, BusSettings, EmbeddedNats
+from topology.runtime import ActorContext
+
+pytestmark = pytest.mark.anyio
+
+DAY = 86_400.0
+
+
+def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> Spec:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: {name or 'j-' + uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n"
+        f"actors:\n  joiner: {fields}\n"
+        "channels:\n  traffic: {external: true}\n  feedback: {external: true}\n"
+    )
+    return load_spec(path)
+
+
+@asynccontextmanager
+async def running_joiner(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[JoinerActor]:
+    settings = BusSettings(ack_wait_s=2.0, max_deliver=10)
+    async with await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus:
+        ctx = ActorContext(topology=spec.name, actor="joiner", replica=0, kind="joiner", spec=spec, bus=bus,
+                           run_dir=run_dir)
+        config = spec.actors["joiner"].config
+        assert isinstance(config, JoinerConfig)
+        actor = JoinerActor(ctx, config)
+        await actor.start()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            try:
+                yield actor
+            finally:
+                ctx.stopping.set()
+        await actor.stop()
+
+
+async def until(actor: JoinerActor, counter: str, value: float, timeout_s: float = 10.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while True:
+            if actor.ctx.counters.get(counter) >= value:
+                return
+            await anyio.sleep(0.02)
+
+
+async def scored_messages(bus: Bus, n: int, timeout_s: float = 10.0) -> list[ScoredMsg]:
+    out: list[ScoredMsg] = []
+    with anyio.fail_after(timeout_s):
+        async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
+            async for delivery in deliveries:
+                out.append(delivery.payload)
+                await delivery.ack()
+                if len(out) >= n:
+                    break
+    return out
+
+
+async def test_feedback_after_traffic_becomes_an_off_policy_sample(embedded_nats: EmbeddedNats,
+                                                                   tmp_path: Path) -> None:
+    spec = joiner_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            await gw.publish("traffic", "traffic", traffic("r1", text="42", version=3, temperature=0.7), id="t1")
+            await until(joiner, "traffic.stored", 1)
+            await gw.publish("feedback", "feedback", feedback("r1", score=1.0, label="good"), id="f1")
+            await until(joiner, "feedback.joined", 1)
+        [sample] = await scored_messages(gw, 1)
+    assert sample.task_id == "r1" and sample.origin == "feedback" and sample.domain == "arithmetic"
+    assert sample.temperature == 0.7 and sample.prompt == "What is 40+2?"
+    [completion] = sample.completions
+    assert completion.reward == 1.0 and completion.verdict == "feedback:good"
+    assert completion.versions == [3, 3] and completion.logprobs == [-0.5, -0.5]  # the served behavior policy
+
+
+async def test_feedback_before_its_traffic_is_joined_when_the_traffic_arrives(embedded_nats: EmbeddedNats,
+                                                                              tmp_path: Path) -> None:
+    spec = joiner_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            await gw.publish("feedback", "feedback", feedback("early", score=0.0), id="f-early")
+            await until(joiner, "feedback.early", 1)
+            assert joiner.ctx.counters.get("feedback.joined") == 0
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:  # a restart in between loses nothing
+            await gw.publish("traffic", "traffic", traffic("early"), id="t-early")
+            await until(joiner, "feedback.joined", 1)
+        [sample] = await scored_messages(gw, 1)
+    assert sample.task_id == "early" and sample.completions[0].reward == 0.0
+
+
+async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = joiner_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            await gw.publish("traffic", "traffic", traffic("r"), id="t")
+            await until(joiner, "traffic.stored", 1)
+            await gw.publish("feedback", "feedback", feedback("r", score=1.0), id="f-a")
+            await until(joiner, "feedback.joined", 1)
+            for i in range(3):  # a retried POST and second opinions, with new ids
+                await gw.publish("feedback", "feedback", feedback("r", score=0.0), id=f"f-b{i}")
+            await until(joiner, "feedback.repeat", 3)
+            # repeats before the traffic: only the first waits, the others count as repeats
+            for i in range(2):
+                await gw.publish("feedback", "feedback", feedback("q", score=float(i)), id=f"fq{i}")
+            await until(joiner, "feedback.repeat", 4)
+            await gw.publish("traffic", "traffic", traffic("q"), id="tq")
+            await until(joiner, "feedback.joined", 2)
+            assert joiner.ctx.counters.get("feedback.joined") == 2
+        samples = await scored_messages(gw, 2)
+    assert {(s.task_id, s.completions[0].reward) for s in samples} == {("r", 1.0), ("q", 0.0)}
+
+
+async def test_feedback_days_later_joins_within_the_window_and_expires_beyond_it(
+        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = joiner_spec(tmp_path, "{window_s: 604800}")  # one week
+    served = time.time() - 3 * DAY
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            await gw.publish("traffic", "traffic", traffic("old", ts=served), id="t-old")
+            await gw.publish("traffic", "traffic", traffic("ancient", ts=served - 10 * DAY), id="t-ancient")
+            await until(joiner, "traffic.stored", 2)
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:  # the joiner restarted since
+            await gw.publish("feedback", "feedback", feedback("old", score=1.0), id="f-old")  # 3 days later
+            await gw.publish("feedback", "feedback", feedback("ancient", score=1.0), id="f-ancient")  # 13 days
+            await until(joiner, "feedback.expired", 1)
+            await until(joiner, "feedback.joined", 1)
+        [sample] = await scored_messages(gw, 1)
+    assert sample.task_id == "old"
+
+
+async def test_a_fraction_of_traffic_is_queued_for_review(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = joiner_spec(tmp_path, "{review_fraction: 0.5}")
+    assert spec.actors["joiner"].publishes == ("scored", "review")
+    ids = [f"r{i}" for i in range(40)]
+    chosen = {rid for rid in ids if selected_for_review(rid, 0.5)}
+    assert 5 < len(chosen) < 35
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            for rid in ids:
+                await gw.publish("traffic", "traffic", traffic(rid), id=f"t-{rid}")
+            await until(joiner, "traffic.stored", len(ids))
+        queued: set[str] = set()
+        with anyio.fail_after(10):
+            async with gw.consume("review", "check", model=TrafficMsg) as deliveries:
+                async for delivery in deliveries:
+                    queued.add(delivery.payload.request_id)
+                    await delivery.ack()
+                    if len(queued) == len(chosen):
+                        break
+    assert queued == chosen

@@ -1,0 +1,132 @@
+"""``flywheel replay``: re-issue recorded prompts against a weight version and report by domain."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+
+
+def _run_dir_of(recordings: Path) -> Path | None:
+    for candidate in (recordings, *recordings.parents):
+        if (candidate / "run.json").is_file():
+            return candidate
+    return None
+
+
+@click.command()
+@click.argument("recordings", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--spec", "spec_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Topology spec (policy, domains, verifiers). Default: the spec of the run RECORDINGS is in.")
+@click.option("--weights", required=True, help="Version to replay (v3, 3, initial) or a checkpoint path.")
+@click.option("--against", default=None, help="Another version or checkpoint to compare with.")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed (per request: hash(seed, id)).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the newest N samples.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests in flight (the engine's batch).")
+@click.option("--greedy", is_flag=True, help="Decode greedily instead of at the recorded temperature.")
+@click.option("--run-dir", "run_dir_opt", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run dir holding the weights (default: the run RECORDINGS is in).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-report"),
+              show_default=True, help="Where report.md, report.json and report.png go.")
+def replay(recordings: Path, spec_path: Path | None, weights: str, against: str | None, seed: int,
+           limit: int | None, concurrency: int, greedy: bool, run_dir_opt: Path | None, out_dir: Path) -> None:
+    """Replay recorded prompts against a weight version; compare with the recording (and another version).
+
+    \b
+    RECORDINGS is the recorder's folder (or a run dir holding recordings/). Prompts from `scored`
+    samples are re-scored by their domain's verifier; served `traffic` without verifier fields is
+    compared by text only. Same weights + same seed → same completions.
+
+    \b
+    Examples:
+      flywheel replay runs/latest/recordings --weights v12 --against v10
+      flywheel replay runs/latest --weights ckpt/model.safetensors --greedy --limit 200 --out report/
+    """
+    from topology.runtime._rundir import read_run_info
+
+    logging.getLogger().setLevel(logging.WARNING)
+    run_dir = run_dir_opt or _run_dir_of(recordings.resolve())
+    if spec_path is None:
+        if run_dir is None:
+            raise click.ClickException("no --spec given and RECORDINGS is not inside a run dir with run.json")
+        spec_path = Path(read_run_info(run_dir).spec_path)
+    spec = _load_spec(spec_path)
+    try:
+        report = anyio.run(_replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy,
+                           backend="asyncio")
+    except ValueError as exc:  # WeightsNotFound, bad weights, bad recordings
+        raise click.ClickException(str(exc)) from None
+    from actors.replay import write_report
+    from actors.replay._report import markdown
+
+    paths = write_report(report, out_dir)
+    click.echo(markdown(report))
+    click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _load_spec(path: Path) -> Any:
+    from topology import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _replay(spec: Any, recordings: Path, run_dir: Path | None, weights: str, against: str | None, seed: int,
+                  limit: int | None, concurrency: int, greedy: bool) -> dict[str, Any]:
+    from actors.replay import Replayer, build_report, load_items
+
+    items = load_items(recordings, limit=limit)
+    if not items:
+        raise ValueError(f"nothing recorded under {recordings} (no traffic or scored parquet files)")
+    bus = await _live_bus(run_dir)
+    try:
+        main = await _weights(weights, run_dir, bus)
+        other = await _weights(against, run_dir, bus) if against is not None else None
+    finally:
+        if bus is not None:
+            await bus.close()
+    threads = max(1, (os.cpu_count() or 1))
+    async with Replayer(spec, num_threads=threads) as replayer:
+        kwargs: dict[str, Any] = {"seed": seed, "concurrency": concurrency, "greedy": greedy}
+        raw = await replayer.raw_throughput(items, main.state_dict, version=main.version, **kwargs)
+        run = await replayer.run(items, main.state_dict, label=main.label, version=main.version, **kwargs)
+        against_run = None
+        if other is not None:
+            against_run = await replayer.run(items, other.state_dict, label=other.label, version=other.version,
+                                             **kwargs)
+    return build_report(items, run, against_run, seed=seed, raw=raw)
+
+
+async def _weights(ref: str, run_dir: Path | None, bus: Any) -> Any:
+    from actors.replay import resolve_weights
+
+    return await resolve_weights(ref, run_dir=run_dir, bus=bus)
+
+
+async def _live_bus(run_dir: Path | None) -> Any:
+    """The run's bus when it is up (for versions in the object store); None otherwise."""
+    if run_dir is None or not (run_dir / "run.json").is_file():
+        return None
+    from topology.bus import Bus
+    from topology.runtime._rundir import pid_alive, read_run_info
+
+    info = read_run_info(run_dir)
+    if info.stopped_at is not None or not pid_alive(info.pid):
+        return None
+    token = os.environ.get(info.token_env) if info.token_env else None
+    try:
+        with anyio.fail_after(5):
+            return await Bus.connect(info.bus_url, topology=info.topology, name="flywheel-replay",
+                                     creds_file=info.creds_file, token=token or None)
+    except Exception:
+        return None
+
+
+__all__ = ["replay"]
