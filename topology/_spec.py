@@ -128,16 +128,43 @@ class RuntimeSpec(SpecModel):
     restart: RestartSpec = RestartSpec()
     heartbeat_s: float = Field(default=1.0, gt=0)  # how often each replica reports its state and counters
     address: str | None = None  # kind: ray only — cluster address ("auto", "ray://host:10001"); null starts one
+    # kind: ray only — how replicas spread over the cluster's nodes. null: Ray's default, each replica placed
+    # on its own; spread: one placement group, bundles on as many nodes as possible; pack: one placement
+    # group, bundles on as few nodes as possible. Placement groups are all-or-nothing: nothing starts until
+    # every replica's resources are reserved.
+    placement: Literal["spread", "pack"] | None = None
+    # kind: ray only — groups of actor names whose replicas must share one node (a STRICT_PACK placement
+    # group per group), e.g. [[learner, generator]] keeps a learner beside its generators
+    colocate: list[list[str]] = Field(default_factory=list)
+    placement_timeout_s: float = Field(default=120.0, gt=0)  # kind: ray only — wait this long for placement
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
         return {"kind": data} if isinstance(data, str) else data
 
+    @field_validator("colocate")
+    @classmethod
+    def _check_colocate(cls, groups: list[list[str]]) -> list[list[str]]:
+        seen: set[str] = set()
+        for group in groups:
+            if not group:
+                raise ValueError("expected each colocate group to list at least one actor name, got an empty list")
+            for name in group:
+                if name in seen:
+                    raise ValueError(f"expected each actor in at most one colocate group, got {show(name)} twice")
+                seen.add(name)
+        return groups
+
     @model_validator(mode="after")
-    def _address_needs_ray(self) -> RuntimeSpec:
-        if self.address is not None and self.kind != "ray":
-            raise ValueError(f"expected no address with kind: {self.kind} (address is for kind: ray), got {show(self.address)}")
+    def _ray_fields_need_ray(self) -> RuntimeSpec:
+        if self.kind == "ray":
+            return self
+        for name, value in (("address", self.address), ("placement", self.placement)):
+            if value is not None:
+                raise ValueError(f"expected no {name} with kind: {self.kind} ({name} is for kind: ray), got {show(value)}")
+        if self.colocate:
+            raise ValueError(f"expected no colocate with kind: {self.kind} (colocate is for kind: ray), got a list")
         return self
 
 

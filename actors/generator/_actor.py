@@ -14,8 +14,8 @@ policy as the spec describes it (checkpoint or fresh init) as version 0.
 With ``serve: true`` the same engine also answers the gateway (:mod:`actors.generator._serve`), from the
 start — before the first learner version, users are served the policy as specified.
 
-Non-goals: weight sync over a torch.distributed group inside one machine (``weight_sync: distributed`` is
-for SGLang/vLLM servers, whose own group the learner drives; see :mod:`actors.generator._weights_group`).
+Non-goals: driving an SGLang/vLLM server's own weight-update group from here (the HTTP engines take a
+safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.generator._weights_group`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from actors.generator._config import GeneratorConfig
 from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
 from actors.policy._prompting import encode_prompt
 from actors.weights import (
+    DistributedTransport,
     ObjectStoreTransport,
     SafetensorsDirTransport,
     WeightSubscriber,
@@ -52,6 +53,7 @@ def weight_transports(ctx: ActorContext) -> dict[str, WeightTransport]:
     return {
         "object-store": ObjectStoreTransport(ctx.bus, weights_bucket(ctx.topology)),
         "disk": SafetensorsDirTransport(ctx.run_dir / "weights"),
+        "distributed": DistributedTransport.for_context(ctx),
     }
 
 

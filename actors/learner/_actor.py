@@ -25,8 +25,11 @@ Requirements: one replica (the ledger is per process; a sibling would receive un
 ``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in, weights are published
 after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
 
-Non-goals: data-parallel learners, the torch.distributed weight broadcast (``weight_transport: distributed`` is
-refused at start with a clear message).
+Weights go out through the transport named by ``weight_transport`` — the same set the generators receive from
+(:func:`actors.generator._actor.weight_transports`): the object store, a safetensors directory, or a
+torch.distributed broadcast to the generators configured with ``weight_sync: distributed``.
+
+Non-goals: data-parallel learners.
 """
 
 from __future__ import annotations
@@ -106,13 +109,10 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
-        ctx, config = self.ctx, self.config
+        ctx = self.ctx
         actor = ctx.spec.actors[ctx.actor]
         if actor.replicas != 1:
             raise ValueError(f"actors.{ctx.actor}.replicas: a learner runs as exactly 1 replica, got {actor.replicas}")
-        if config.weight_transport == "distributed":
-            raise ValueError(f"actors.{ctx.actor}.weight_transport: 'distributed' is not supported by the torch "
-                             "learner yet; use object-store or disk")
         from actors.learner._setup import setup_learner
 
         await setup_learner(self)

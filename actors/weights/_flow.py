@@ -2,7 +2,9 @@
 
 The current version's manifest lives in the KV bucket ``fw_<topology>_weights`` under key ``current`` (and,
 with a promotion gate, ``serving``). Publishing = put the tensors through the transport, then the manifest into
-KV; a manifest therefore never points at tensors that are not there yet.
+KV; a manifest therefore never points at tensors that are not there yet. A collective transport (``announces =
+True``, e.g. ``distributed``) is the exception: its receivers must be told to join *before* the tensors move, so
+the manifest (carrying the rendezvous) goes first and the transport sends after (``put_announced``).
 
 Guarantees:
 - versions are monotonic: a publisher refuses a version ≤ the current one; a subscriber ignores them;
@@ -24,7 +26,7 @@ import torch
 
 from actors.generator._types import Engine
 from actors.weights._manifest import WeightManifest, WeightPayloadError
-from actors.weights._transports import WeightTransport
+from actors.weights._transports import CollectiveTransport, WeightTransport
 from topology.bus import Bus
 
 __all__ = ["CURRENT", "SERVING", "WeightPublisher", "WeightSubscriber", "weights_bucket"]
@@ -54,10 +56,17 @@ class WeightPublisher:
         if current is not None and version <= current.version:
             raise ValueError(f"weight versions are monotonic: cannot publish v{version} after v{current.version}")
         started = time.perf_counter()
-        manifest = await self._transport.put(version, state_dict)
-        await self._bus.kv_put(self._bucket, self._key, manifest.to_json())
+        if getattr(self._transport, "announces", False):  # collective transports: announce, then send
+            collective: CollectiveTransport = self._transport  # type: ignore[assignment]
+            manifest = await collective.put_announced(version, state_dict, self._announce)
+        else:
+            manifest = await self._transport.put(version, state_dict)
+            await self._announce(manifest)
         self.last_publish_s = time.perf_counter() - started
         return manifest
+
+    async def _announce(self, manifest: WeightManifest) -> None:
+        await self._bus.kv_put(self._bucket, self._key, manifest.to_json())
 
     async def point(self, manifest: WeightManifest, key: str) -> None:
         """Point another key (e.g. ``serving``) at an already published version — promotion and rollback."""

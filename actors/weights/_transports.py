@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -32,7 +32,7 @@ from actors.weights._manifest import WeightManifest, WeightPayloadError, check_s
 from actors.weights._mmap import map_safetensors
 from topology.bus import Bus, BusError
 
-__all__ = ["ObjectStoreTransport", "SafetensorsDirTransport", "WeightTransport"]
+__all__ = ["CollectiveTransport", "ObjectStoreTransport", "SafetensorsDirTransport", "WeightTransport"]
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -43,6 +43,19 @@ class WeightTransport(Protocol):
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest: ...
 
     async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]: ...
+
+
+class CollectiveTransport(WeightTransport, Protocol):
+    """A transport whose receivers join the transfer (a broadcast): the manifest must be announced first.
+
+    ``announces`` is True; :meth:`put_announced` builds the manifest, awaits ``announce(manifest)`` (the KV put),
+    then sends. See :mod:`actors.weights._distributed`.
+    """
+
+    announces: bool
+
+    async def put_announced(self, version: int, state_dict: StateDict,
+                            announce: Callable[[WeightManifest], Awaitable[None]]) -> WeightManifest: ...
 
 
 def _contiguous_cpu(state_dict: StateDict) -> dict[str, torch.Tensor]:

@@ -1,10 +1,12 @@
 """Actor runtime: the Actor base class, its context and counters, heartbeats, and the local runtimes.
 
 ``LocalRuntime`` runs one supervised OS process per replica; ``SingleProcessRuntime`` runs every replica in
-one event loop (``flywheel up --single-process``). Both implement ``Runtime``; a Ray runtime will too.
+one event loop (``flywheel up --single-process``); ``RayRuntime`` places each replica as a Ray actor (Ray is
+imported only when it runs). All implement ``Runtime``.
 """
 
 from topology.runtime._actor import Actor, ActorContext, ActorState, Counters
+from topology.runtime._ray import RayRuntime, RayUnavailable
 from topology.runtime._restart import RestartPolicy
 from topology.runtime._rundir import RunInfo, RunNotFound, find_run, read_run_info
 from topology.runtime._runtime import RunResult, Runtime
@@ -19,6 +21,8 @@ __all__ = [
     "ActorState",
     "Counters",
     "LocalRuntime",
+    "RayRuntime",
+    "RayUnavailable",
     "ReplicaStatus",
     "RestartPolicy",
     "RunInfo",

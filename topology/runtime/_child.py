@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +71,34 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int:
-    actor_spec = spec.actors[args.actor]
-    bus = await connect_bus(spec, args.bus_url, client_name=f"{spec.name}-{args.actor}-{args.replica}")
+async def run_replica(
+    spec: Any,
+    factory: type[Any],
+    actor: str,
+    replica: int,
+    *,
+    run_dir: Path,
+    bus_url: str,
+    restarts: int = 0,
+    handle_signals: bool = True,
+    on_context: Callable[[ActorContext], None] | None = None,
+) -> int:
+    """Connect to the bus and run one replica's lifecycle with heartbeats; 0 after a clean stop, 1 after a crash.
+
+    Shared by this process entry and the Ray runtime's actor (``topology.runtime._ray``), so a replica behaves
+    the same under every runtime. ``handle_signals`` turns SIGTERM/SIGINT into ``ctx.stopping`` (main thread
+    only); ``on_context`` receives the context as soon as it exists (the Ray actor keeps it to request a stop).
+    """
+    actor_spec = spec.actors[actor]
+    bus = await connect_bus(spec, bus_url, client_name=f"{spec.name}-{actor}-{replica}")
     try:
         ctx = ActorContext(
-            topology=spec.name, actor=args.actor, replica=args.replica, kind=actor_spec.kind, spec=spec,
-            bus=bus, run_dir=args.run_dir, restarts=args.restarts,
+            topology=spec.name, actor=actor, replica=replica, kind=actor_spec.kind, spec=spec,
+            bus=bus, run_dir=run_dir, restarts=restarts,
         )  # fmt: skip
-        replica = Replica(ctx, factory, actor_spec.config, heartbeat_s=spec.runtime.heartbeat_s)
+        if on_context is not None:
+            on_context(ctx)
+        runner = Replica(ctx, factory, actor_spec.config, heartbeat_s=spec.runtime.heartbeat_s)
         async with anyio.create_task_group() as tg:
 
             async def on_signals() -> None:
@@ -87,13 +107,19 @@ async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int
                         ctx.log.info("signal received", signal=signal.Signals(signum).name)
                         ctx.stopping.set()
 
-            tg.start_soon(on_signals)
-            ok = await replica.run()
+            if handle_signals:
+                tg.start_soon(on_signals)
+            ok = await runner.run()
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await bus.close()
     return 0 if ok else 1
+
+
+async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int:
+    return await run_replica(spec, factory, args.actor, args.replica, run_dir=args.run_dir, bus_url=args.bus_url,
+                             restarts=args.restarts)
 
 
 def _exit_before_start(signum: int, frame: object) -> None:

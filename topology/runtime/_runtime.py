@@ -6,7 +6,7 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 :class:`RunResult`. A second SIGINT/SIGTERM during the drain skips the rest of the grace period. Between
 ``started`` being set and ``run`` returning, ``run_dir``, ``bus_url`` and :meth:`statuses` are available.
 
-Non-goals: placement across machines (the Ray runtime, later, implements the same protocol).
+Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from topology.runtime import Actor, ActorContext, Counters
 
 def test_exported_members() -> None:
     assert set(topology.runtime.__all__) == {
-        "Actor", "ActorContext", "ActorState", "Counters", "LocalRuntime", "ReplicaStatus", "RestartPolicy",
-        "RunInfo", "RunNotFound", "RunResult", "RunStatus", "Runtime", "SingleProcessRuntime", "find_run",
-        "read_run_info", "read_run_status", "status_bucket",
+        "Actor", "ActorContext", "ActorState", "Counters", "LocalRuntime", "RayRuntime", "RayUnavailable",
+        "ReplicaStatus", "RestartPolicy", "RunInfo", "RunNotFound", "RunResult", "RunStatus", "Runtime",
+        "SingleProcessRuntime", "find_run", "iterate_until", "read_run_info", "read_run_status", "status_bucket",
     }
 
 

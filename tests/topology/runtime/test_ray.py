@@ -1,0 +1,133 @@
+"""RayRuntime on a local Ray instance (2 CPUs): replicas as Ray actors, restarts, and the gloo weight group.
+
+One Ray instance serves the whole module (starting one takes seconds); every test stops its topology, and the
+module fixture shuts Ray down, so no Ray process outlives the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.topology.runtime._helpers import lifecycle, write_spec
+from topology import load_spec
+from topology.runtime import RayRuntime, ReplicaStatus, RunResult
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+KINDS = "tests.topology.runtime._kinds,tests.topology.runtime._weight_kinds"
+WEIGHTS = """\
+  sender: {kind: wsender, interval_s: 1.0, resources: {num_cpus: 0.5}}
+  receiver: {kind: wreceiver, replicas: 2, resources: {num_cpus: 0.5}}"""
+TINY = 'policy: {model: "builtin:tiny-gpt", config: {n_layer: 1, n_embd: 32, n_head: 2, block_size: 64}}'
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[None]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_kinds(kinds_env: None, monkeypatch: pytest.MonkeyPatch, ray_instance: None) -> None:
+    import importlib
+
+    monkeypatch.setenv("FLYWHEEL_ACTOR_MODULES", KINDS)
+    importlib.import_module("tests.topology.runtime._weight_kinds")
+
+
+async def _run_until(runtime: RayRuntime, probe: Any, timeout_s: float) -> tuple[RunResult, Any]:
+    """Run the topology, call ``await probe(runtime)`` once it is up, stop it; the probe's value comes back."""
+    value: Any = None
+
+    async def drive() -> None:
+        nonlocal value
+        await runtime.started.wait()
+        try:
+            with anyio.fail_after(timeout_s):
+                value = await probe(runtime)
+        finally:
+            runtime.request_stop("test done")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drive)
+        result = await runtime.run()
+    return result, value
+
+
+async def _wait(runtime: RayRuntime, what: str, ok: Any) -> dict[tuple[str, int], ReplicaStatus]:
+    while True:
+        records = {(r.actor, r.replica): r for r in await runtime.statuses()}
+        if ok(records):
+            return records
+        if runtime.stopping:
+            raise AssertionError(f"the topology stopped while waiting for {what}")
+        await anyio.sleep(0.3)
+
+
+@pytest.mark.timeout(90)
+def test_replicas_run_as_ray_actors_and_a_killed_one_is_restarted(ray_kinds: None, tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, max_restarts=3))
+    runtime = RayRuntime(spec, handle_signals=False)
+
+    async def probe(rt: RayRuntime) -> tuple[int, int]:
+        records = await _wait(rt, "tally consuming", lambda r: r.get(("tally", 0)) and
+                              r[("tally", 0)].counters.get("consumed", 0) >= 5)  # fmt: skip
+        victim = records[("tally", 0)].pid
+        assert victim not in (0, os.getpid())
+        os.kill(victim, signal.SIGKILL)  # the Ray worker process, not a polite stop
+        after = await _wait(rt, "tally restarted and consuming again", lambda r: (
+            r[("tally", 0)].restarts >= 1 and r[("tally", 0)].state == "running" and r[("tally", 0)].pid != victim
+            and r[("tally", 0)].counters.get("consumed", 0) >= 3))  # fmt: skip
+        return victim, after[("tally", 0)].pid
+
+    result, (victim, new_pid) = anyio.run(_run_until, runtime, probe, 70.0)
+    assert result.ok, result.message
+    assert new_pid != victim
+    assert lifecycle(result.run_dir, "ticker") == ["start", "run", "drain", "stop"]
+    assert lifecycle(result.run_dir, "tally")[-4:] == ["start", "run", "drain", "stop"]
+    assert "Ray actor" in (result.run_dir / "logs" / "tally-0.log").read_text()
+
+
+@pytest.mark.timeout(90)
+def test_gloo_weight_group_across_ray_actors_reforms_after_a_receiver_dies(ray_kinds: None, tmp_path: Path) -> None:
+    path = write_spec(tmp_path, WEIGHTS, max_restarts=3)
+    path.write_text(path.read_text().replace('policy: {model: "builtin:tiny-gpt"}', TINY))
+    runtime = RayRuntime(load_spec(path), handle_signals=False)
+
+    def verified(records: dict[tuple[str, int], ReplicaStatus], key: tuple[str, int], n: int) -> bool:
+        return key in records and records[key].counters.get("verified", 0) >= n
+
+    async def probe(rt: RayRuntime) -> dict[tuple[str, int], ReplicaStatus]:
+        first = await _wait(rt, "both receivers swapped 2 versions",
+                            lambda r: verified(r, ("receiver", 0), 2) and verified(r, ("receiver", 1), 2))
+        os.kill(first[("receiver", 1)].pid, signal.SIGKILL)
+        return await _wait(rt, "the restarted receiver back in the group", lambda r: (
+            r[("receiver", 1)].restarts >= 1 and verified(r, ("receiver", 1), 1) and verified(r, ("receiver", 0), 4)))
+
+    result, records = anyio.run(_run_until, runtime, probe, 75.0)
+    assert result.ok, result.message
+    for key in (("receiver", 0), ("receiver", 1)):
+        assert records[key].counters.get("mismatched", 0) == 0
+    assert records[("receiver", 1)].counters["version"] > 2, "re-joined a later version's group"
+
+
+def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: None, tmp_path: Path) -> None:
+    actors = "  ticker: {resources: {num_cpus: 0.5, custom: {learner_node: 1}}}\n  tally: {}"
+    runtime = RayRuntime(load_spec(write_spec(tmp_path, actors)), handle_signals=False)
+    result = anyio.run(runtime.run)
+    assert not result.ok
+    assert "actor 'ticker' asks for {CPU=0.5, learner_node=1}" in result.message
+    assert "which no node of the Ray cluster has" in result.message
