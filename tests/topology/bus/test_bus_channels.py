@@ -74,6 +74,8 @@ async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats)
         seen: dict[str, list[str]] = {"a": [], "b": []}
         total = 120
 
+        all_seen = anyio.Event()
+
         async def replica(bus: Bus, name: str) -> None:
             async with bus.consume("prompts", "gen", batch=2) as consumer:
                 async for delivery in consumer:
@@ -81,14 +83,17 @@ async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats)
                     await delivery.ack()
                     await asyncio.sleep(0.002)   # a little work, so the other replica's pulls get served
                     if len(seen["a"]) + len(seen["b"]) >= total:
-                        return
+                        all_seen.set()
 
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(replica, bus_a, "a")
                 tg.start_soon(replica, bus_b, "b")
                 await anyio.sleep(0.2)   # both pull requests are waiting before anything is published
                 ids = await bus_a.publish_many("prompts", [("p", {"i": i}, None) for i in range(total)])
+                await all_seen.wait()
+                await anyio.sleep(0.3)   # a duplicate delivery, if any, would arrive now
+                tg.cancel_scope.cancel()  # both replicas are still waiting for more: stop them
     assert seen["a"] and seen["b"], "one replica got everything"
     assert len(seen["a"]) + len(seen["b"]) == total
     assert set(seen["a"]) | set(seen["b"]) == set(ids)

@@ -34,11 +34,12 @@ class _Minimal(Actor[None]):
 
 def test_context_binds_logger_and_state_dir(tmp_path: Path) -> None:
     bus: Any = object()  # never used by this test: no bus call is made
-    ctx = ActorContext(topology="t", actor="gen", replica=1, kind="generator", spec=None,  # type: ignore[arg-type]
-                       bus=bus, run_dir=tmp_path)
-    assert ctx.state_dir == tmp_path / "state" / "gen" / "1" and ctx.state_dir.is_dir()
+    # capture first: the context binds its logger when it is built (another test may have configured structlog)
     with structlog.testing.capture_logs() as logs:
+        ctx = ActorContext(topology="t", actor="gen", replica=1, kind="generator", spec=None,  # type: ignore[arg-type]
+                           bus=bus, run_dir=tmp_path)
         ctx.log.info("hello")
+    assert ctx.state_dir == tmp_path / "state" / "gen" / "1" and ctx.state_dir.is_dir()
     assert logs[0]["actor"] == "gen" and logs[0]["replica"] == 1 and logs[0]["topology"] == "t"
     actor = _Minimal(ctx, None)
     ctx.counters.inc("x")
