@@ -34,7 +34,7 @@ class _Minimal(Actor[None]):
 
 def test_context_binds_logger_and_state_dir(tmp_path: Path) -> None:
     bus: Any = object()  # never used by this test: no bus call is made
-    # capture first: the context binds its logger when it is built (another test may have configured structlog)
+    structlog.reset_defaults()  # another test in this worker may have configured a level filter
     with structlog.testing.capture_logs() as logs:
         ctx = ActorContext(topology="t", actor="gen", replica=1, kind="generator", spec=None,  # type: ignore[arg-type]
                            bus=bus, run_dir=tmp_path)
