@@ -273,11 +273,13 @@ class LearnerActor(Actor[LearnerConfig]):
             if consumed and self.config.mode == "sync":
                 await self.publish_weights()  # same weights, new version: the source waits for it to go on
             return None
+        started = time.perf_counter()
         stats = await anyio.to_thread.run_sync(self.trainer.rl_step, samples)
+        step_s = time.perf_counter() - started
         self.step += 1
         self._steps_t.append(time.monotonic())
         self._account(applied, consumed)
-        self._report_step(stats, applied)
+        self._report_step(stats, applied, step_s)
         if self.step % self.publish_every == 0:
             await self.publish_weights()
         if self.step % self.config.checkpoint_every_steps == 0:
@@ -319,13 +321,17 @@ class LearnerActor(Actor[LearnerConfig]):
         self.ctx.counters.inc("samples_applied", sum(h.size for h in applied))
         self.ctx.counters.inc("groups_applied", len(applied))
 
-    def _report_step(self, stats: StepStats, applied: list[_Held]) -> None:
+    def _report_step(self, stats: StepStats, applied: list[_Held], step_s: float = 0.0) -> None:
         counters = self.ctx.counters
         for value in self._staleness_last:
             counters.inc(f"staleness.{value}")
         mean_staleness = sum(self._staleness_last) / max(len(self._staleness_last), 1)
+        groups = max(len(applied), 1)
+        # step_s: the optimizer step alone; generate_s / verify_s: mean per applied group (one prompt's rollout)
         row: dict[str, Any] = {"ts": time.time(), "step": self.step, "version": self.version,
-                               "staleness_mean": mean_staleness, "groups": len(applied),
+                               "staleness_mean": mean_staleness, "groups": len(applied), "step_s": step_s,
+                               "generate_s": sum(h.msg.generate_s or 0.0 for h in applied) / groups,
+                               "verify_s": sum(h.msg.verify_s or 0.0 for h in applied) / groups,
                                **{k: getattr(stats, k) for k in stats.__dataclass_fields__}}
         for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
             counters.set(name, round(float(getattr(stats, name)), 5))

@@ -1,0 +1,221 @@
+"""Does the loop learn, and what does async buy? Runs a topology (default specs/embedded.yaml) per variant.
+
+Variants (each a fresh run for ``--duration`` seconds of the topology, warm start included):
+
+* ``async``  — the spec as it is;
+* ``sync``   — ``learner.mode: sync`` (one batch per weights version: the baseline async is measured against);
+* ``nonorm`` — async with ``learner.normalize: group`` (classic GRPO scale) instead of per-domain (``--nonorm none``
+  for raw centred rewards).
+
+Each variant is a temporary spec that ``include:``s the original and overrides the learner (deep merge), run with
+``topology.runtime.LocalRuntime`` (``--runtime ray``: ``RayRuntime`` with ``ray_init={"num_cpus": 2}``). From each
+run's ``metrics/*.parquet``: held-out greedy accuracy per domain over wall-clock (eval rows), samples/s trained
+(step rows) and, from the sync run, the pipelining ceiling: in sync mode one cycle is generate+verify (``T_gen``)
+then train (``T_train``, the step rows' ``step_s``), so ``T_gen = median cycle − T_train`` and
+``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is reported beside it.
+
+    .venv/bin/python bench/learn.py --quick                 # ≤ 60 s: async only, a tiny warm start
+    .venv/bin/python bench/learn.py --duration 420          # three variants, ~21 min
+    .venv/bin/python bench/learn.py --spec my.yaml --variants async,sync
+
+Writes bench/results/learn.json and bench/results/learn.png (accuracy per domain vs wall-clock, one line style
+per variant) and prints a markdown table. Runs go to runs/ (``runs/latest`` is the last one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+
+_STYLES = {"async": "-", "sync": ":", "nonorm": "--"}
+_QUICK = {"policy": {"warm_start": {"steps": 60}},
+          "actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
+
+
+def variant_overrides(name: str, nonorm: str) -> dict[str, Any]:
+    learner: dict[str, Any] = {"async": {}, "sync": {"mode": "sync"}, "nonorm": {"normalize": nonorm}}[name]
+    return {"actors": {"learner": learner}} if learner else {}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_variant_spec(spec_path: Path, overrides: dict[str, Any], folder: Path, name: str) -> Path:
+    """A spec that includes the original and deep-merges ``overrides`` (JSON is YAML)."""
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps({"include": str(spec_path.resolve()), **overrides}, indent=1) + "\n")
+    return path
+
+
+def run_topology(spec_file: Path, duration_s: float, runtime_kind: str) -> Path:
+    from topology import load_spec
+
+    spec = load_spec(spec_file)
+    run_root = ROOT / "runs"
+    runtime: Any
+    if runtime_kind == "ray":
+        from topology.runtime import RayRuntime
+
+        runtime = RayRuntime(spec, run_root=run_root, handle_signals=False, ray_init={"num_cpus": 2})
+    else:
+        from topology.runtime import LocalRuntime
+
+        runtime = LocalRuntime(spec, run_root=run_root, handle_signals=False)
+    result = anyio.run(lambda: runtime.run(duration_s=duration_s), backend="asyncio")
+    if not result.ok:
+        raise SystemExit(f"{spec_file.name}: {result.message}")
+    return Path(result.run_dir)
+
+
+def analyse(run_dir: Path) -> dict[str, Any]:
+    from actors.learner._metrics import read_metrics
+
+    evals = read_metrics(run_dir, "eval")
+    steps = read_metrics(run_dir, "step")
+    out: dict[str, Any] = {"run_dir": str(run_dir), "curves": {}, "baseline": {}, "final": {}}
+    if len(evals):
+        t0 = float(evals["ts"].cast(float).min())  # type: ignore[arg-type]  # the post-warm-start baseline round: RL time starts here
+        for row in evals.sort("ts").iter_rows(named=True):
+            out["curves"].setdefault(row["domain"], []).append(
+                {"t_s": round(float(row["ts"]) - t0, 2), "version": int(row["version"]), "accuracy": row["accuracy"]})
+        for domain, curve in out["curves"].items():
+            out["baseline"][domain] = curve[0]["accuracy"]
+            tail = [p["accuracy"] for p in curve[-3:]]  # mean of the last three rounds: less eval noise
+            out["final"][domain] = sum(tail) / len(tail)
+            out.setdefault("best", {})[domain] = max(p["accuracy"] for p in curve)
+    if len(steps) >= 2:
+        steps = steps.sort("ts")
+        ts = [float(t) for t in steps["ts"]]
+        samples = [int(s) for s in steps["samples"]]
+        span = ts[-1] - ts[0]
+        out["steps"] = len(ts)
+        out["samples_per_s"] = sum(samples[1:]) / span if span > 0 else 0.0
+        cycles = [b - a for a, b in itertools.pairwise(ts)]
+        out["cycle_s"] = statistics.median(cycles)
+        if "step_s" in steps.columns:
+            out["t_train_s"] = statistics.median(float(s) for s in steps["step_s"] if s is not None)
+        if "iw_mean" in steps.columns:
+            out["iw_mean"] = statistics.fmean(float(v) for v in steps["iw_mean"])
+        if "staleness_mean" in steps.columns:
+            out["staleness_mean"] = statistics.fmean(float(v) for v in steps["staleness_mean"])
+    return out
+
+
+def pipelining(sync: dict[str, Any]) -> dict[str, float] | None:
+    if "t_train_s" not in sync or "cycle_s" not in sync:
+        return None
+    t_train = sync["t_train_s"]
+    t_gen = max(sync["cycle_s"] - t_train, 1e-9)
+    return {"t_gen_s": t_gen, "t_train_s": t_train, "ceiling": (t_gen + t_train) / max(t_gen, t_train)}
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors: dict[str, str] = {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for variant, res in results.items():
+        for domain, curve in sorted(res["curves"].items()):
+            color = colors.setdefault(domain, palette[len(colors) % len(palette)])
+            ax.plot([p["t_s"] for p in curve], [100 * p["accuracy"] for p in curve], _STYLES.get(variant, "-."),
+                    color=color, label=f"{domain} ({variant})")
+    ax.set_xlabel("seconds since the post-warm-start evaluation")
+    ax.set_ylabel("held-out accuracy, greedy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", type=Path, default=ROOT / "specs" / "embedded.yaml")
+    parser.add_argument("--duration", type=float, default=420.0, help="seconds per variant (warm start included)")
+    parser.add_argument("--variants", default="async,sync,nonorm")
+    parser.add_argument("--nonorm", choices=("group", "none"), default="group", help="normalize of the nonorm run")
+    parser.add_argument("--runtime", choices=("local", "ray"), default="local")
+    parser.add_argument("--quick", action="store_true", help="≤ 60 s: async only, 60 warm-start steps, 40 s run")
+    args = parser.parse_args()
+
+    variants = ["async"] if args.quick else [v.strip() for v in args.variants.split(",") if v.strip()]
+    duration = 40.0 if args.quick else args.duration
+    results: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="flywheel-learn-") as tmp:
+        for variant in variants:
+            overrides = variant_overrides(variant, args.nonorm)
+            if args.quick:
+                overrides = _merge(_QUICK, overrides)
+            spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)
+            print(f"== {variant}: {duration:.0f} s of {args.spec} (overrides {json.dumps(overrides)})", flush=True)
+            run_dir = run_topology(spec_file, duration, args.runtime)
+            results[variant] = {"overrides": overrides, **analyse(run_dir)}
+
+    domains = sorted({d for r in results.values() for d in r["curves"]})
+    rows = []
+    for variant, res in results.items():
+        for domain in domains:
+            base, final = res["baseline"].get(domain), res["final"].get(domain)
+            rows.append([variant, domain, _pct(base), _pct(final),
+                         _pct(None if base is None or final is None else final - base),
+                         _pct(res.get("best", {}).get(domain)),
+                         round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2)])
+    print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
+                          "samples/s", "staleness"], rows))
+    summary: dict[str, Any] = {}
+    if "sync" in results and "async" in results:
+        pipe = pipelining(results["sync"])
+        sync_rate, async_rate = results["sync"].get("samples_per_s", 0.0), results["async"].get("samples_per_s", 0.0)
+        if pipe is not None and sync_rate > 0:
+            ratio = async_rate / sync_rate
+            summary = {**pipe, "async_over_sync": ratio, "fraction_of_ceiling": ratio / pipe["ceiling"]}
+            print(f"\nT_gen {pipe['t_gen_s']:.2f} s, T_train {pipe['t_train_s']:.2f} s per batch (sync run) → "
+                  f"ceiling {pipe['ceiling']:.2f}x; async/sync {ratio:.2f}x = {100 * ratio / pipe['ceiling']:.0f} % "
+                  "of the ceiling")
+    if "nonorm" in results and "async" in results and results["async"]["baseline"]:
+        hardest = min(results["async"]["baseline"], key=lambda d: results["async"]["baseline"][d])
+        gains = {v: results[v]["final"].get(hardest, 0.0) - results[v]["baseline"].get(hardest, 0.0)
+                 for v in ("async", "nonorm")}
+        summary["hardest_domain"] = {"domain": hardest, "gain_domain_norm": gains["async"],
+                                     "gain_without": gains["nonorm"]}
+        print(f"hardest domain {hardest}: {100 * gains['async']:+.1f} pts with per-domain normalization, "
+              f"{100 * gains['nonorm']:+.1f} pts with normalize={args.nonorm}")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    png = RESULTS_DIR / "learn.png"
+    plot(results, png)
+    path = write_results("learn", {"spec": str(args.spec), "duration_s": duration, "quick": args.quick,
+                                   "runtime": args.runtime, "variants": results, "summary": summary,
+                                   "wall_s": round(time.monotonic() - started, 1)})
+    print(f"\nwrote {path} and {png} ({time.monotonic() - started:.0f} s)")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+if __name__ == "__main__":
+    main()
