@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -120,7 +121,7 @@ class SandboxPool:
         queue_size: int | None = None,
         python: str | None = None,
         tmp_mb: int = 64,
-        job_uid_base: int = 61000,
+        job_uid_base: int | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -131,7 +132,9 @@ class SandboxPool:
         self._n = workers
         self._max_jobs = max_jobs_per_worker
         self._tmp_mb = tmp_mb
-        self._uid_base = job_uid_base
+        # Each pool needs uids of its own: RLIMIT_NPROC counts a uid's processes machine-wide, so two pools (two
+        # verify replicas, two test workers) sharing uids would let a fork bomb in one starve the other's jobs.
+        self._uid_base = job_uid_base if job_uid_base is not None else _private_uid_base(workers)
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size or 4 * workers)
         self._tasks: list[asyncio.Task[None]] = []
         self._host_tmp: str | None = None
@@ -357,3 +360,12 @@ class SandboxPool:
             _log.debug("sandbox_verdict", verdict=str(result.verdict), detail=result.detail[:200])
         if not job.future.done():
             job.future.set_result(result)
+
+
+_pools_created = itertools.count()
+
+
+def _private_uid_base(slots: int) -> int:
+    """A uid range for one pool, distinct per process and per pool within it (well above system/user uids)."""
+    index = (os.getpid() * 64 + next(_pools_created)) % 1_000_000
+    return 1_000_000 + index * max(64, slots)
