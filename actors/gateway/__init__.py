@@ -6,7 +6,9 @@ and the serve client (FastAPI, uvicorn, the tokenizer) load on first access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actors._lazy import lazy_exports
 
 from ._config import GatewayConfig
 
@@ -42,11 +44,4 @@ __all__ = [
     "read_api_keys",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

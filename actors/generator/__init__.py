@@ -6,7 +6,9 @@ Importing this package does not import torch (the spec layer imports ``actors.ge
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actors._lazy import lazy_exports
 
 from ._types import (
     Completion,
@@ -62,11 +64,4 @@ __all__ = [
     "WeightUpdateError",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
