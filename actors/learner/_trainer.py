@@ -5,11 +5,14 @@ Contract:
   positions come from the attention mask (``Policy.token_logprobs``), so a row scores exactly the tokens the
   generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
   at the right end; the loss mask covers exactly them.
-- RL step (:meth:`Trainer.rl_step`): proximal logprobs = one forward pass without grad at the start of the
-  step; then ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step on the decoupled PPO
-  loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when ``kl_beta > 0``), with
-  global gradient-norm clipping. Logprobs use each sample's own temperature (the generator's), so behavior
-  and learner logprobs compare like with like. An empty batch is a no-op that reports zeros, never a NaN.
+- RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
+  on the decoupled PPO loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when
+  ``kl_beta > 0``), with global gradient-norm clipping. Proximal logprobs are one forward pass without grad at the
+  start of the step — or, when the batch makes a single update, the detached logprobs of that update's own
+  forward (the same numbers, half the passes). Rows are packed in length buckets, each bucket's loss weighted by
+  its token share, so the gradient is the token mean over the minibatch. Logprobs use each sample's own
+  temperature (the generator's), so behavior and learner logprobs compare like with like. An empty batch is a
+  no-op that reports zeros, never a NaN.
 - Supervised step (:meth:`Trainer.sft_step`): cross-entropy of the reference completion tokens only
   (``encode_prompt`` + ``encode_completion``), its own AdamW at the warm-start learning rate.
 
@@ -22,6 +25,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +34,8 @@ from actors.policy import Policy
 from actors.policy._prompting import encode_completion, encode_prompt
 
 __all__ = ["Packed", "StepStats", "TrainSample", "Trainer", "pack"]
+
+_Row = TypeVar("_Row", bound=tuple[Any, ...])  # (prompt_ids, completion_ids, ...) sorted by total length
 
 
 @dataclass(frozen=True)
@@ -135,43 +141,49 @@ class Trainer:
 
     # ------------------------------------------------------------------ RL
     def rl_step(self, samples: Sequence[TrainSample]) -> StepStats:
+        """One RL update (``ppo_epochs`` × ``minibatches`` optimizer steps) on ``samples``.
+
+        Each minibatch is packed in length buckets (as :meth:`sft_step`): short arithmetic rows are not padded to
+        the longest extraction row; each bucket's token-mean loss is weighted by its share of the minibatch's
+        tokens, so the gradient equals the token-mean over the whole minibatch. When the batch makes a single
+        update (``ppo_epochs = minibatches = 1``) the proximal policy *is* the current one: its logprobs are the
+        detached forward of the update itself (one forward pass instead of two).
+        """
         if not samples:
             return StepStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
-                      self._pad(), self.policy.device)
         module = self.policy.module
         module.train()
-        with torch.no_grad():
-            prox = _logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.temperatures)
-            ref = None
-            if self.reference is not None and self.ppo.kl_coef > 0:
-                ref = _logprobs(self.reference, packed.input_ids, packed.attention_mask, packed.temperatures)
         rows = torch.arange(len(samples))
-        chunks = [c for c in torch.chunk(rows, self.minibatches) if len(c)]
+        minibatches = [self._packed_buckets([samples[int(i)] for i in chunk])
+                       for chunk in torch.chunk(rows, self.minibatches) if len(chunk)]
+        single_update = self.ppo_epochs == 1 and len(minibatches) == 1
+        with torch.no_grad():  # proximal (when several updates share the batch) and reference logprobs
+            fixed = [[(None if single_update else self._logprobs(self.policy, packed),
+                       None if self.reference is None or self.ppo.kl_coef <= 0 else self._logprobs(self.reference, packed))
+                      for packed in buckets] for buckets in minibatches]
         totals: dict[str, float] = dict.fromkeys(("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio"), 0.0)
         tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
         for _ in range(self.ppo_epochs):
-            for chunk in chunks:
-                index = chunk.to(packed.input_ids.device)
-                current = _logprobs(self.policy, packed.input_ids[index], packed.attention_mask[index],
-                                    packed.temperatures[chunk])
-                loss, stats = decoupled_ppo_loss(
-                    current, prox[index], packed.behavior[index], packed.advantages[index], packed.loss_mask[index],
-                    self.ppo, ref_logprobs=None if ref is None else ref[index],
-                )
+            for buckets, logprobs in zip(minibatches, fixed, strict=True):
+                weight_total = float(sum(float(p.loss_mask.sum()) for p in buckets)) or 1.0
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
+                for packed, (prox, ref) in zip(buckets, logprobs, strict=True):
+                    current = self._logprobs(self.policy, packed)
+                    loss, stats = decoupled_ppo_loss(
+                        current, current.detach() if prox is None else prox, packed.behavior, packed.advantages,
+                        packed.loss_mask, self.ppo, ref_logprobs=ref)
+                    (loss * (stats.tokens / weight_total)).backward()  # type: ignore[no-untyped-call]
+                    n = stats.tokens
+                    tokens_seen += n
+                    for key, value in (("loss", stats.loss), ("iw_mean", stats.iw_mean),
+                                       ("iw_trunc", stats.iw_truncated_frac), ("clipped", stats.clipped_frac),
+                                       ("kl", stats.kl), ("ratio", stats.ratio_mean)):
+                        totals[key] += value * n
+                    iw_max = max(iw_max, stats.iw_max)
                 norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
                 grad_norm = max(grad_norm, norm if math.isfinite(norm) else float("inf"))
                 if math.isfinite(norm):
                     self.optimizer.step()
-                n = stats.tokens
-                tokens_seen += n
-                for key, value in (("loss", stats.loss), ("iw_mean", stats.iw_mean),
-                                   ("iw_trunc", stats.iw_truncated_frac), ("clipped", stats.clipped_frac),
-                                   ("kl", stats.kl), ("ratio", stats.ratio_mean)):
-                    totals[key] += value * n
-                iw_max = max(iw_max, stats.iw_max)
         module.eval()
         denom = max(tokens_seen, 1)
         return StepStats(
@@ -180,6 +192,17 @@ class Trainer:
             clipped_frac=totals["clipped"] / denom, kl=totals["kl"] / denom, ratio_mean=totals["ratio"] / denom,
             grad_norm=grad_norm,
         )
+
+    def _packed_buckets(self, samples: Sequence[TrainSample]) -> list[Packed]:
+        rows = sorted(((list(s.prompt_ids), list(s.token_ids), s) for s in samples),
+                      key=lambda row: len(row[0]) + len(row[1]))
+        return [pack([(p, c, s.behavior_logprobs, s.advantage, s.temperature) for p, c, s in bucket],
+                     self._pad(), self.policy.device)
+                for bucket in _length_buckets(rows)]
+
+    @staticmethod
+    def _logprobs(policy: Policy, packed: Packed) -> torch.Tensor:
+        return _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
 
     # ------------------------------------------------------------------ supervised
     def sft_rows(self, pairs: Sequence[tuple[str, str]]) -> Packed:
@@ -220,11 +243,10 @@ class Trainer:
         return loss_sum
 
 
-def _length_buckets(rows: Sequence[tuple[list[int], list[int]]], waste: float = 1.3,
-                    min_rows: int = 4) -> list[Sequence[tuple[list[int], list[int]]]]:
+def _length_buckets(rows: Sequence[_Row], waste: float = 1.3, min_rows: int = 4) -> list[Sequence[_Row]]:
     """Split rows sorted by length into runs whose longest row is at most ``waste`` × their shortest (each run at
     least ``min_rows`` rows, so a batch never turns into many tiny forwards)."""
-    buckets: list[Sequence[tuple[list[int], list[int]]]] = []
+    buckets: list[Sequence[_Row]] = []
     start = 0
     for i in range(1, len(rows) + 1):
         if i == len(rows):

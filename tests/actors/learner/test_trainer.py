@@ -72,3 +72,53 @@ def test_rows_with_different_temperatures_score_like_alone() -> None:
         alone = policy.token_logprobs(torch.tensor([b[0] + b[1]]), temperature=0.5)
     n = len(b[1])
     assert torch.allclose(both[1, -n:], alone[0, -n:], atol=1e-5)
+
+
+def _mixed_length_samples(policy: Policy) -> list[TrainSample]:
+    tok = policy.tokenizer
+    rng = random.Random(3)
+    samples = []
+    for i in range(12):  # rows from 6 to ~60 tokens: several length buckets
+        prompt = encode_prompt(tok, "q" * rng.randint(2, 30) + "=")
+        completion = encode_completion(tok, "a" * rng.randint(1, 25))
+        with torch.no_grad():
+            behavior = policy.token_logprobs(torch.tensor([prompt + completion]))[0, -len(completion):].tolist()
+        samples.append(TrainSample(prompt, completion, behavior, advantage=(-1.0) ** i * (1 + i / 10),
+                                   temperature=1.0))
+    return samples
+
+
+def test_bucketed_step_has_the_gradient_of_one_padded_batch() -> None:
+    """Length buckets are a speed-up only: the gradient is the token mean over the whole batch, as if unbucketed."""
+    from actors.learner._loss import decoupled_ppo_loss
+    from actors.learner._trainer import _logprobs, pack
+
+    policy = tiny()
+    samples = _mixed_length_samples(policy)
+    trainer = Trainer(policy, lr=1e-2, ppo=PPOConfig(), grad_clip=1e9)
+    assert len(trainer._packed_buckets(samples)) > 1
+    trainer.optimizer.step = lambda *a, **k: None  # type: ignore[method-assign]  # keep the weights, read the grads
+    trainer.rl_step(samples)
+    bucketed = [p.grad.clone() for p in trainer.params if p.grad is not None]
+
+    packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
+                  policy.tokenizer.pad_id, policy.device)
+    policy.module.zero_grad(set_to_none=True)
+    policy.module.train()
+    current = _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
+    loss, _ = decoupled_ppo_loss(current, current.detach(), packed.behavior, packed.advantages, packed.loss_mask,
+                                 PPOConfig())
+    loss.backward()
+    whole = [p.grad.clone() for p in trainer.params if p.grad is not None]
+    assert len(bucketed) == len(whole)
+    for a, b in zip(bucketed, whole, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_several_updates_per_batch_measure_ratios_against_the_step_start() -> None:
+    policy = tiny()
+    samples = _mixed_length_samples(policy)
+    stats = Trainer(policy, lr=3e-3, ppo=PPOConfig(), grad_clip=1.0, ppo_epochs=2, minibatches=2).rl_step(samples)
+    assert stats.samples == len(samples) and stats.tokens == sum(len(s.token_ids) for s in samples)
+    assert stats.ratio_mean != 1.0  # the second epoch sees weights moved away from the proximal ones
+    assert abs(stats.iw_mean - 1.0) < 1e-4  # behavior = proximal: the samples were drawn from these weights
