@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from actors._messages import CompletionRecord, PromptMsg, RolloutMsg
-from actors.generator._config import GeneratorConfig
+from actors.generator._config import GeneratorConfig, served_key
 from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
 from actors.policy._prompting import encode_prompt
 from actors.weights import (
@@ -75,6 +75,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
             self.ctx.bus, self.ctx.topology, self.engine, weight_transports(self.ctx), key=self.config.follow,
             log=self.ctx.log,
             on_event=lambda event, fields: self.ctx.counters.inc(event),
+            served_key=served_key(self.ctx.actor, self.ctx.replica),
         )
         self.ctx.log.info("generator.ready", engine=self.engine.name, max_batch_size=self.config.max_batch_size,
                           waits_for_weights=self._has_learner)

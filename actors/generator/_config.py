@@ -57,4 +57,10 @@ register_actor_kind(
     )
 )
 
-__all__ = ["GeneratorConfig"]
+__all__ = ["GeneratorConfig", "served_key"]
+
+
+def served_key(actor: str, replica: int) -> str:
+    """Key in the weights bucket where a generator replica puts ``{"version": v}`` right after each swap (the
+    source's sync mode waits on it: heartbeats lag by up to a heartbeat period)."""
+    return f"served.{actor}.{replica}"

@@ -154,6 +154,7 @@ class LearnerActor(Actor[LearnerConfig]):
     def report(self) -> dict[str, Any]:
         counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
         counters.update(phase=self.phase, step=self.step, version=self.version, buffered=self.batcher.completions,
+                        buffered_groups=len(self._held),
                         unacked=len(self._unacked))
         if len(self._steps_t) >= 2:
             counters["steps_per_s"] = round((len(self._steps_t) - 1) / max(self._steps_t[-1] - self._steps_t[0], 1e-9), 3)
@@ -332,6 +333,10 @@ class LearnerActor(Actor[LearnerConfig]):
                                "staleness_mean": mean_staleness, "groups": len(applied), "step_s": step_s,
                                "generate_s": sum(h.msg.generate_s or 0.0 for h in applied) / groups,
                                "verify_s": sum(h.msg.verify_s or 0.0 for h in applied) / groups,
+                               # the slowest group: in sync mode a batch's groups are generated (and verified)
+                               # together, so these are the batch's generate and verify times (bench/learn.py)
+                               "generate_s_max": max((h.msg.generate_s or 0.0 for h in applied), default=0.0),
+                               "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
                                **{k: getattr(stats, k) for k in stats.__dataclass_fields__}}
         for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
             counters.set(name, round(float(getattr(stats, name)), 5))

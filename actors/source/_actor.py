@@ -14,13 +14,20 @@ Contract:
   publishes at most `max_pending − backlog` more, then polls again. One replica therefore keeps at most
   `max_pending` prompts waiting (plus at most one batch in flight); R replicas at most R × `max_pending`.
   A consumer group that stops consuming stalls the source (it is the slowest group) — logged once per stall.
+- End-to-end backpressure (`max_in_flight`, optional): the source also counts the training groups anywhere
+  downstream on the way to a learner — following the spec's graph from `prompts` to every learner, it adds the
+  backlog (undelivered + unacked) of each consumer group on the way, and for a learner the groups not yet
+  delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`). It publishes at
+  most `max_in_flight − in_flight` more. This is what keeps an asynchronous loop whose learner is slower than its
+  generators from sampling groups that would only go stale: they are simply never drawn.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
 
 - Sync mode: when the topology's learner has `mode: sync`, the source does not run ahead of the learner: it
   publishes exactly `batch_size / group_size` prompts (rounded up) per weights version — once when a new
   version appears under the KV key `current` of `fw_<topology>_weights` (polled; the JSON manifest's
   `version`), and nothing more until the next one. Before publishing it waits (up to 30 s, then publishes with a
-  warning) until every generator's heartbeat reports that version, so the batch is sampled by exactly those
+  warning) until every generator replica has put that version under its `served.<actor>.<replica>` key of the
+  same bucket (right after its swap), so the batch is sampled by exactly those
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
   Backpressure and `prompts_per_s` do not apply then.
 
@@ -48,6 +55,7 @@ __all__ = ["SourceActor"]
 
 _BATCH = 32  # most prompts per publish_many call
 _POLL_S = 0.05  # how often a blocked source looks at the backlog again
+_SYNC_POLL_S = 0.01  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
 
 
@@ -66,11 +74,14 @@ class SourceActor(Actor[SourceConfig]):
         self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
+        self._pipeline = self.pipeline() if self.config.max_in_flight is not None else []
         ctx.log.info(
             "source started",
             channel=self.channel,
             domains={name: d.source.source for name, d in self.sampler.domains.items()},
             max_pending=self.config.max_pending,
+            max_in_flight=self.config.max_in_flight,
+            pipeline=[f"{channel}→{group}" for channel, group, _ in self._pipeline],
         )
 
     async def backlog(self) -> int:
@@ -83,6 +94,61 @@ class SourceActor(Actor[SourceConfig]):
             return int(info.state.messages)
         except js_errors.NotFoundError:
             return 0  # the stream does not exist yet; the first publish creates it
+
+    def pipeline(self) -> list[tuple[str, str, bool]]:
+        """``(channel, consumer group, is_learner)`` on every path from this source's channel to a learner."""
+        spec = self.ctx.spec
+        reaches: dict[str, bool] = {}
+
+        def leads_to_learner(name: str, seen: frozenset[str]) -> bool:
+            if name not in reaches:
+                actor = spec.actors[name]
+                reaches[name] = actor.kind == "learner" or any(
+                    leads_to_learner(other, seen | {name}) for ch in actor.publishes
+                    for other, a in spec.actors.items() if ch in a.consumes and other not in seen | {name})
+            return reaches[name]
+
+        found: list[tuple[str, str, bool]] = []
+        frontier, seen_channels = [self.channel], set()
+        while frontier:
+            channel = frontier.pop()
+            if channel in seen_channels:
+                continue
+            seen_channels.add(channel)
+            for name, actor in spec.actors.items():
+                if channel not in actor.consumes or name == self.ctx.actor or not leads_to_learner(name, frozenset()):
+                    continue
+                learner = actor.kind == "learner"
+                found.append((channel, name, learner))
+                if not learner:
+                    frontier.extend(actor.publishes)
+        return found
+
+    async def in_flight(self) -> int:
+        """Training groups between this source and its learners (see the module docstring)."""
+        from topology.runtime._status import read_status
+
+        total = 0
+        for channel, group, learner in self._pipeline:
+            stream = self.ctx.bus.stream(channel)
+            try:
+                info = await self._js.consumer_info(stream, group)
+            except js_errors.NotFoundError:
+                # the group does not exist yet (its actor is still starting): it will be delivered the whole
+                # stream (deliver policy all), so every message in it is pending for it
+                try:
+                    total += int((await self._js.stream_info(stream)).state.messages)
+                except js_errors.NotFoundError:
+                    pass  # nor the stream: nothing was published there yet
+                continue
+            total += int(info.num_pending or 0)
+            if learner:
+                replicas = [(group, i) for i in range(self.ctx.spec.actors[group].replicas)]
+                for record in await read_status(self.ctx.bus, self.ctx.topology, replicas):
+                    total += int(record.counters.get("buffered_groups", 0) or 0)
+            else:
+                total += int(info.num_ack_pending or 0)
+        return total
 
     def sync_batch(self) -> int | None:
         """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""
@@ -100,17 +166,18 @@ class SourceActor(Actor[SourceConfig]):
         return int(orjson.loads(raw).get("version", 0)) if raw else 0
 
     async def wait_generators(self, version: int, timeout_s: float = 30.0) -> None:
-        from topology.runtime._status import read_status
+        """Until every generator replica has swapped in ``version`` (the key each puts right after a swap)."""
+        from actors.generator._config import served_key
 
-        replicas = [(name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "generator"
-                    for i in range(a.replicas)]
+        bucket = f"fw_{self.ctx.topology}_weights".replace("-", "_")
+        keys = [served_key(name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "generator"
+                for i in range(a.replicas)]
         with anyio.move_on_after(timeout_s) as scope:
             while not self.ctx.stopping.is_set():
-                records = await read_status(self.ctx.bus, self.ctx.topology, replicas)
-                if len(records) == len(replicas) and all(
-                        float(r.counters.get("version", 0)) >= version for r in records):
+                served = [await self.ctx.bus.kv_get(bucket, key) for key in keys]
+                if all(raw is not None and int(orjson.loads(raw).get("version", 0)) >= version for raw in served):
                     return
-                with anyio.move_on_after(_POLL_S):
+                with anyio.move_on_after(_SYNC_POLL_S):
                     await self.ctx.stopping.wait()
         if scope.cancelled_caught:
             self.ctx.log.warning("source: generators did not report the new version in time", version=version)
@@ -126,7 +193,7 @@ class SourceActor(Actor[SourceConfig]):
                     await self.publish_batch(min(_BATCH, per_version - start))
                 self.ctx.counters.set("sync_version", version)
                 continue
-            with anyio.move_on_after(_POLL_S):
+            with anyio.move_on_after(_SYNC_POLL_S):
                 await self.ctx.stopping.wait()
 
     async def run(self) -> None:
@@ -143,6 +210,10 @@ class SourceActor(Actor[SourceConfig]):
             backlog = await self.backlog()
             ctx.counters.set("backlog", backlog)
             room = min(config.max_pending - backlog, _BATCH)
+            if config.max_in_flight is not None and room > 0:
+                in_flight = await self.in_flight()
+                ctx.counters.set("in_flight", in_flight)
+                room = min(room, config.max_in_flight - in_flight)
             if rate is not None:
                 now = time.monotonic()
                 tokens, last = min(burst, tokens + (now - last) * rate), now
@@ -151,7 +222,9 @@ class SourceActor(Actor[SourceConfig]):
                 if blocked_since is None:
                     blocked_since = time.monotonic()
                 elif time.monotonic() - blocked_since > _STALL_LOG_S:
-                    ctx.log.warning("source blocked by backlog", backlog=backlog, max_pending=config.max_pending)
+                    ctx.log.info("source waiting for downstream", backlog=backlog, max_pending=config.max_pending,
+                                 in_flight=ctx.counters.snapshot().get("in_flight"),
+                                 max_in_flight=config.max_in_flight)
                     blocked_since = float("inf")  # once per stall
                 with anyio.move_on_after(_POLL_S):
                     await ctx.stopping.wait()

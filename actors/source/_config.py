@@ -17,6 +17,10 @@ class SourceConfig(SpecModel):
 
     domains: tuple[str, ...] | None = None  # domains to draw from; null: every domain in the spec, by weight
     max_pending: int = Field(default=256, ge=1)  # prompts published but not yet taken before the source waits
+    # training groups anywhere between this source and the learner (queued prompts, prompts being generated,
+    # rollouts waiting for verification, scored groups not yet delivered to or still buffered in the learner);
+    # null: only max_pending applies. Bounds staleness: a group is trained ~max_in_flight groups after it was drawn.
+    max_in_flight: int | None = Field(default=None, ge=1)
     prompts_per_s: float | None = Field(default=None, gt=0)  # optional rate limit; null: as fast as backpressure allows
     seed: int = 0  # seed of the domain/task sampler (replica i uses seed + i)
 

@@ -18,6 +18,7 @@ version; the promotion gate decides what *serving* generators watch.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -78,7 +79,8 @@ class WeightSubscriber:
 
     def __init__(self, bus: Bus, topology: str, engine: Engine, transports: Mapping[str, WeightTransport],
                  *, key: str = CURRENT, log: Any = None,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 served_key: str | None = None) -> None:
         self._bus = bus
         self._bucket = weights_bucket(topology)
         self._engine = engine
@@ -86,6 +88,7 @@ class WeightSubscriber:
         self._key = key
         self._log = log
         self._on_event = on_event
+        self._served_key = served_key  # after each swap: {"version": v} under this key of the weights bucket
         self.applied = 0
         self.rejected = 0
         self.last_error = ""
@@ -122,6 +125,12 @@ class WeightSubscriber:
             return False
         self.applied += 1
         self.last_swap_s = time.perf_counter() - started
+        if self._served_key is not None:  # who serves what, at once (sync mode waits on it; heartbeats lag)
+            try:
+                await self._bus.kv_put(self._bucket, self._served_key,
+                                       json.dumps({"version": manifest.version, "ts": time.time()}).encode())
+            except Exception as exc:  # informational: a failed put must not undo a good swap
+                self._emit("weights.served_put_failed", {"version": manifest.version, "error": str(exc)})
         self._emit("weights.swapped", {"version": manifest.version, "swap_s": round(self.last_swap_s, 4),
                                        "transport": manifest.transport})
         return True

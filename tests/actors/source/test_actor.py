@@ -152,3 +152,56 @@ async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: Embedd
         assert isinstance(config, SourceConfig)
         with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'answer'"):
             await SourceActor(ctx, config).start()
+
+
+PIPELINE_ACTORS = """{max_pending: 100, max_in_flight: 6, seed: 3}
+  generator: {engine: torch, device: cpu}
+  verify: {sandbox: {workers: 1}}
+  learner: {eval_every_steps: 0}
+"""
+
+
+async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nats: EmbeddedNats,
+                                                                    tmp_path: Path) -> None:
+    """End-to-end backpressure: groups waiting anywhere before the learner applies them hold the source back."""
+    from topology.runtime._status import ReplicaStatus, put_status
+
+    spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
+    async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
+        assert sorted(actor.pipeline()) == [("prompts", "generator", False), ("rollouts", "verify", False),
+                                            ("scored", "learner", True)]
+        for channel in ("rollouts", "scored"):
+            await bus.ensure_channel(channel)
+
+        async def published_is(n: int) -> bool:
+            return int(actor.report().get("published", 0)) == n
+
+        async def settle(n: int) -> None:
+            await wait_for(lambda: published_is(n))
+            await anyio.sleep(0.4)  # several polls: it must hold still there
+            assert actor.report()["published"] == n
+
+        async def move(source: str, group: str, target: str | None, n: int) -> None:
+            """Act as the stage ``group``: take n messages of ``source``, pass them on to ``target``, ack."""
+            async with bus.consume(source, group, batch=n) as consumer:
+                moved = 0
+                async for delivery in consumer:
+                    if target is not None:
+                        await bus.publish(target, "x", {"n": moved})
+                    await delivery.ack()
+                    moved += 1
+                    if moved == n:
+                        return
+
+        await settle(6)  # max_pending (100) would allow far more
+        await move("prompts", "generator", "rollouts", 6)
+        await settle(6)  # generated, not verified: still in flight
+        await move("rollouts", "verify", "scored", 6)
+        await settle(6)  # scored, not yet delivered to the learner
+        # the learner takes the 6 groups (delivered, acked) but 4 of them wait un-applied in its buffer
+        await put_status(bus, spec.name, ReplicaStatus(actor="learner", replica=0, kind="learner", state="running",
+                                                       pid=1, restarts=0, started_at=0.0, ts=0.0,
+                                                       counters={"buffered_groups": 4}))
+        await move("scored", "learner", None, 6)
+        await settle(8)  # room for 2
+        assert actor.report()["in_flight"] >= 4
