@@ -193,6 +193,9 @@ def main() -> None:
                          _pct(None if base is None or final is None else final - base),
                          _pct(res.get("best", {}).get(domain)),
                          round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2)])
+    if not rows:
+        runs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
+        raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({runs})")
     print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
                           "samples/s", "staleness"], rows))
     summary: dict[str, Any] = {}

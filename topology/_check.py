@@ -92,6 +92,19 @@ class _Checker:
         return {}
 
     # -- the whole spec ------------------------------------------------------------------------------
+    def check_hf_model(self, model: str) -> str:
+        """``hf:<dir>`` with a relative dir that exists beside the file that set it resolves to that dir, like every
+        other path in a spec; anything else stays as written (a hub id, or a path on the machines that run the
+        model) with a warning when it is not a model directory here."""
+        given = Path(model[3:]).expanduser()
+        candidate = given if given.is_absolute() else (self.doc.base_dir(("policy", "model")) / given).resolve()
+        if (candidate / "config.json").is_file():
+            return f"hf:{candidate}"
+        self.error(("policy", "model"), f"expected a Hugging Face model directory with a config.json, but {candidate} "
+                   "is none on this machine: fine for a hub id or a path that exists where the model is served "
+                   "(an HTTP engine's server), an error for the builtin torch engine and the learner", severity="warning")
+        return model
+
     def run(self, source_path: Path) -> Spec | None:
         data = self.doc.data
         if not isinstance(data, dict):
@@ -140,6 +153,8 @@ class _Checker:
             run_dir = (self.doc.base_dir(("runtime", "run_dir")) if "run_dir" in (data.get("runtime") or {})
                        else source_path.parent) / run_dir
         runtime = runtime.model_copy(update={"run_dir": run_dir.resolve()})
+        if policy.model.startswith("hf:"):
+            policy = policy.model_copy(update={"model": self.check_hf_model(policy.model)})
         if policy.checkpoint and not Path(policy.checkpoint).is_absolute():
             checkpoint = (self.doc.base_dir(("policy", "checkpoint")) / policy.checkpoint).resolve()
             policy = policy.model_copy(update={"checkpoint": str(checkpoint)})

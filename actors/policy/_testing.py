@@ -26,8 +26,13 @@ def write_tiny_hf_model(
     n_head: int = 4,
     max_positions: int = 256,
     seed: int = 0,
+    bos: bool = False,
 ) -> Path:
-    """Write a randomly initialised tiny causal LM plus its tokenizer to ``path``; return the path."""
+    """Write a randomly initialised tiny causal LM plus its tokenizer to ``path``; return the path.
+
+    The tokenizer is character level (``HF_CHARS``); ``bos=True`` gives it a ``<bos>`` token that every prompt
+    starts with (``actors.policy._prompting.encode_prompt``), as many real tokenizers do.
+    """
     import transformers as _transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -36,26 +41,28 @@ def write_tiny_hf_model(
     transformers.utils.logging.disable_progress_bar()
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = {"<pad>": 0, "<eos>": 1}
+    vocab = {"<pad>": 0, "<eos>": 1, **({"<bos>": 2} if bos else {})}
     for ch in HF_CHARS:
         vocab[ch] = len(vocab)
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>",
+                                                     **({"bos_token": "<bos>"} if bos else {}))
+    bos_id = 2 if bos else 1
     tokenizer.save_pretrained(str(directory))
 
     config: Any
     if arch == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=len(vocab), n_positions=max_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-            bos_token_id=1, eos_token_id=1, pad_token_id=0,
+            bos_token_id=bos_id, eos_token_id=1, pad_token_id=0,
         )
     else:
         config = transformers.LlamaConfig(
             vocab_size=len(vocab), hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
             num_attention_heads=n_head, num_key_value_heads=max(1, n_head // 2),
-            max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+            max_position_embeddings=max_positions, bos_token_id=bos_id, eos_token_id=1, pad_token_id=0,
             tie_word_embeddings=False,
         )
     with torch.random.fork_rng(devices=[]):

@@ -4,7 +4,10 @@ Row schema (unknown keys are errors, so typos never pass silently):
     {"prompt": str (non-empty, required),
      "id": str (optional; the task key, unique within the file; defaults to the prompt text),
      "reference": str (optional; a correct completion, used by the supervised warm start),
-     "verifier_fields": object (optional, default {}; e.g. {"answer": "42"} for the math verifier)}
+     "verifier_fields": object (optional, default {}; e.g. {"answer": "42"} for the math verifier),
+     "answer": str | number (optional shorthand for the common `{"prompt", "answer"}` files: it is the
+               reference when none is given, and `verifier_fields.answer`; giving both an "answer" and a
+               different `verifier_fields.answer` is an error)}
 Blank lines and lines starting with `#` are skipped. Every problem raises `SourceError` naming
 `file:line` and what was expected; duplicate keys are errors.
 
@@ -28,7 +31,7 @@ from ._task import SourceError, Task, heldout_bucket, task_id
 
 __all__ = ["JsonlSource", "read_jsonl_tasks"]
 
-_ALLOWED = ("id", "prompt", "reference", "verifier_fields")
+_ALLOWED = ("id", "prompt", "reference", "verifier_fields", "answer")
 
 
 def read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
@@ -79,6 +82,16 @@ def _row_task(row: Any, where: str, domain: str) -> Task:
     fields = row.get("verifier_fields", {})
     if not isinstance(fields, dict):
         raise SourceError(f"{where}: \"verifier_fields\": expected a JSON object, got {fields!r}")
+    if "answer" in row:
+        answer = row["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float) or answer == "":
+            raise SourceError(f"{where}: \"answer\": expected a non-empty string or a number, got {answer!r}")
+        answer = str(answer)
+        if "answer" in fields and str(fields["answer"]) != answer:
+            raise SourceError(f"{where}: \"answer\" {answer!r} disagrees with verifier_fields.answer "
+                              f"{fields['answer']!r}; give one of them")
+        fields = {**fields, "answer": answer}
+        reference = answer if reference is None else reference
     return Task(
         id=task_id(domain, key), domain=domain, prompt=prompt, reference=reference, verifier_fields=fields, key=key
     )

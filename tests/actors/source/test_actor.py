@@ -143,14 +143,14 @@ async def test_rate_limit_caps_publishing(embedded_nats: EmbeddedNats, tmp_path:
 
 
 async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "answer": "4"}\n')
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "anwser": "4"}\n')
     spec = write_spec(tmp_path, domains="domains:\n  mine: {source: jsonl:mine.jsonl, verifier: math, heldout: 0}")
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
         ctx = ActorContext(topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus,
                            run_dir=tmp_path)
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
-        with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'answer'"):
+        with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'anwser'"):
             await SourceActor(ctx, config).start()
 
 

@@ -33,6 +33,15 @@ def test_good_rows_become_tasks(tmp_path: Path) -> None:
     assert all(t.domain == "mine" and t.id.startswith("mine-") for t in tasks)
 
 
+def test_prompt_answer_rows_are_reference_and_verifier_answer(tmp_path: Path) -> None:
+    """The common `{"prompt", "answer"}` file needs no flywheel-specific keys."""
+    path = write(tmp_path / "t.jsonl", [{"prompt": "2+2=", "answer": "4"}, {"prompt": "3*3=", "answer": 9},
+                                        {"prompt": "1+0=", "answer": "1", "reference": "1 (one)"}])
+    tasks = read_jsonl_tasks(path, "mine")
+    assert [(t.reference, dict(t.verifier_fields)) for t in tasks] == [
+        ("4", {"answer": "4"}), ("9", {"answer": "9"}), ("1 (one)", {"answer": "1"})]
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [
@@ -40,7 +49,9 @@ def test_good_rows_become_tasks(tmp_path: Path) -> None:
         ("[1, 2]", 'expected a JSON object with a "prompt", got list'),
         ({"reference": "4"}, '"prompt": expected a non-empty string, got None'),
         ({"prompt": ""}, '"prompt": expected a non-empty string'),
-        ({"prompt": "x", "answer": "4"}, "unknown key 'answer'; expected only id, prompt, reference, verifier_fields"),
+        ({"prompt": "x", "anwser": "4"}, "unknown key 'anwser'; expected only id, prompt, reference, verifier_fields"),
+        ({"prompt": "x", "answer": ""}, '"answer": expected a non-empty string or a number'),
+        ({"prompt": "x", "answer": "4", "verifier_fields": {"answer": "5"}}, "disagrees with verifier_fields.answer"),
         ({"prompt": "x", "reference": 4}, '"reference": expected a string, got 4'),
         ({"prompt": "x", "verifier_fields": [1]}, '"verifier_fields": expected a JSON object'),
         ({"prompt": "x", "id": 3}, '"id": expected a non-empty string, got 3'),
