@@ -131,3 +131,33 @@ def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: No
     assert not result.ok
     assert "actor 'ticker' asks for {CPU=0.5, learner_node=1}" in result.message
     assert "which no node of the Ray cluster has" in result.message
+
+
+@pytest.mark.timeout(240)
+def test_the_embedded_default_runs_under_ray_and_generator_versions_advance(ray_instance: None,
+                                                                             tmp_path: Path) -> None:
+    """specs/embedded.yaml itself (only made shorter: a 20-step warm start, small batches) as Ray actors."""
+    import json
+
+    root = Path(__file__).resolve().parents[3]
+    overrides = {"include": str(root / "specs" / "embedded.yaml"),
+                 "runtime": {"kind": "ray", "run_dir": str(tmp_path / "runs")},
+                 "policy": {"warm_start": {"steps": 20}},
+                 "actors": {"learner": {"batch_size": 16, "eval_every_steps": 0, "checkpoint_every_steps": 5}}}
+    (tmp_path / "spec.yaml").write_text(json.dumps(overrides))
+    spec = load_spec(tmp_path / "spec.yaml")
+    assert spec.runtime.kind == "ray" and set(spec.actors) == {"source", "generator", "verify", "learner"}
+    runtime = RayRuntime(spec, handle_signals=False)
+
+    async def probe(rt: RayRuntime) -> dict[str, Any]:
+        records = await _wait(rt, "generators serving a trained version", lambda r: (
+            r.get(("generator", 0)) and r.get(("learner", 0))
+            and float(r[("generator", 0)].counters.get("version", 0)) >= 3
+            and float(r[("learner", 0)].counters.get("samples_applied", 0)) >= 32))  # fmt: skip
+        return {actor: r.counters for (actor, _), r in records.items()}
+
+    result, counters = anyio.run(_run_until, runtime, probe, 200.0)
+    assert result.ok, result.message
+    assert counters["learner"]["phase"] == "rl" and float(counters["verify"].get("rollouts", 0)) > 0
+    assert "Ray actor" in (result.run_dir / "logs" / "learner-0.log").read_text()
+    assert (result.run_dir / "export" / "model.safetensors").exists()
