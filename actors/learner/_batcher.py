@@ -9,7 +9,9 @@ Contract:
   share; credit is clamped to ±`batch_size` so a domain that was absent for a while cannot hog later batches.
 - Never stalls: a batch is `ready` when enough completions are buffered and every domain holds what its credit
   asks for — or, failing that, once `fill_wait_s` has passed since there were enough completions in total
-  (then the missing domains' room is filled from the others), or the buffer is full.
+  (then the missing domains' room is filled from the others), or when two batches' worth is buffered (the
+  learner is the bottleneck then: waiting for a short domain would only idle it, and the credit a short domain
+  did not use is still owed to it, up to the clamp), or the buffer is full.
 - Domains that are not in `weights` (e.g. production feedback for a domain the spec does not list) get
   weight 1.0.
 
@@ -88,7 +90,7 @@ class DomainBatcher(Generic[T]):
         if total < self.batch_size:
             self._enough_since = None
             return False
-        if total >= self.buffer_size:
+        if total >= min(self.buffer_size, 2 * self.batch_size):
             return True
         now = self._clock()
         if self._enough_since is None:

@@ -36,3 +36,19 @@ def test_unknown_domain_gets_weight_one_and_is_ready_when_balanced() -> None:
     assert batcher.ready()
     assert sorted(batcher.take()) == [1, 2]
     assert batcher.completions == 0
+
+
+def test_two_batches_buffered_never_wait_for_a_short_domain() -> None:
+    """A learner that is the bottleneck must not idle for a domain's share: the credit carries it over."""
+    now = [0.0]
+    batcher: DomainBatcher[str] = DomainBatcher({"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=60,
+                                                clock=lambda: now[0])
+    for i in range(7):
+        batcher.add("a", f"a{i}", 2)
+    assert not batcher.ready()  # 14 completions: less than two batches, b still has time to arrive
+    batcher.add("a", "a7", 2)
+    assert batcher.ready()  # 16: take now, at time 0
+    assert batcher.take() == ["a0", "a1", "a2", "a3"]
+    for i in range(4):
+        batcher.add("b", f"b{i}", 2)
+    assert batcher.take() == ["b0", "b1", "b2", "b3"]  # b's unused credit first
