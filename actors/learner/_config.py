@@ -39,6 +39,8 @@ class LearnerConfig(SpecModel):
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
     kl_beta: float = Field(default=0.0, ge=0)  # weight of the k3 KL to the post-warm-start policy; 0 = off
     grad_clip: float = Field(default=1.0, gt=0)  # max global gradient norm
+    loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # token-mean: every token weighs the same;
+    #   seq-mean: every completion does (domains of very different lengths share the gradient) — see _loss.py
     normalize: Literal["domain", "group", "none"] = "domain"  # advantage scale: each domain's reward units,
     #   the group's std (classic GRPO) or raw centred rewards — see actors/learner/_advantages.py
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain

@@ -7,8 +7,14 @@ ratio_t   = exp(log π_θ,t − log π_prox,t)
 iw_t      = min(exp(log π_prox,t − log μ_t), C)          # no grad
 clipped_t = clip(ratio_t, 1 − ε_low, 1 + ε_high)
 loss_t    = − iw_t · min(ratio_t · A, clipped_t · A)
-loss      = Σ loss_t / Σ 1                                # token-level mean over the batch
+loss      = Σ loss_t / Σ 1                                # aggregate "token-mean": over the batch's tokens
+loss      = mean_i (Σ_t∈i loss_t / |i|)                   # aggregate "seq-mean": each completion weighs the same
 ```
+
+Token-mean is the usual choice for one domain (a long completion is not down-weighted per token). With domains of
+very different lengths in one batch it hands the gradient to the longest domain: a 3-token arithmetic answer
+weighs 3 against a 20-token extraction's 20. Seq-mean gives every completion — every domain's sample — the same
+say.
 
 plus, optionally, ``β · mean(kl_t)`` with the k3 estimator against a frozen reference policy. All tensors are
 ``[batch, time]`` with a float ``mask`` marking completion tokens (prompt and padding are 0).
@@ -20,6 +26,7 @@ What this module does not do: it computes no logprobs (the policy does) and it d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -32,6 +39,7 @@ class PPOConfig:
     clip_high: float = 0.28  # ε_high: "clip-higher" leaves room for unlikely tokens to grow
     iw_cap: float = 3.0  # C: truncation of the behavior→proximal importance weight
     kl_coef: float = 0.0  # β: weight of the k3 KL to the reference policy; 0 disables it
+    aggregate: Literal["token-mean", "seq-mean"] = "token-mean"  # how token losses become one number
 
     def __post_init__(self) -> None:
         if not 0 < self.clip_low < 1:
@@ -42,6 +50,8 @@ class PPOConfig:
             raise ValueError(f"iw_cap: expected a number >= 1, got {self.iw_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef: expected a number >= 0, got {self.kl_coef}")
+        if self.aggregate not in ("token-mean", "seq-mean"):
+            raise ValueError(f"aggregate: expected token-mean or seq-mean, got {self.aggregate!r}")
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,16 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+def aggregate(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """``[batch, time]`` token values → one number: the masked token mean, or the mean over rows (with at least
+    one masked token) of each row's token mean. All-zero masks give 0 with a grad path."""
+    if how == "token-mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    lengths = mask.sum(dim=-1)
+    rows = (lengths > 0).to(values.dtype)
+    return ((values * mask).sum(dim=-1) / lengths.clamp(min=1.0) * rows).sum() / rows.sum().clamp(min=1.0)
+
+
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,
     prox_logprobs: torch.Tensor,
@@ -88,7 +108,6 @@ def decoupled_ppo_loss(
         advantages = advantages[:, None].expand_as(logprobs)
     mask = mask.to(logprobs.dtype)
     tokens = int(mask.sum().item())
-    denom = mask.sum().clamp(min=1.0)
 
     iw = importance_weights(prox_logprobs.detach(), behavior_logprobs, config.iw_cap)
     ratio = torch.exp(logprobs - prox_logprobs.detach())
@@ -97,12 +116,12 @@ def decoupled_ppo_loss(
     clipped_obj = clipped * advantages
     objective = torch.minimum(unclipped_obj, clipped_obj)
     per_token = -iw * objective
-    loss = (per_token * mask).sum() / denom
+    loss = aggregate(per_token, mask, config.aggregate)
 
     kl_value = 0.0
     if ref_logprobs is not None and config.kl_coef > 0:
         kl = k3_kl(logprobs, ref_logprobs.detach())
-        kl_mean = (kl * mask).sum() / denom
+        kl_mean = aggregate(kl, mask, config.aggregate)
         loss = loss + config.kl_coef * kl_mean
         kl_value = float(kl_mean.detach())
 

@@ -66,7 +66,7 @@ async def setup_learner(actor: LearnerActor) -> None:
     actor.trainer = Trainer(
         policy, lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
         ppo=PPOConfig(clip_low=config.clip_low, clip_high=config.clip_high, iw_cap=config.iw_cap,
-                      kl_coef=config.kl_beta),
+                      kl_coef=config.kl_beta, aggregate=config.loss_aggregation),
         ppo_epochs=config.ppo_epochs, minibatches=config.minibatches, with_reference=config.kl_beta > 0,
     )
     actor.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")

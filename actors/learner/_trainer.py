@@ -10,7 +10,8 @@ Contract:
   ``kl_beta > 0``), with global gradient-norm clipping. Proximal logprobs are one forward pass without grad at the
   start of the step — or, when the batch makes a single update, the detached logprobs of that update's own
   forward (the same numbers, half the passes). Rows are packed in length buckets, each bucket's loss weighted by
-  its token share, so the gradient is the token mean over the minibatch. Logprobs use each sample's own
+  its share (of tokens, or of completions with ``aggregate: seq-mean``), so the gradient is that of the whole
+  minibatch. Logprobs use each sample's own
   temperature (the generator's), so behavior and learner logprobs compare like with like. An empty batch is a
   no-op that reports zeros, never a NaN.
 - Supervised step (:meth:`Trainer.sft_step`): cross-entropy of the reference completion tokens only
@@ -144,8 +145,8 @@ class Trainer:
         """One RL update (``ppo_epochs`` × ``minibatches`` optimizer steps) on ``samples``.
 
         Each minibatch is packed in length buckets (as :meth:`sft_step`): short arithmetic rows are not padded to
-        the longest extraction row; each bucket's token-mean loss is weighted by its share of the minibatch's
-        tokens, so the gradient equals the token-mean over the whole minibatch. When the batch makes a single
+        the longest extraction row; each bucket's loss is weighted by its share of the minibatch's tokens (or
+        completions, for seq-mean), so the gradient equals the whole minibatch's. When the batch makes a single
         update (``ppo_epochs = minibatches = 1``) the proximal policy *is* the current one: its logprobs are the
         detached forward of the update itself (one forward pass instead of two).
         """
@@ -165,14 +166,14 @@ class Trainer:
         tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
         for _ in range(self.ppo_epochs):
             for buckets, logprobs in zip(minibatches, fixed, strict=True):
-                weight_total = float(sum(float(p.loss_mask.sum()) for p in buckets)) or 1.0
+                weight_total = float(sum(self._weight(p) for p in buckets)) or 1.0
                 self.optimizer.zero_grad(set_to_none=True)
                 for packed, (prox, ref) in zip(buckets, logprobs, strict=True):
                     current = self._logprobs(self.policy, packed)
                     loss, stats = decoupled_ppo_loss(
                         current, current.detach() if prox is None else prox, packed.behavior, packed.advantages,
                         packed.loss_mask, self.ppo, ref_logprobs=ref)
-                    (loss * (stats.tokens / weight_total)).backward()  # type: ignore[no-untyped-call]
+                    (loss * (self._weight(packed) / weight_total)).backward()  # type: ignore[no-untyped-call]
                     n = stats.tokens
                     tokens_seen += n
                     for key, value in (("loss", stats.loss), ("iw_mean", stats.iw_mean),
@@ -199,6 +200,12 @@ class Trainer:
         return [pack([(p, c, s.behavior_logprobs, s.advantage, s.temperature) for p, c, s in bucket],
                      self._pad(), self.policy.device)
                 for bucket in _length_buckets(rows)]
+
+    def _weight(self, packed: Packed) -> float:
+        """A bucket's share of its minibatch's loss: its tokens (token-mean) or its completions (seq-mean)."""
+        if self.ppo.aggregate == "token-mean":
+            return float(packed.loss_mask.sum())
+        return float((packed.loss_mask.sum(dim=-1) > 0).sum())
 
     @staticmethod
     def _logprobs(policy: Policy, packed: Packed) -> torch.Tensor:

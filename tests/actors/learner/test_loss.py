@@ -98,3 +98,26 @@ def test_kl_term_is_added_with_its_coefficient() -> None:
 def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         PPOConfig(**kwargs)
+
+
+def test_seq_mean_gives_every_completion_the_same_weight() -> None:
+    """Row 0 has 1 token with loss 4, row 1 has 3 tokens with loss 1: token-mean (4+3)/4, seq-mean (4+1)/2."""
+    from actors.learner._loss import aggregate
+
+    values = torch.tensor([[0.0, 0.0, 4.0], [1.0, 1.0, 1.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # row 2: padding only, no say
+    assert float(aggregate(values, mask, "token-mean")) == pytest.approx(7 / 4)
+    assert float(aggregate(values, mask, "seq-mean")) == pytest.approx(5 / 2)
+    assert float(aggregate(values, torch.zeros_like(mask), "seq-mean")) == 0.0
+
+
+def test_seq_mean_loss_of_one_sided_advantages() -> None:
+    """On-policy (ratio 1, iw 1), the loss is −A aggregated: seq-mean averages per completion first."""
+    logprobs = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    advantages = torch.tensor([2.0, -1.0])
+    token, _ = decoupled_ppo_loss(logprobs, logprobs.detach(), torch.zeros(2, 3), advantages, mask, PPOConfig())
+    seq, _ = decoupled_ppo_loss(logprobs, logprobs.detach(), torch.zeros(2, 3), advantages, mask,
+                                PPOConfig(aggregate="seq-mean"))
+    assert float(token) == pytest.approx(-(2.0 - 3.0) / 4)
+    assert float(seq) == pytest.approx(-(2.0 - 1.0) / 2)
