@@ -8,7 +8,8 @@ Variants (each a fresh run for ``--duration`` seconds of the topology, warm star
   for raw centred rewards).
 
 Each variant is a temporary spec that ``include:``s the original and overrides the learner (deep merge), run with
-``topology.runtime.LocalRuntime`` (``--runtime ray``: ``RayRuntime`` with ``ray_init={"num_cpus": 2}``). From each
+``topology.runtime.LocalRuntime`` (``--runtime ray``: each variant runs locally, then with ``RayRuntime``
+(``ray_init={"num_cpus": 2}``), and the Ray runtime's overhead on the same work is printed). From each
 run's ``metrics/*.parquet``: held-out greedy accuracy per domain over wall-clock (eval rows), samples/s trained
 (step rows) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and verifies a batch
 (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
@@ -18,6 +19,7 @@ reported beside it, and the sync cycle's remaining time (waiting for weights to 
     .venv/bin/python bench/learn.py --quick                 # ≤ 60 s: async only, a tiny warm start
     .venv/bin/python bench/learn.py --duration 420          # three variants, ~21 min
     .venv/bin/python bench/learn.py --spec my.yaml --variants async,sync
+    .venv/bin/python bench/learn.py --runtime ray --quick   # the same run locally and on Ray: the Ray overhead
 
 Writes bench/results/learn.json and bench/results/learn.png (accuracy per domain vs wall-clock, one line style
 per variant) and prints a markdown table. Runs go to runs/ (``runs/latest`` is the last one).
@@ -67,7 +69,8 @@ def write_variant_spec(spec_path: Path, overrides: dict[str, Any], folder: Path,
     return path
 
 
-def run_topology(spec_file: Path, duration_s: float, runtime_kind: str) -> Path:
+def run_topology(spec_file: Path, duration_s: float, runtime_kind: str) -> tuple[Path, float, float]:
+    """Run the spec for ``duration_s``; its run dir, the wall-clock start (epoch s) and the seconds it took."""
     from topology import load_spec
 
     spec = load_spec(spec_file)
@@ -81,13 +84,24 @@ def run_topology(spec_file: Path, duration_s: float, runtime_kind: str) -> Path:
         from topology.runtime import LocalRuntime
 
         runtime = LocalRuntime(spec, run_root=run_root, handle_signals=False)
+    started, clock = time.time(), time.monotonic()
     result = anyio.run(lambda: runtime.run(duration_s=duration_s), backend="asyncio")
     if not result.ok:
         raise SystemExit(f"{spec_file.name}: {result.message}")
-    return Path(result.run_dir)
+    return Path(result.run_dir), started, time.monotonic() - clock
 
 
-def analyse(run_dir: Path) -> dict[str, Any]:
+def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[str, float] | None:
+    """Ray against local on the same variant: wall time, time to the first RL step, trained samples/s."""
+    ray, local = results.get(variant), results.get(f"{variant} (local)")
+    if ray is None or local is None or not local.get("samples_per_s"):
+        return None
+    return {"wall_ratio": ray["wall_s"] / local["wall_s"],
+            "first_step_delay_s": ray.get("first_step_s", 0.0) - local.get("first_step_s", 0.0),
+            "samples_per_s_ratio": ray.get("samples_per_s", 0.0) / local["samples_per_s"]}
+
+
+def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
     from actors.learner._metrics import read_metrics
 
     evals = read_metrics(run_dir, "eval")
@@ -109,6 +123,9 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         samples = [int(s) for s in steps["samples"]]
         span = ts[-1] - ts[0]
         out["steps"] = len(ts)
+        out["samples_trained"] = sum(samples)
+        if run_started is not None:
+            out["first_step_s"] = ts[0] - run_started  # start-up + warm start + the first batch
         out["samples_per_s"] = sum(samples[1:]) / span if span > 0 else 0.0
         cycles = [b - a for a, b in itertools.pairwise(ts)]
         out["cycle_s"] = statistics.median(cycles)
@@ -180,9 +197,14 @@ def main() -> None:
             if args.quick:
                 overrides = _merge(_QUICK, overrides)
             spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)
-            print(f"== {variant}: {duration:.0f} s of {args.spec} (overrides {json.dumps(overrides)})", flush=True)
-            run_dir = run_topology(spec_file, duration, args.runtime)
-            results[variant] = {"overrides": overrides, **analyse(run_dir)}
+            # --runtime ray also runs the same work locally first: the Ray runtime's overhead is measured, not guessed
+            runs = [("local", f"{variant} (local)"), ("ray", variant)] if args.runtime == "ray" else [("local", variant)]
+            for runtime_kind, key in runs:
+                print(f"== {key}: {duration:.0f} s of {args.spec} on the {runtime_kind} runtime "
+                      f"(overrides {json.dumps(overrides)})", flush=True)
+                run_dir, run_started, wall_s = run_topology(spec_file, duration, runtime_kind)
+                results[key] = {"overrides": overrides, "runtime": runtime_kind, "wall_s": wall_s,
+                                **analyse(run_dir, run_started)}
 
     domains = sorted({d for r in results.values() for d in r["curves"]})
     rows = []
@@ -194,8 +216,8 @@ def main() -> None:
                          _pct(res.get("best", {}).get(domain)),
                          round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2)])
     if not rows:
-        runs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
-        raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({runs})")
+        logs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
+        raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({logs})")
     print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
                           "samples/s", "staleness"], rows))
     summary: dict[str, Any] = {}
@@ -215,6 +237,18 @@ def main() -> None:
                   f"{pipe['ceiling']:.2f}x; async/sync {ratio:.2f}x = {100 * ratio / pipe['ceiling']:.0f} % of the "
                   f"ceiling; async trains {async_rate:.1f} samples/s = {100 * async_rate / ideal:.0f} % of an ideal "
                   f"pipeline's {ideal:.1f} (one batch per max(T_gen, T_train))")
+    for variant in variants:
+        overhead = runtime_overhead(results, variant)
+        if overhead is None:
+            continue
+        summary.setdefault("ray_overhead", {})[variant] = overhead
+        print(f"\nRay runtime vs local on the same work ({variant}):")
+        print(markdown_table(["runtime", "wall s", "first RL step after s", "samples trained", "samples/s"], [
+            [r["runtime"], round(r["wall_s"], 1), round(r.get("first_step_s", 0.0), 1), r.get("samples_trained", 0),
+             round(r.get("samples_per_s", 0.0), 1)] for r in (results[f"{variant} (local)"], results[variant])]))
+        print(f"Ray: {100 * (overhead['wall_ratio'] - 1):+.0f} % wall clock, first RL step "
+              f"{overhead['first_step_delay_s']:+.1f} s later, {100 * (overhead['samples_per_s_ratio'] - 1):+.0f} % "
+              "trained samples/s")
     if "nonorm" in results and "async" in results and results["async"]["baseline"]:
         hardest = min(results["async"]["baseline"], key=lambda d: results["async"]["baseline"][d])
         gains = {v: results[v]["final"].get(hardest, 0.0) - results[v]["baseline"].get(hardest, 0.0)
