@@ -124,6 +124,7 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
         span = ts[-1] - ts[0]
         out["steps"] = len(ts)
         out["samples_trained"] = sum(samples)
+        out["batch_samples"] = statistics.median(samples)
         if run_started is not None:
             out["first_step_s"] = ts[0] - run_started  # start-up + warm start + the first batch
         out["samples_per_s"] = sum(samples[1:]) / span if span > 0 else 0.0
@@ -228,8 +229,7 @@ def main() -> None:
             ratio = async_rate / sync_rate
             # the ideal pipeline trains one batch per max(T_gen, T_train): async's rate against that rate is the
             # fraction of the ceiling that does not depend on how much time sync mode loses to coordination
-            batch = sync_rate * results["sync"].get("cycle_s", 0.0)
-            ideal = batch / max(pipe["t_gen_s"], pipe["t_train_s"])
+            ideal = results["sync"].get("batch_samples", 0.0) / max(pipe["t_gen_s"], pipe["t_train_s"])
             summary = {**pipe, "async_over_sync": ratio, "fraction_of_ceiling": ratio / pipe["ceiling"],
                        "async_over_ideal_pipeline": async_rate / ideal if ideal > 0 else 0.0}
             print(f"\nT_gen {pipe['t_gen_s']:.2f} s, T_train {pipe['t_train_s']:.2f} s per batch (sync run; the cycle "
