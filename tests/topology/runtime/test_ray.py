@@ -133,10 +133,11 @@ def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: No
     assert "which no node of the Ray cluster has" in result.message
 
 
-@pytest.mark.timeout(240)
-def test_the_embedded_default_runs_under_ray_and_generator_versions_advance(ray_instance: None,
-                                                                             tmp_path: Path) -> None:
-    """specs/embedded.yaml itself (only made shorter: a 20-step warm start, small batches) as Ray actors."""
+@pytest.mark.timeout(300)
+def test_the_embedded_default_runs_under_ray_versions_advance_and_a_killed_generator_rejoins(
+        ray_instance: None, tmp_path: Path) -> None:
+    """specs/embedded.yaml itself (only made shorter: a 20-step warm start, small batches) as Ray actors; the
+    generator's Ray worker is SIGKILLed mid-run, restarted by Ray, and the loop goes on with newer versions."""
     import json
 
     root = Path(__file__).resolve().parents[3]
@@ -149,15 +150,26 @@ def test_the_embedded_default_runs_under_ray_and_generator_versions_advance(ray_
     assert spec.runtime.kind == "ray" and set(spec.actors) == {"source", "generator", "verify", "learner"}
     runtime = RayRuntime(spec, handle_signals=False)
 
-    async def probe(rt: RayRuntime) -> dict[str, Any]:
-        records = await _wait(rt, "generators serving a trained version", lambda r: (
-            r.get(("generator", 0)) and r.get(("learner", 0))
-            and float(r[("generator", 0)].counters.get("version", 0)) >= 3
-            and float(r[("learner", 0)].counters.get("samples_applied", 0)) >= 32))  # fmt: skip
-        return {actor: r.counters for (actor, _), r in records.items()}
+    def version(records: dict[tuple[str, int], ReplicaStatus]) -> float:
+        return float(records[("generator", 0)].counters.get("version", 0))
 
-    result, counters = anyio.run(_run_until, runtime, probe, 200.0)
+    def applied(records: dict[tuple[str, int], ReplicaStatus]) -> float:
+        return float(records[("learner", 0)].counters.get("samples_applied", 0))
+
+    async def probe(rt: RayRuntime) -> dict[str, Any]:
+        before = await _wait(rt, "generators serving a trained version", lambda r: (
+            r.get(("generator", 0)) and r.get(("learner", 0)) and version(r) >= 3 and applied(r) >= 32))
+        victim = before[("generator", 0)].pid
+        os.kill(victim, signal.SIGKILL)
+        after = await _wait(rt, "the generator restarted and the loop going on", lambda r: (
+            r[("generator", 0)].restarts >= 1 and r[("generator", 0)].pid != victim
+            and version(r) >= version(before) + 2 and applied(r) >= applied(before) + 32))  # fmt: skip
+        return {"victim": victim, "before": before, "after": after}
+
+    result, seen = anyio.run(_run_until, runtime, probe, 260.0)
     assert result.ok, result.message
-    assert counters["learner"]["phase"] == "rl" and float(counters["verify"].get("rollouts", 0)) > 0
+    after = seen["after"]
+    assert after[("learner", 0)].counters["phase"] == "rl" and after[("learner", 0)].restarts == 0
+    assert float(after[("verify", 0)].counters.get("rollouts", 0)) > 0
     assert "Ray actor" in (result.run_dir / "logs" / "learner-0.log").read_text()
     assert (result.run_dir / "export" / "model.safetensors").exists()
