@@ -55,6 +55,9 @@ __all__ = ["RayRuntime", "RayUnavailable", "ReplicaHost", "bundle_for", "forward
 
 _log = structlog.get_logger("flywheel.runtime")
 _MIN_CPU = 0.01  # a placement-group bundle may not be empty: a replica asking for nothing reserves this much
+_UNAVAILABLE_FAST_S = 2.0  # a call that fails this fast right after a counted death hit a restarting actor
+_UNAVAILABLE_RETRY_S = 0.5  # then it is retried this often...
+_UNAVAILABLE_GRACE_S = 60.0  # ...for at most this long before it counts as another crash
 _FORWARDED = ("FLYWHEEL_ACTOR_MODULES", "PYTHONPATH")  # what replicas need to import the same kinds
 
 
@@ -301,21 +304,34 @@ class RayRuntime(RuntimeBase):
 
     async def _supervise(self, session: Session, key: tuple[str, int]) -> None:
         ray = _ray()
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
         actor, replica = key
         handle = self._create(ray, key)
         restarts, process_deaths = 0, 0
+        awaiting_restart = False  # a crash was counted: Ray may still be bringing the actor back
+        unavailable_since: float | None = None
         try:
             while not self.stopping:
                 started = time.time()
                 try:
                     code = await handle.run.remote(restarts)
                     how = "crashed (see its log)"
+                except ActorUnavailableError as exc:
+                    # Right after a counted death, calls fail fast while Ray restarts the process: that is the same
+                    # crash, not a new one — retry until the actor is back (a crash only if that takes too long).
+                    now = time.monotonic()
+                    if awaiting_restart and time.time() - started < _UNAVAILABLE_FAST_S:
+                        unavailable_since = now if unavailable_since is None else unavailable_since
+                        if now - unavailable_since < _UNAVAILABLE_GRACE_S:
+                            await anyio.sleep(_UNAVAILABLE_RETRY_S)
+                            continue
+                    code, how = None, f"its Ray actor died or stayed unavailable ({_first_line(exc)})"
                 except RayActorError as exc:
                     code, how = None, f"its Ray actor died ({_first_line(exc)})"
                 except RayTaskError as exc:  # run() itself failed before the lifecycle could report it
                     code, how = 1, f"raised {_first_line(exc)}"
+                unavailable_since = None
                 if self.stopping:
                     return
                 if code == 0:
@@ -325,6 +341,7 @@ class RayRuntime(RuntimeBase):
                 if code is not None:  # the actor raised: give it a fresh process, as the local runtime does
                     ray.kill(handle, no_restart=False)
                 process_deaths += 1
+                awaiting_restart = True
                 last = await self._last_status(session, key)
                 if code is not None and last is not None and last.error:
                     how = f"crashed: {last.error}"

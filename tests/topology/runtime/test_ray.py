@@ -20,7 +20,7 @@ from topology import load_spec
 from topology.runtime import RayRuntime, ReplicaStatus, RunResult
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one worker, one Ray instance
 
 KINDS = "tests.topology.runtime._kinds,tests.topology.runtime._weight_kinds"
 WEIGHTS = """\
