@@ -98,31 +98,28 @@ class SourceActor(Actor[SourceConfig]):
 
     def pipeline(self) -> list[tuple[str, str, bool]]:
         """``(channel, consumer group, is_learner)`` on every path from this source's channel to a learner."""
-        spec = self.ctx.spec
-        reaches: dict[str, bool] = {}
-
-        def leads_to_learner(name: str, seen: frozenset[str]) -> bool:
-            if name not in reaches:
-                actor = spec.actors[name]
-                reaches[name] = actor.kind == "learner" or any(
-                    leads_to_learner(other, seen | {name}) for ch in actor.publishes
-                    for other, a in spec.actors.items() if ch in a.consumes and other not in seen | {name})
-            return reaches[name]
-
+        actors = self.ctx.spec.actors
+        reaching = {name for name, a in actors.items() if a.kind == "learner"}  # actors from which a learner is reached
+        grew = True
+        while grew:
+            grew = False
+            for name, a in actors.items():
+                if name not in reaching and any(ch in actors[other].consumes for ch in a.publishes for other in reaching):
+                    reaching.add(name)
+                    grew = True
         found: list[tuple[str, str, bool]] = []
-        frontier, seen_channels = [self.channel], set()
+        frontier, seen = [self.channel], set()
         while frontier:
             channel = frontier.pop()
-            if channel in seen_channels:
+            if channel in seen:
                 continue
-            seen_channels.add(channel)
-            for name, actor in spec.actors.items():
-                if channel not in actor.consumes or name == self.ctx.actor or not leads_to_learner(name, frozenset()):
-                    continue
-                learner = actor.kind == "learner"
-                found.append((channel, name, learner))
-                if not learner:
-                    frontier.extend(actor.publishes)
+            seen.add(channel)
+            for name in sorted(reaching - {self.ctx.actor}):
+                if channel in actors[name].consumes:
+                    learner = actors[name].kind == "learner"
+                    found.append((channel, name, learner))
+                    if not learner:
+                        frontier.extend(actors[name].publishes)
         return found
 
     async def in_flight(self) -> int:
@@ -160,17 +157,19 @@ class SourceActor(Actor[SourceConfig]):
                 return max(1, -(-batch_size // group_size))
         return None
 
+    def _weights_bucket(self) -> str:
+        return f"fw_{self.ctx.topology}_weights".replace("-", "_")  # actors.weights.weights_bucket, torch-free
+
     async def weights_version(self) -> int:
         """The current weights version in KV (0 before the first publish); the manifest is plain JSON."""
-        bucket = f"fw_{self.ctx.topology}_weights".replace("-", "_")  # actors.weights.weights_bucket, torch-free
-        raw = await self.ctx.bus.kv_get(bucket, "current")
+        raw = await self.ctx.bus.kv_get(self._weights_bucket(), "current")
         return int(orjson.loads(raw).get("version", 0)) if raw else 0
 
     async def wait_generators(self, version: int, timeout_s: float = 30.0) -> None:
         """Until every generator replica has swapped in ``version`` (the key each puts right after a swap)."""
         from actors.generator._config import served_key
 
-        bucket = f"fw_{self.ctx.topology}_weights".replace("-", "_")
+        bucket = self._weights_bucket()
         keys = [served_key(name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "generator"
                 for i in range(a.replicas)]
         with anyio.move_on_after(timeout_s) as scope:

@@ -107,3 +107,17 @@ def test_spec_models_are_frozen() -> None:
     spec = load_spec_text(MINIMAL, "t.yaml", {})
     with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen instances
         spec.bus.max_deliver = 9  # type: ignore[misc]
+
+
+def test_hf_model_dirs_resolve_against_the_spec_and_a_missing_one_is_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    (tmp_path / "models" / "mine" / "config.json").write_text("{}")
+    (tmp_path / "a.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:models/mine"))
+    spec = load_spec(tmp_path / "a.yaml")
+    assert spec.policy.model == f"hf:{(tmp_path / 'models' / 'mine').resolve()}"
+    assert not [w for w in spec.warnings if w.path == "policy.model"]
+    (tmp_path / "b.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:Qwen/Qwen2.5-0.5B"))  # a hub id
+    spec = load_spec(tmp_path / "b.yaml")
+    assert spec.policy.model == "hf:Qwen/Qwen2.5-0.5B"  # left as written: it may exist where the model is served
+    (warning,) = [w for w in spec.warnings if w.path == "policy.model"]
+    assert warning.severity == "warning" and "config.json" in warning.message and warning.line == 2
