@@ -10,7 +10,8 @@ Variants (each a fresh run for ``--duration`` seconds of the topology, warm star
 Each variant is a temporary spec that ``include:``s the original and overrides the learner (deep merge), run with
 ``topology.runtime.LocalRuntime`` (``--runtime ray``: each variant runs locally, then with ``RayRuntime``
 (``ray_init={"num_cpus": 2}``), and the Ray runtime's overhead on the same work is printed). From each
-run's ``metrics/*.parquet``: held-out greedy accuracy per domain over wall-clock (eval rows), samples/s trained
+run's ``metrics/*.parquet``: held-out accuracy per domain (decoded as the spec's learner says: greedy, or sampled
+with ``eval_temperature``/``eval_samples``) over wall-clock (eval rows), samples/s trained
 (step rows) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and verifies a batch
 (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
@@ -108,6 +109,9 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
     steps = read_metrics(run_dir, "step")
     out: dict[str, Any] = {"run_dir": str(run_dir), "curves": {}, "baseline": {}, "final": {}}
     if len(evals):
+        from actors.learner._metrics import eval_mode
+
+        out["eval_mode"] = eval_mode(evals)
         t0 = float(evals["ts"].cast(float).min())  # type: ignore[arg-type]  # the post-warm-start baseline round: RL time starts here
         for row in evals.sort("ts").iter_rows(named=True):
             out["curves"].setdefault(row["domain"], []).append(
@@ -170,7 +174,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
             ax.plot([p["t_s"] for p in curve], [100 * p["accuracy"] for p in curve], _STYLES.get(variant, "-."),
                     color=color, label=f"{domain} ({variant})")
     ax.set_xlabel("seconds since the post-warm-start evaluation")
-    ax.set_ylabel("held-out accuracy, greedy (%)")
+    modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
+    ax.set_ylabel(f"held-out accuracy, {' / '.join(modes)} (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -219,6 +224,8 @@ def main() -> None:
     if not rows:
         logs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
         raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({logs})")
+    modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
+    print(f"held-out accuracy: {' / '.join(modes)}")
     print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
                           "samples/s", "staleness"], rows))
     summary: dict[str, Any] = {}

@@ -177,7 +177,9 @@ class LearnerActor(Actor[LearnerConfig]):
                 counters.set(f"heldout_acc.{result.domain}", round(result.accuracy, 4))
                 self.metrics.add("eval", {"ts": time.time(), "step": self.step, "version": result.version,
                                           "domain": result.domain, "n": result.n, "accuracy": result.accuracy,
-                                          "reward_mean": result.reward_mean})
+                                          "reward_mean": result.reward_mean,
+                                          "temperature": self.config.eval_temperature,
+                                          "samples": self.config.eval_samples})
                 self.ctx.log.info("learner.heldout", domain=result.domain, version=result.version,
                                   accuracy=round(result.accuracy, 4), n=result.n)
             await delivery.ack()
@@ -385,7 +387,8 @@ class LearnerActor(Actor[LearnerConfig]):
         items = []
         for tasks in self.evals.tasks.values():
             for task in tasks:
-                payload = {**task.payload(group_size=1, heldout=True), "temperature": 0.0}
+                payload = {**task.payload(group_size=self.config.eval_samples, heldout=True),
+                           "temperature": self.config.eval_temperature}
                 items.append(("prompt", payload, eval_message_id(self.version, task)))
         await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
         self.ctx.counters.inc("eval_rounds")

@@ -3,7 +3,7 @@
 The learner trains the policy off-policy from `scored` (decoupled PPO with truncated importance weights,
 GRPO group advantages, per-domain baselines; see reference/ALGORITHMS.md) and publishes new weights. It also
 triggers the held-out evaluation: every `eval_every_steps` it publishes held-out prompts to `prompts`
-(greedy, `heldout: true`) and reads their scores back from `scored` — it never trains on them.
+(greedy unless `eval_temperature` > 0, `heldout: true`) and reads their scores back from `scored` — it never trains on them.
 
 `mode: sync` is the synchronous baseline (what the async loop is measured against): staleness is forced to 0,
 the learner trains on exactly one batch per weights version, and the source publishes one batch of prompts per
@@ -34,6 +34,9 @@ class LearnerConfig(SpecModel):
     checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint (then ack what it covers) every K steps
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
+    eval_temperature: float = Field(default=0.0, ge=0)  # 0: greedy; > 0: sampled at this temperature (the
+    #   generators' measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it)
+    eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt; accuracy is their mean
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
@@ -57,6 +60,9 @@ class LearnerConfig(SpecModel):
     def _consistent(self) -> LearnerConfig:
         if self.buffer_size < self.batch_size:
             raise ValueError(f"expected buffer_size >= batch_size ({self.batch_size}), got {self.buffer_size}")
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt are all "
+                             f"the same), got eval_samples {self.eval_samples} with eval_temperature 0")
         if self.minibatches > self.batch_size:
             raise ValueError(f"expected minibatches <= batch_size ({self.batch_size}), got {self.minibatches}")
         return self

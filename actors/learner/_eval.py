@@ -2,15 +2,16 @@
 
 The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
 the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
-(``temperature: 0``), ``group_size: 1``, message id ``eval-<version>-<task id>`` (retries of a round dedupe on the
+(``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message id ``eval-<version>-<task id>`` (retries of a round dedupe on the
 bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from
 the prompt's (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version
 when an id has another shape (e.g. a custom generator).
 
-A completion counts as correct when its reward is ≥ 1 − 1e-9. A (round, domain) is complete when all of its
-prompts have come back; only complete rounds are reported (a half-evaluated round would be a biased number).
+A completion counts as correct when its reward is ≥ 1 − 1e-9; accuracy is the mean over every completion of the
+round (sampled: the expected accuracy of one sample). A (round, domain) is complete when all of its prompts have
+come back; only complete rounds are reported (a half-evaluated round would be a biased number).
 
-Non-goals: evaluating with sampling (pass@k), confidence intervals.
+Non-goals: pass@k, confidence intervals.
 """
 
 from __future__ import annotations
@@ -43,13 +44,15 @@ class EvalResult:
 
 
 class EvalTracker:
-    def __init__(self, tasks: Mapping[str, Sequence[Task]]) -> None:
+    def __init__(self, tasks: Mapping[str, Sequence[Task]], samples: int = 1) -> None:
         self.tasks = {domain: list(items) for domain, items in tasks.items() if items}
+        self.samples = samples  # completions per prompt
         self._rounds: dict[tuple[int, str], list[float]] = {}
         self._seen: dict[tuple[int, str], set[str]] = {}  # ids counted per round (kept after completion: dedupe)
 
     def expected(self, domain: str) -> int:
-        return len(self.tasks.get(domain, ()))
+        """Completions a complete round of ``domain`` holds."""
+        return len(self.tasks.get(domain, ())) * self.samples
 
     def record(self, message_id: str, msg: ScoredMsg) -> EvalResult | None:
         """Account one held-out score; returns the round's result when this score completes it."""

@@ -67,6 +67,14 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
 
 
+def eval_mode(evals: Any) -> str:
+    """How the ``eval`` rows were decoded, for labels: "greedy" or "sampled at T=1, 2 per prompt"."""
+    if "temperature" not in evals.columns or float(evals["temperature"].max() or 0.0) == 0.0:
+        return "greedy"
+    samples = int(evals["samples"].max()) if "samples" in evals.columns else 1
+    return f"sampled at T={float(evals['temperature'].max()):g}, {samples} per prompt"
+
+
 def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet."""
     evals = read_metrics(run_dir, "eval")
@@ -87,7 +95,7 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
         by_version.plot(rows["version"].to_list(), rows["accuracy"].to_list(), marker="o", label=domain)
     by_time.set_xlabel("seconds since the first evaluation")
     by_version.set_xlabel("weights version")
-    by_time.set_ylabel("held-out accuracy (greedy)")
+    by_time.set_ylabel(f"held-out accuracy ({eval_mode(evals)})")
     by_time.set_ylim(-0.02, 1.02)
     by_time.legend(loc="best")
     for axis in (by_time, by_version):

@@ -72,7 +72,8 @@ async def setup_learner(actor: LearnerActor) -> None:
     actor.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
     actor.metrics = MetricsWriter(ctx.run_dir, actor.incarnation)
     domains = domains_from_spec(ctx.spec, [n for n in actor.domain_names if n in ctx.spec.domains])
-    actor.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
+    actor.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()},
+                              samples=config.eval_samples)
     actor.publisher = WeightPublisher(ctx.bus, ctx.topology, _transport(actor))
 
     latest = actor.checkpointer.latest()
