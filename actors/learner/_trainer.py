@@ -11,9 +11,8 @@ Contract:
   start of the step — or, when the batch makes a single update, the detached logprobs of that update's own
   forward (the same numbers, half the passes). Rows are packed in length buckets, each bucket's loss weighted by
   its share (of tokens, or of completions with ``aggregate: seq-mean``), so the gradient is that of the whole
-  minibatch. Logprobs use each sample's own
-  temperature (the generator's), so behavior and learner logprobs compare like with like. An empty batch is a
-  no-op that reports zeros, never a NaN.
+  minibatch. Logprobs use each sample's own temperature (the generator's), so behavior and learner logprobs
+  compare like with like. An empty batch is a no-op that reports zeros, never a NaN.
 - Supervised step (:meth:`Trainer.sft_step`): cross-entropy of the reference completion tokens only
   (``encode_prompt`` + ``encode_completion``), its own AdamW at the warm-start learning rate.
 
