@@ -182,12 +182,15 @@ async def test_handler_dead_letter_keeps_reason(bus: Bus) -> None:
     assert letter["reason"] == "verifier rejected the payload"
 
 
+@pytest.mark.parametrize("bus_settings", [BusSettings(ack_wait_s=30.0)])
 async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None:
     await bus.publish_many("prompts", [("p", {"i": i}, None) for i in range(10)])
     async with bus.consume("prompts", "gen", batch=8) as greedy:
         await take(greedy, 1)   # the rest of its pull sits in its buffer, un-acked
     async with bus.consume("prompts", "gen") as consumer:
-        rest = await take(consumer, 9, timeout_s=0.9)   # well before ack_wait would hand them back
+        # ack_wait is 30 s here: only the close handing them back can deliver them within 10 s (a 1 s ack_wait with
+        # a 0.9 s deadline flaked on a loaded 2-core machine)
+        rest = await take(consumer, 9, timeout_s=10.0)
     assert sorted(d.payload["i"] for d in rest) == list(range(1, 10))
 
 
