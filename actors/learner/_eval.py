@@ -2,8 +2,8 @@
 
 The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
 the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
-(``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message id ``eval-<version>-<task id>`` (retries of a round dedupe on the
-bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from
+(``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message
+id ``eval-<version>-<task id>`` (retries of a round dedupe on the bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from
 the prompt's (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version
 when an id has another shape (e.g. a custom generator).
 
