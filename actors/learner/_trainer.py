@@ -15,6 +15,9 @@ Contract:
   compare like with like. An empty batch is a no-op that reports zeros, never a NaN.
 - Supervised step (:meth:`Trainer.sft_step`): cross-entropy of the reference completion tokens only
   (``encode_prompt`` + ``encode_completion``), its own AdamW at the warm-start learning rate.
+- Dropout stays off: the module is never put in train mode. A Hugging Face model's config often has dropout
+  (GPT-2: 0.1); in train mode the learner's logprobs would be those of a randomly thinned network, not of the
+  policy the generators sample, and the importance weights would measure that noise instead of staleness.
 
 Non-goals: choosing samples (the batcher), advantages (``_advantages``), data-parallel training.
 """
@@ -151,8 +154,6 @@ class Trainer:
         """
         if not samples:
             return StepStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        module = self.policy.module
-        module.train()
         rows = torch.arange(len(samples))
         minibatches = [self._packed_buckets([samples[int(i)] for i in chunk])
                        for chunk in torch.chunk(rows, self.minibatches) if len(chunk)]
@@ -184,7 +185,6 @@ class Trainer:
                 grad_norm = max(grad_norm, norm if math.isfinite(norm) else float("inf"))
                 if math.isfinite(norm):
                     self.optimizer.step()
-        module.eval()
         denom = max(tokens_seen, 1)
         return StepStats(
             samples=len(samples), tokens=tokens_seen // self.ppo_epochs, loss=totals["loss"] / denom,
@@ -230,7 +230,6 @@ class Trainer:
         the rows are packed in length buckets (gradients accumulated, each bucket weighted by its share of the
         tokens): a batch mixing 10-token and 70-token rows then costs far less than padding them all to 70.
         """
-        self.policy.module.train()
         tok = self.policy.tokenizer
         rows = sorted(((encode_prompt(tok, p), encode_completion(tok, r)) for p, r in pairs),
                       key=lambda row: len(row[0]) + len(row[1]))
@@ -245,7 +244,6 @@ class Trainer:
             loss_sum += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         optimizer.step()
-        self.policy.module.eval()
         return loss_sum
 
 

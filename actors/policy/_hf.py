@@ -108,4 +108,4 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[HFCa
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"policy.model: cannot load {str(directory)!r}: {first_line}") from exc
     model.eval()
-    return HFCausalLM(model), HFTokenizer(tokenizer)
+    return HFCausalLM(model).eval(), HFTokenizer(tokenizer)

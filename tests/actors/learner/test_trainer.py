@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +127,25 @@ def test_several_updates_per_batch_measure_ratios_against_the_step_start() -> No
     assert stats.samples == len(samples) and stats.tokens == sum(len(s.token_ids) for s in samples)
     assert stats.ratio_mean != 1.0  # the second epoch sees weights moved away from the proximal ones
     assert abs(stats.iw_mean - 1.0) < 1e-4  # behavior = proximal: the samples were drawn from these weights
+
+
+def test_dropout_of_a_hugging_face_model_stays_off_in_training(tmp_path: Path) -> None:
+    """GPT-2 configs carry dropout; the learner's logprobs must be those of the policy the generators sample."""
+    from actors.policy._testing import write_tiny_hf_model
+
+    model_dir = write_tiny_hf_model(tmp_path / "m", n_layer=1, n_embd=32, n_head=2)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["resid_pdrop"] > 0 and config["attn_pdrop"] > 0  # the premise: dropout is configured
+    policy = Policy.from_spec({"model": f"hf:{model_dir}"})
+    tok = policy.tokenizer
+    prompt, completion = encode_prompt(tok, "2+2="), encode_completion(tok, "4")
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        behavior = policy.token_logprobs(ids)[0, -len(completion):].tolist()
+    trainer = Trainer(policy, lr=1e-12, ppo=PPOConfig(), grad_clip=1.0)
+    stats = [trainer.rl_step([TrainSample(prompt, completion, behavior, advantage=1.0, temperature=1.0)])
+             for _ in range(3)]
+    # with dropout on, every step's logprobs (hence the importance weight) would be randomly off
+    assert all(abs(s.iw_mean - 1.0) < 1e-5 and s.iw_max < 1.0 + 1e-5 for s in stats), stats
+    losses = [trainer.sft_step(trainer.optimizer, [("2+2=", "4")]) for _ in range(3)]
+    assert max(losses) - min(losses) < 1e-6 and not any(m.training for m in policy.module.modules())
