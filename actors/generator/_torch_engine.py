@@ -8,6 +8,7 @@ Contract:
   ``max_batch_size`` rows): joiners are prefilled left-padded and their caches merged into the running
   batch's. Position ids always come from the attention mask, so a request's tokens do not depend on
   which requests it shares a batch with (greedy: batched == single == no cache, up to float round-off).
+  Joiners with identical contexts (the rows of a GRPO group) are prefilled once and their cache rows copied.
 * Each step (one decode forward for running rows, one prefill forward for joiners, sampling) runs in a
   worker thread (``asyncio.to_thread``) while holding the engine lock, so the event loop stays responsive.
 * Logprobs: ``Completion.logprobs`` is ``log μ`` — the log-probability under the exact distribution the
@@ -279,6 +280,7 @@ class TorchEngine:
             "steps": steps,
             "tokens_generated": self._counts["tokens_generated"],
             "prefill_tokens": self._counts["prefill_tokens"],
+            "prefill_rows_shared": self._counts["prefill_rows_shared"],
             "requests_finished": self._counts["requests_finished"],
             "requests_aborted": self._counts["requests_aborted"],
             "batch_size": self._last_batch,
@@ -458,17 +460,26 @@ class TorchEngine:
         return finished
 
     def _prefill(self, admit: list[_Seq]) -> Tensor:
+        """One forward over the joiners' contexts; identical contexts (a GRPO group's rows before their first
+        token) are computed once and their cache rows copied — the same numbers, a group's prefill at 1/n."""
         contexts = [(*seq.request.prompt_ids, *seq.tokens) for seq in admit]
-        longest = max(len(context) for context in contexts)
-        ids = torch.full((len(admit), longest), self.tokenizer.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(admit), longest), dtype=torch.long)
-        for row, prompt in enumerate(contexts):
+        distinct: dict[tuple[int, ...], int] = {}
+        rows_of = [distinct.setdefault(context, len(distinct)) for context in contexts]
+        longest = max(len(context) for context in distinct)
+        ids = torch.full((len(distinct), longest), self.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(distinct), longest), dtype=torch.long)
+        for row, prompt in enumerate(distinct):
             ids[row, longest - len(prompt) :] = torch.tensor(prompt)
             mask[row, longest - len(prompt) :] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
         self._counts["prefill_tokens"] += int(mask.sum())
+        self._counts["prefill_rows_shared"] += len(contexts) - len(distinct)
         logits, cache = self.policy.forward(ids, mask, positions_from_mask(mask, longest), None, use_cache=True)
         assert cache is not None
+        if len(distinct) < len(contexts):
+            index = torch.tensor(rows_of, device=mask.device)
+            logits, mask = logits.index_select(0, index), mask.index_select(0, index)
+            cache = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
         if self._cache is None or self._mask is None:
             self._cache, self._mask = cache, mask
         else:

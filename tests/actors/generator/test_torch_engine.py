@@ -267,3 +267,25 @@ def test_a_failing_step_hook_fails_the_requests_instead_of_hanging(policy: Polic
         assert len(out[0].token_ids) == 10
 
     run(scenario)
+
+
+def test_a_group_of_identical_prompts_is_prefilled_once_with_the_same_results(policy: Policy) -> None:
+    prompt = tuple(policy.tokenizer.encode(PROMPTS[3]))
+    group = [GenerationRequest(f"g{i}", prompt, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i,
+                                                               ignore_eos=True)) for i in range(6)]
+    engine = TorchEngine(policy)
+
+    async def together() -> list[Completion]:
+        try:
+            return await engine.generate(group)
+        finally:
+            await engine.close()
+
+    shared = run(together)
+    assert engine.stats()["prefill_tokens"] == len(prompt)  # six rows, one prompt's worth of prefill
+    assert engine.stats()["prefill_rows_shared"] == 5
+    assert len({c.token_ids for c in shared}) > 1  # the rows still sample independently
+    for request, completion in zip(group, shared, strict=True):  # each as if it had been alone
+        alone = run(lambda r=request: generate(policy, [r]))[0]  # type: ignore[misc]
+        assert completion.token_ids == alone.token_ids
+        assert completion.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
