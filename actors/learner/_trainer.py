@@ -1,8 +1,9 @@
 """The learner's optimizer steps: packing samples into tensors, one RL step, one supervised (warm-start) step.
 
 Contract:
-- Packing: each completion becomes one row ``prompt_ids + token_ids``, left-padded to the batch's longest row;
-  positions come from the attention mask (``Policy.token_logprobs``), so a row scores exactly the tokens the
+- Packing (supervised step, :func:`pack`): each completion becomes one row ``prompt_ids + token_ids``, left-padded
+  to the batch's longest row; the RL step packs whole groups with the prompt computed once per group
+  (:mod:`actors.learner._prefix`, the same numbers). Positions come from the attention mask (``Policy.token_logprobs``), so a row scores exactly the tokens the
   generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
   at the right end; the loss mask covers exactly them.
 - RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from actors.learner._loss import PPOConfig, decoupled_ppo_loss
+from actors.learner._prefix import PrefixPacked, pack_shared, shared_buckets, shared_logprobs
 from actors.policy import Policy
 from actors.policy._prompting import encode_completion, encode_prompt
 
@@ -146,8 +148,9 @@ class Trainer:
     def rl_step(self, samples: Sequence[TrainSample]) -> StepStats:
         """One RL update (``ppo_epochs`` × ``minibatches`` optimizer steps) on ``samples``.
 
-        Each minibatch is packed in length buckets (as :meth:`sft_step`): short arithmetic rows are not padded to
-        the longest extraction row; each bucket's loss is weighted by its share of the minibatch's tokens (or
+        Each minibatch is packed in length buckets of whole groups, each group's prompt computed once for all its
+        rows (:mod:`actors.learner._prefix`): short arithmetic rows are not padded to the longest extraction row,
+        and 8 completions of a prompt do not pay for it 8 times; each bucket's loss is weighted by its share of the minibatch's tokens (or
         completions, for seq-mean), so the gradient equals the whole minibatch's. When the batch makes a single
         update (``ppo_epochs = minibatches = 1``) the proximal policy *is* the current one: its logprobs are the
         detached forward of the update itself (one forward pass instead of two).
@@ -193,22 +196,19 @@ class Trainer:
             grad_norm=grad_norm,
         )
 
-    def _packed_buckets(self, samples: Sequence[TrainSample]) -> list[Packed]:
-        rows = sorted(((list(s.prompt_ids), list(s.token_ids), s) for s in samples),
-                      key=lambda row: len(row[0]) + len(row[1]))
-        return [pack([(p, c, s.behavior_logprobs, s.advantage, s.temperature) for p, c, s in bucket],
-                     self._pad(), self.policy.device)
-                for bucket in _length_buckets(rows)]
+    def _packed_buckets(self, samples: Sequence[TrainSample]) -> list[PrefixPacked]:
+        rows = [(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples]
+        return [pack_shared(bucket, self._pad(), self.policy.device) for bucket in shared_buckets(rows)]
 
-    def _weight(self, packed: Packed) -> float:
+    def _weight(self, packed: PrefixPacked) -> float:
         """A bucket's share of its minibatch's loss: its tokens (token-mean) or its completions (seq-mean)."""
         if self.ppo.aggregate == "token-mean":
             return float(packed.loss_mask.sum())
         return float((packed.loss_mask.sum(dim=-1) > 0).sum())
 
     @staticmethod
-    def _logprobs(policy: Policy, packed: Packed) -> torch.Tensor:
-        return _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
+    def _logprobs(policy: Policy, packed: PrefixPacked) -> torch.Tensor:
+        return shared_logprobs(policy, packed)
 
     # ------------------------------------------------------------------ supervised
     def sft_rows(self, pairs: Sequence[tuple[str, str]]) -> Packed:

@@ -77,12 +77,14 @@ def test_rows_with_different_temperatures_score_like_alone() -> None:
     assert torch.allclose(both[1, -n:], alone[0, -n:], atol=1e-5)
 
 
-def _mixed_length_samples(policy: Policy) -> list[TrainSample]:
+def _mixed_length_samples(policy: Policy, group: int = 1) -> list[TrainSample]:
+    """12 rows from 6 to ~60 tokens (several length buckets); consecutive ``group`` rows share their prompt."""
     tok = policy.tokenizer
     rng = random.Random(3)
-    samples = []
-    for i in range(12):  # rows from 6 to ~60 tokens: several length buckets
-        prompt = encode_prompt(tok, "q" * rng.randint(2, 30) + "=")
+    samples: list[TrainSample] = []
+    for i in range(12):
+        prompt = (list(samples[-1].prompt_ids) if i % group else
+                  encode_prompt(tok, "".join(rng.choice("qwe") for _ in range(rng.randint(2, 30))) + "="))
         completion = encode_completion(tok, "a" * rng.randint(1, 25))
         with torch.no_grad():
             behavior = policy.token_logprobs(torch.tensor([prompt + completion]))[0, -len(completion):].tolist()
@@ -92,14 +94,22 @@ def _mixed_length_samples(policy: Policy) -> list[TrainSample]:
 
 
 @pytest.mark.parametrize("aggregate", ["token-mean", "seq-mean"])
-def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str) -> None:
-    """Length buckets are a speed-up only: the gradient is the whole batch's (token mean, or mean over completions
-    of each one's token mean), as if unbucketed."""
+@pytest.mark.parametrize(("groups", "model"), [(1, "builtin"), (4, "builtin"), (4, "hf")],
+                         ids=["distinct-prompts", "groups-of-4", "groups-of-4-hf-gpt2"])
+def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str, groups: int, model: str,
+                                                            tmp_path: Path) -> None:
+    """Length buckets and shared prompts are a speed-up only: the gradient is the whole batch's (token mean, or mean
+    over completions of each one's token mean), as if every row were packed whole in one padded batch."""
     from actors.learner._loss import decoupled_ppo_loss
     from actors.learner._trainer import _logprobs, pack
 
-    policy = tiny()
-    samples = _mixed_length_samples(policy)
+    if model == "hf":
+        from actors.policy._testing import write_tiny_hf_model
+
+        policy = Policy.from_spec({"model": f"hf:{write_tiny_hf_model(tmp_path / 'm', n_layer=2, n_embd=32)}"})
+    else:
+        policy = tiny()
+    samples = _mixed_length_samples(policy, groups)
     config = PPOConfig(aggregate=aggregate)  # type: ignore[arg-type]
     trainer = Trainer(policy, lr=1e-2, ppo=config, grad_clip=1e9)
     assert len(trainer._packed_buckets(samples)) > 1
@@ -110,7 +120,6 @@ def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str) -> N
     packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
                   policy.tokenizer.pad_id, policy.device)
     policy.module.zero_grad(set_to_none=True)
-    policy.module.train()
     current = _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
     loss, _ = decoupled_ppo_loss(current, current.detach(), packed.behavior, packed.advantages, packed.loss_mask, config)
     loss.backward()
