@@ -8,7 +8,8 @@ the manifest (carrying the rendezvous) goes first and the transport sends after 
 
 Guarantees:
 - versions are monotonic: a publisher refuses a version ≤ the current one; a subscriber ignores them;
-- a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one);
+- a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one), and a
+  fetch that takes over ``fetch_timeout_s`` is rejected (the next announcement is tried);
 - a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) is logged and
   counted, and the engine keeps serving the version it had.
 
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
 import torch
 
 from actors.generator._types import Engine
@@ -80,8 +82,9 @@ class WeightSubscriber:
     def __init__(self, bus: Bus, topology: str, engine: Engine, transports: Mapping[str, WeightTransport],
                  *, key: str = CURRENT, log: Any = None,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 served_key: str | None = None) -> None:
+                 served_key: str | None = None, fetch_timeout_s: float = 60.0) -> None:
         self._bus = bus
+        self.fetch_timeout_s = fetch_timeout_s
         self._bucket = weights_bucket(topology)
         self._engine = engine
         self._transports = dict(transports)
@@ -95,9 +98,29 @@ class WeightSubscriber:
         self.last_swap_s = 0.0
 
     async def run(self) -> None:
-        """Apply the current version (if newer than the engine's), then every newer one as it is announced."""
-        async for raw in self._bus.kv_watch(self._bucket, self._key):
-            await self.apply_raw(raw)
+        """Apply the current version (if newer than the engine's), then the newest announced one, again and again.
+
+        Announcements arriving while a swap is under way overwrite each other: the next swap takes the newest and
+        the ones in between are skipped. Applying each in turn let a generator whose swap is slower than the
+        learner's publishing fall further and further behind — until the objects it was reading had been deleted
+        (the transport keeps two versions) and the read never finished, while the learner, seeing only stale
+        samples, stopped publishing: the loop stood still.
+        """
+        newest: list[bytes] = []
+        announced = anyio.Event()
+
+        async def watch() -> None:
+            async for raw in self._bus.kv_watch(self._bucket, self._key):
+                newest[:] = [raw]
+                announced.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            while True:
+                await announced.wait()
+                announced = anyio.Event()
+                if newest:  # empty when the newest arrived just before this round took it
+                    await self.apply_raw(newest.pop())
 
     async def apply_raw(self, raw: bytes) -> bool:
         try:
@@ -117,9 +140,13 @@ class WeightSubscriber:
             return False
         started = time.perf_counter()
         try:
-            state_dict = await transport.get(manifest)
+            with anyio.fail_after(self.fetch_timeout_s):  # a read that cannot finish must not stall the swaps
+                state_dict = await transport.get(manifest)
             # the engine validates names, shapes, dtypes and finite values before it touches its weights
             await self._engine.update_weights(manifest.version, state_dict)
+        except TimeoutError:
+            self._reject(manifest.version, f"fetching the weights took over {self.fetch_timeout_s:g} s")
+            return False
         except (WeightPayloadError, ValueError, RuntimeError, OSError) as exc:
             self._reject(manifest.version, str(exc))
             return False

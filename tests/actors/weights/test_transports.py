@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from actors.weights import (
     WeightManifest,
     WeightPayloadError,
     WeightPublisher,
+    WeightSubscriber,
     check_state_dict,
     describe,
 )
@@ -115,3 +117,40 @@ def test_mapped_safetensors_equal_a_regular_load_and_reject_truncation(tmp_path:
     path.write_bytes(b"\xff" * 16)
     with pytest.raises(MalformedSafetensors):
         map_safetensors(path)
+
+
+class _SlowEngine:
+    """Takes 0.3 s per swap — slower than the publisher below — and records what it applied."""
+
+    def __init__(self, last: int) -> None:
+        self.version = 0
+        self.applied: list[int] = []
+        self.reached_last = anyio.Event()
+        self._last = last
+
+    async def update_weights(self, version: int, source: object) -> None:
+        await anyio.sleep(0.3)
+        self.version = version
+        self.applied.append(version)
+        if version == self._last:
+            self.reached_last.set()
+
+
+async def test_a_subscriber_slower_than_the_publisher_skips_to_the_newest_version(bus: Bus) -> None:
+    """Applying every announced version in turn fell ever further behind, until the objects being read had been
+    deleted (two versions are kept) and the loop stood still; the subscriber must catch up to the newest."""
+    transport = ObjectStoreTransport(bus, "weights_slow", keep_versions=2)
+    publisher = WeightPublisher(bus, "slow", transport)
+    engine = _SlowEngine(last=12)
+    subscriber = WeightSubscriber(bus, "slow", engine, {transport.name: transport})  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(subscriber.run)
+        for version in range(1, 13):  # 12 versions, one every 50 ms: six times faster than the engine swaps
+            await publisher.publish(version, _state(version))
+            await anyio.sleep(0.05)
+        with anyio.fail_after(10):
+            await engine.reached_last.wait()
+        tg.cancel_scope.cancel()
+    assert engine.applied == sorted(engine.applied) and engine.applied[-1] == 12
+    assert len(engine.applied) < 8, engine.applied  # intermediate versions were skipped
+    assert subscriber.rejected == 0, subscriber.last_error
