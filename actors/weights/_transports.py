@@ -7,7 +7,9 @@
   what SGLang and vLLM load from disk; on ``/dev/shm`` it is the shared-memory path. Each version is written to
   a hidden temporary directory and renamed into place, so a reader never sees a half-written version.
 
-Both keep the last ``keep_versions`` versions and delete older ones. The torch.distributed broadcast path lives
+Both keep the last ``keep_versions`` versions (default 4) and delete older ones: a learner publishing several
+versions a second must not delete the one a generator is still reading (the bus fails such a read after 10 s
+without data, and the generator moves on to the newest version, but those seconds are spent serving stale weights). The torch.distributed broadcast path lives
 in :mod:`actors.generator._weights_group` (it moves tensors peer to peer and needs no transport object).
 
 Non-goals: no compression, no partial (delta) updates, no authentication beyond the bus's own.
@@ -69,7 +71,7 @@ def _nbytes(state_dict: StateDict) -> int:
 class ObjectStoreTransport:
     name = "object-store"
 
-    def __init__(self, bus: Bus, bucket: str, *, keep_versions: int = 2) -> None:
+    def __init__(self, bus: Bus, bucket: str, *, keep_versions: int = 4) -> None:
         self._bus = bus
         self._bucket = bucket
         self._keep = keep_versions
@@ -103,7 +105,7 @@ class ObjectStoreTransport:
 class SafetensorsDirTransport:
     name = "disk"
 
-    def __init__(self, root: Path | str, *, keep_versions: int = 2,
+    def __init__(self, root: Path | str, *, keep_versions: int = 4,
                  extra_files: Mapping[str, bytes] | None = None) -> None:
         self.root = Path(root)
         self._keep = keep_versions

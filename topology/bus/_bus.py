@@ -257,8 +257,11 @@ class Bus:
         """Store a blob (chunked); returns ``(size, digest)`` — pass the digest to :meth:`object_get`."""
         return await self._stores.object_put(bucket, name, data)
 
-    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None) -> bytes:
-        return await self._stores.object_get(bucket, name, expect_digest=expect_digest)
+    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
+                         stall_s: float = 10.0) -> bytes:
+        """The object's bytes; ``BusError`` when it is missing, corrupted, replaced (``expect_digest``), or when no
+        chunk arrives for ``stall_s`` (deleted while being read)."""
+        return await self._stores.object_get(bucket, name, expect_digest=expect_digest, stall_s=stall_s)
 
     async def object_delete(self, bucket: str, name: str) -> bool:
         return await self._stores.object_delete(bucket, name)

@@ -11,6 +11,8 @@ Non-goals: typed values (callers encode), compare-and-set (use nats-py's ``KeyVa
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import nats.js.errors as js_errors
@@ -23,6 +25,7 @@ from ._errors import BusError
 __all__ = ["Stores"]
 
 _OBJECT_CHUNK = 1024 * 1024
+_STALL_S = 10.0  # an object read without a new chunk for this long has lost its object
 
 
 class Stores:
@@ -118,16 +121,28 @@ class Stores:
         info = await store.put(name, data, meta=meta)
         return int(info.size or 0), str(info.digest or "")
 
-    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None) -> bytes:
+    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
+                         stall_s: float = _STALL_S) -> bytes:
+        """The object's bytes. A read that receives no chunk for ``stall_s`` fails (``BusError``): nats-py waits
+        forever for the chunks of an object deleted while it is being read."""
         store = await self.objects(bucket)
         sink = _Sink()
+        # writeinto: nats-py otherwise grows one bytes object chunk by chunk (quadratic for large blobs)
+        reading = asyncio.ensure_future(store.get(name, writeinto=sink))  # type: ignore[arg-type]
         try:
-            # writeinto: nats-py otherwise grows one bytes object chunk by chunk (quadratic for large blobs)
-            result = await store.get(name, writeinto=sink)  # type: ignore[arg-type]
+            while not reading.done():
+                await asyncio.wait({reading}, timeout=min(stall_s, 1.0))
+                if not reading.done() and time.monotonic() - sink.last_write > stall_s:
+                    raise BusError(f"reading object {name!r} from {bucket!r} stalled: no data for {stall_s:g} s "
+                                   "(deleted while it was being read?)")
+            result = reading.result()
         except js_errors.ObjectNotFoundError:
             raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
         except js_errors.DigestMismatchError:
             raise BusError(f"object {name!r} in {bucket!r} does not match its digest (corrupted)") from None
+        finally:
+            if not reading.done():
+                reading.cancel()
         if expect_digest is not None and str(result.info.digest or "") != expect_digest:
             raise BusError(f"object {name!r} in {bucket!r} was replaced: digest {result.info.digest}, "
                            f"expected {expect_digest}")
@@ -148,9 +163,11 @@ class _Sink:
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
+        self.last_write = time.monotonic()  # progress, for the stall check (chunks are written from a thread)
 
     def write(self, data: bytes) -> int:
         self._parts.append(bytes(data))
+        self.last_write = time.monotonic()
         return len(data)
 
     def getvalue(self) -> bytes:

@@ -154,3 +154,28 @@ async def test_a_subscriber_slower_than_the_publisher_skips_to_the_newest_versio
     assert engine.applied == sorted(engine.applied) and engine.applied[-1] == 12
     assert len(engine.applied) < 8, engine.applied  # intermediate versions were skipped
     assert subscriber.rejected == 0, subscriber.last_error
+
+
+async def test_reading_an_object_deleted_mid_read_fails_instead_of_hanging(bus: Bus) -> None:
+    """nats-py waits forever for the remaining chunks of an object deleted while it is read; the bus gives up once
+    no chunk has come for ``stall_s`` (a lagging generator reading a version the learner just pruned)."""
+    from topology.bus import BusError
+
+    blob = bytes(range(256)) * (48 * 4096)  # 48 MiB: 48 chunks, a read that lasts well past the delete
+    await bus.object_put("weights_pruned", "v1", blob)
+    outcome: list[object] = []
+
+    async def read() -> None:
+        try:
+            outcome.append(len(await bus.object_get("weights_pruned", "v1", stall_s=1.0)))
+        except BusError as exc:
+            outcome.append(exc)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.sleep(0.05)  # the read has started
+            await bus.object_delete("weights_pruned", "v1")
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], BusError), outcome  # not the whole object, and not a hang
+    assert "stalled" in str(outcome[0]) or "not found" in str(outcome[0]), outcome
