@@ -1,13 +1,18 @@
-"""A Hugging Face model dir + a JSONL task + a spec, to run ``bench/learn.py --spec`` on users' own kind of setup.
+"""A warm-started Hugging Face model dir + a JSONL task + a spec: ``bench/learn.py --spec`` on users' kind of setup.
 
-    .venv/bin/python bench/make_hf_task.py /tmp/hf-task            # writes model/, train.jsonl, heldout.jsonl, spec.yaml
+    .venv/bin/python bench/make_hf_task.py /tmp/hf-task            # model/, init/, train/heldout JSONL, spec.yaml
     .venv/bin/python bench/learn.py --spec /tmp/hf-task/spec.yaml --variants async,sync
+    .venv/bin/python bench/trl_grpo.py /tmp/hf-task                 # the same model, task and reward under TRL
 
-The model is a randomly initialised GPT-2 of about 0.8M parameters (4 layers, width 128) with a character-level
+The model is a GPT-2 of about 0.8M parameters (4 layers, width 128) with a character-level
 ``PreTrainedTokenizerFast`` whose prompts start with ``<bos>``; the task is two-number addition, rows
-``{"prompt": "37+58=", "answer": "95"}``, with a separate held-out file. The spec warm-starts the model on the
-rows' answers, then trains it with the embedded default's actors and learner settings. Point ``policy.model`` and
-the domain's files at your own to compare with another trainer on the same warm-start model, task and reward.
+``{"prompt": "37+58=", "answer": "95"}``, with a separate held-out file. ``init/`` is the random initialisation;
+``model/`` is it after ``--warm-steps`` supervised steps on the training rows' answers (flywheel's own SFT step,
+warmup + cosine to ``--warm-lr``, dropout off), so every trainer compared starts from the same weights: the spec
+has ``warm_start.steps: 0``. Measured here: 1,250 of a 2,000-step schedule (the default) leave ~38 % greedy /
+~22 % sampled held-out accuracy — room for RL to climb; the full 2,000 reach ~81 % / ~69 %; 2-digit addition is
+learnt abruptly between steps 1,000 and 1,500. Point ``policy.model`` and the domain's files at your own to
+compare with another trainer on your warm-start model, task and reward.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ name: hf-addition
 bus: {{embedded: true}}
 runtime: {{kind: local, run_dir: runs}}
 policy:
-  model: hf:model
-  warm_start: {{steps: {warm_steps}, lr: 2.0e-3, batch_size: 32}}
+  model: hf:model           # already warm-started by make_hf_task.py (the same weights any other trainer gets)
+  warm_start: {{steps: 0}}
 domains:
   addition:
     source: jsonl:train.jsonl
@@ -49,9 +54,11 @@ actors:
     batch_size: 64
     max_staleness: 4
     publish_every_steps: 2
-    checkpoint_every_steps: 20
-    eval_every_steps: 20
+    checkpoint_every_steps: 100
+    eval_every_steps: 60       # ~10 s: held-out rounds are generation the training does not get
     eval_size: 200
+    eval_temperature: 1.0      # sampled, as bench/trl_grpo.py also reports it (and greedy)
+    eval_samples: 2
 """
 
 
@@ -68,25 +75,65 @@ def rows(rng: random.Random, n: int, digits: int) -> list[dict[str, str]]:
     return out
 
 
+def warm_start_model(init: Path, out: Path, rows: list[dict[str, str]], *, steps: int, stop_at: int, lr: float,
+                     seed: int = 0) -> float:
+    """``stop_at`` steps of a ``steps``-step SFT schedule on ``rows``; saves the model (HF layout) to ``out``."""
+    import shutil
+
+    import torch
+
+    from actors.learner import PPOConfig, Trainer
+    from actors.learner._warmstart import lr_at
+    from actors.policy import Policy
+
+    policy = Policy.from_spec({"model": f"hf:{init}"})
+    trainer = Trainer(policy, lr=lr, ppo=PPOConfig(), grad_clip=1.0)
+    optimizer = torch.optim.AdamW(trainer.params, lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    loss = float("nan")
+    for step in range(1, stop_at + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr)
+        loss = trainer.sft_step(optimizer, [(r["prompt"], r["answer"]) for r in rng.sample(rows, 32)])
+        if step % 250 == 0 or step == stop_at:
+            print(f"  warm start {step}/{stop_at}: loss {loss:.3f}", flush=True)
+    policy.weights.save_pretrained(str(out))
+    for tokenizer_file in init.glob("*token*"):
+        shutil.copy(tokenizer_file, out / tokenizer_file.name)
+    return loss
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--train", type=int, default=5000)
     parser.add_argument("--heldout", type=int, default=200)
-    parser.add_argument("--warm-steps", type=int, default=300)
+    parser.add_argument("--warm-steps", type=int, default=1250, help="supervised steps taken (0: model/ = init/)")
+    parser.add_argument("--warm-schedule", type=int, default=2000, help="length of the lr schedule they follow")
+    parser.add_argument("--warm-lr", type=float, default=3e-3)
     args = parser.parse_args()
+
+    import torch
 
     from actors.policy._testing import write_tiny_hf_model
 
+    torch.set_num_threads(2)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    write_tiny_hf_model(out / "model", n_layer=4, n_embd=128, n_head=4, max_positions=64, bos=True)
+    write_tiny_hf_model(out / "init", n_layer=4, n_embd=128, n_head=4, max_positions=64, bos=True)
     every = rows(random.Random(0), args.train + args.heldout, args.digits)
-    for name, part in (("train.jsonl", every[: args.train]), ("heldout.jsonl", every[args.train:])):
+    train, heldout = every[: args.train], every[args.train:]
+    for name, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
-    (out / "spec.yaml").write_text(SPEC.format(warm_steps=args.warm_steps))
-    print(f"wrote {out}/model, train.jsonl ({args.train} rows), heldout.jsonl ({args.heldout}), spec.yaml")
+    if args.warm_steps > 0:
+        warm_start_model(out / "init", out / "model", train, steps=max(args.warm_schedule, args.warm_steps),
+                         stop_at=args.warm_steps, lr=args.warm_lr)
+    else:
+        write_tiny_hf_model(out / "model", n_layer=4, n_embd=128, n_head=4, max_positions=64, bos=True)
+    (out / "spec.yaml").write_text(SPEC.format())
+    print(f"wrote {out}/model (warm start: {args.warm_steps} steps), init/, train.jsonl ({args.train} rows), "
+          f"heldout.jsonl ({args.heldout}), spec.yaml")
 
 
 if __name__ == "__main__":
