@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument("--eval-every-s", type=float, default=15.0)
     parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     try:
