@@ -7,9 +7,10 @@
   what SGLang and vLLM load from disk; on ``/dev/shm`` it is the shared-memory path. Each version is written to
   a hidden temporary directory and renamed into place, so a reader never sees a half-written version.
 
-Both keep the last ``keep_versions`` versions (default 4) and delete older ones: a learner publishing several
-versions a second must not delete the one a generator is still reading (the bus fails such a read after 10 s
-without data, and the generator moves on to the newest version, but those seconds are spent serving stale weights). The torch.distributed broadcast path lives
+Both keep the last ``keep_versions`` versions and delete older ones: 4 in the object store — a learner publishing
+several versions a second must not delete the one a generator is still reading (the bus fails such a read after
+10 s without data and the generator moves on to the newest version, but those seconds serve stale weights) — and 2
+on disk (full model copies; a read of a pruned directory fails at once and the next version is taken). The torch.distributed broadcast path lives
 in :mod:`actors.generator._weights_group` (it moves tensors peer to peer and needs no transport object).
 
 Non-goals: no compression, no partial (delta) updates, no authentication beyond the bus's own.
@@ -105,7 +106,7 @@ class ObjectStoreTransport:
 class SafetensorsDirTransport:
     name = "disk"
 
-    def __init__(self, root: Path | str, *, keep_versions: int = 4,
+    def __init__(self, root: Path | str, *, keep_versions: int = 2,
                  extra_files: Mapping[str, bytes] | None = None) -> None:
         self.root = Path(root)
         self._keep = keep_versions
