@@ -3,8 +3,8 @@
 Contract:
 - Packing (supervised step, :func:`pack`): each completion becomes one row ``prompt_ids + token_ids``, left-padded
   to the batch's longest row; the RL step packs whole groups with the prompt computed once per group
-  (:mod:`actors.learner._prefix`, the same numbers). Positions come from the attention mask (``Policy.token_logprobs``), so a row scores exactly the tokens the
-  generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
+  (:mod:`actors.learner._prefix`, the same numbers). Positions come from the attention mask
+  (``Policy.token_logprobs``), so a row scores exactly the tokens the generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
   at the right end; the loss mask covers exactly them.
 - RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
   on the decoupled PPO loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when
@@ -105,20 +105,6 @@ def pack(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | No
     )
 
 
-def _logprobs(policy: Policy, ids: torch.Tensor, attn: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-    """``Policy.token_logprobs`` with a per-row temperature (one forward per distinct temperature)."""
-    values = sorted({float(t) for t in temps.tolist()})
-    if len(values) == 1:
-        return policy.token_logprobs(ids, attn, temperature=values[0])
-    parts, order = [], []
-    for value in values:
-        index = (temps == value).nonzero().flatten()
-        parts.append(policy.token_logprobs(ids[index.to(ids.device)], attn[index.to(ids.device)], temperature=value))
-        order.append(index)
-    inverse = torch.argsort(torch.cat(order)).to(ids.device)
-    return torch.cat(parts)[inverse]
-
-
 class Trainer:
     """Owns the RL optimizer (and the frozen reference when KL is on) for one policy."""
 
@@ -150,8 +136,8 @@ class Trainer:
 
         Each minibatch is packed in length buckets of whole groups, each group's prompt computed once for all its
         rows (:mod:`actors.learner._prefix`): short arithmetic rows are not padded to the longest extraction row,
-        and 8 completions of a prompt do not pay for it 8 times; each bucket's loss is weighted by its share of the minibatch's tokens (or
-        completions, for seq-mean), so the gradient equals the whole minibatch's. When the batch makes a single
+        and 8 completions of a prompt do not pay for it 8 times; each bucket's loss is weighted by its share of
+        the minibatch's tokens (or completions, for seq-mean), so the gradient equals the whole minibatch's. When the batch makes a single
         update (``ppo_epochs = minibatches = 1``) the proximal policy *is* the current one: its logprobs are the
         detached forward of the update itself (one forward pass instead of two).
         """

@@ -62,19 +62,29 @@ def test_empty_batch_is_a_no_op_without_nan() -> None:
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
 
 
+def row_logprobs(policy: Policy, ids: torch.Tensor, attn: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """Reference: ``Policy.token_logprobs`` of whole left-padded rows, one forward per distinct temperature."""
+    out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+    for value in {float(t) for t in temps.tolist()}:
+        index = (temps == value).nonzero().flatten()
+        out = out.index_copy(0, index, policy.token_logprobs(ids[index], attn[index], temperature=value))
+    return out
+
+
 def test_rows_with_different_temperatures_score_like_alone() -> None:
+    from actors.learner._prefix import pack_shared, shared_logprobs
+
     policy = tiny()
     tok = policy.tokenizer
     a = (encode_prompt(tok, "1+1="), encode_completion(tok, "2"))
     b = (encode_prompt(tok, "10+10="), encode_completion(tok, "20"))
-    from actors.learner._trainer import _logprobs, pack
-
-    packed = pack([(a[0], a[1], None, 0.0, 1.0), (b[0], b[1], None, 0.0, 0.5)], tok.pad_id, policy.device)
+    packed = pack_shared([(a[0], a[1], None, 0.0, 1.0), (b[0], b[1], None, 0.0, 0.5)], tok.pad_id, policy.device)
     with torch.no_grad():
-        both = _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
-        alone = policy.token_logprobs(torch.tensor([b[0] + b[1]]), temperature=0.5)
-    n = len(b[1])
-    assert torch.allclose(both[1, -n:], alone[0, -n:], atol=1e-5)
+        both = shared_logprobs(policy, packed)
+        for row, (prompt, completion), temperature in ((0, a, 1.0), (1, b, 0.5)):
+            alone = policy.token_logprobs(torch.tensor([prompt + completion]), temperature=temperature)
+            n = len(completion)
+            assert torch.allclose(both[row, :n], alone[0, -n:], atol=1e-5)
 
 
 def _mixed_length_samples(policy: Policy, group: int = 1) -> list[TrainSample]:
@@ -101,7 +111,7 @@ def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str, grou
     """Length buckets and shared prompts are a speed-up only: the gradient is the whole batch's (token mean, or mean
     over completions of each one's token mean), as if every row were packed whole in one padded batch."""
     from actors.learner._loss import decoupled_ppo_loss
-    from actors.learner._trainer import _logprobs, pack
+    from actors.learner._trainer import pack
 
     if model == "hf":
         from actors.policy._testing import write_tiny_hf_model
@@ -120,7 +130,7 @@ def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str, grou
     packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
                   policy.tokenizer.pad_id, policy.device)
     policy.module.zero_grad(set_to_none=True)
-    current = _logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
+    current = row_logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
     loss, _ = decoupled_ppo_loss(current, current.detach(), packed.behavior, packed.advantages, packed.loss_mask, config)
     loss.backward()
     whole = [p.grad.clone() for p in trainer.params if p.grad is not None]
