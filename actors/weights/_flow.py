@@ -103,7 +103,7 @@ class WeightSubscriber:
         Announcements arriving while a swap is under way overwrite each other: the next swap takes the newest and
         the ones in between are skipped. Applying each in turn let a generator whose swap is slower than the
         learner's publishing fall further and further behind — until the objects it was reading had been deleted
-        (the transport keeps two versions) and the read never finished, while the learner, seeing only stale
+        (the object store then kept two versions) and the read never finished, while the learner, seeing only stale
         samples, stopped publishing: the loop stood still.
         """
         newest: list[bytes] = []

@@ -37,7 +37,7 @@ from nats.js import api
 from ._consumer import ChannelConsumer
 from ._envelope import Envelope, encode
 from ._errors import BusError
-from ._kv import Stores
+from ._kv import STALL_S, Stores
 from ._settings import DEADLETTER, BusSettings, consumer_name, stream_name, subject
 from ._stats import BusStats
 
@@ -258,7 +258,7 @@ class Bus:
         return await self._stores.object_put(bucket, name, data)
 
     async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
-                         stall_s: float = 10.0) -> bytes:
+                         stall_s: float = STALL_S) -> bytes:
         """The object's bytes; ``BusError`` when it is missing, corrupted, replaced (``expect_digest``), or when no
         chunk arrives for ``stall_s`` (deleted while being read)."""
         return await self._stores.object_get(bucket, name, expect_digest=expect_digest, stall_s=stall_s)

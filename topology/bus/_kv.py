@@ -25,7 +25,7 @@ from ._errors import BusError
 __all__ = ["Stores"]
 
 _OBJECT_CHUNK = 1024 * 1024
-_STALL_S = 10.0  # an object read without a new chunk for this long has lost its object
+STALL_S = 10.0  # an object read without a new chunk for this long has lost its object
 
 
 class Stores:
@@ -122,7 +122,7 @@ class Stores:
         return int(info.size or 0), str(info.digest or "")
 
     async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
-                         stall_s: float = _STALL_S) -> bytes:
+                         stall_s: float = STALL_S) -> bytes:
         """The object's bytes. A read that receives no chunk for ``stall_s`` fails (``BusError``): nats-py waits
         forever for the chunks of an object deleted while it is being read."""
         store = await self.objects(bucket)
