@@ -289,3 +289,28 @@ def test_a_group_of_identical_prompts_is_prefilled_once_with_the_same_results(po
         alone = run(lambda r=request: generate(policy, [r]))[0]  # type: ignore[misc]
         assert completion.token_ids == alone.token_ids
         assert completion.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_several_steps_per_thread_hop_sample_what_one_step_per_hop_does(policy: Policy) -> None:
+    params = [SamplingParams(max_new_tokens=n, temperature=1.0, seed=i, ignore_eos=True) for i, n in
+              enumerate((3, 12, 7, 12, 5, 9))]
+    reqs = [GenerationRequest(f"m{i}", tuple(policy.tokenizer.encode(PROMPTS[i % 4])), p) for i, p in enumerate(params)]
+    # max_batch_size 2: rows finish and joiners wait inside a multi-step hop, which must end so they get in
+    engines = {n: TorchEngine(policy, max_batch_size=2, steps_per_call=n) for n in (1, 8)}
+
+    async def both() -> dict[int, list[Completion]]:
+        try:
+            return {n: await engine.generate(reqs) for n, engine in engines.items()}
+        finally:
+            for engine in engines.values():
+                await engine.close()
+
+    out = run(both)
+    for one, many in zip(out[1], out[8], strict=True):
+        assert many.token_ids == one.token_ids and many.finish_reason == one.finish_reason == "length"
+        assert many.logprobs == pytest.approx(one.logprobs, abs=1e-5)
+    assert engines[1].stats()["steps_per_call"] == 1.0
+    assert engines[8].stats()["steps_per_call"] > 1.5
+    assert engines[8].stats()["steps"] == engines[1].stats()["steps"]  # the same steps, fewer hops
+    with pytest.raises(ValueError, match="steps_per_call"):
+        TorchEngine(policy, steps_per_call=0)
