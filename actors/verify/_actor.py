@@ -6,7 +6,11 @@ then the rollout is acked. Scoring never raises: a verifier failure is an ``inte
 reward 0, so one bad completion cannot stall the channel. Up to ``max_in_flight`` rollouts are verified at
 once; the sandbox pool's own bounded queue provides the backpressure beyond that.
 
-Non-goals: no caching of verdicts across identical completions, no verifier hot reload.
+The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
+``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved.
+
+Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
+task), no verifier hot reload.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class VerifyActor(Actor[VerifyConfig]):
         if self._pool is not None:
             stats = self._pool.statistics()
             counters["sandbox_queue"] = float(getattr(stats, "queued", 0))
+        if self._scorer is not None:
+            counters.update({key: float(value) for key, value in self._scorer.memo_stats().items()})
         return counters
 
     async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter) -> None:

@@ -36,6 +36,15 @@ class Scorer:
             except VerifierError as exc:
                 raise VerifierError(f"domain {name!r}: {exc}") from None
 
+    def memo_stats(self) -> dict[str, int]:
+        """Sandbox jobs run and expressions answered from a verifier's memo, per domain that has one."""
+        out: dict[str, int] = {}
+        for name, verifier in self._verifiers.items():
+            if hasattr(verifier, "memo_hits"):
+                out[f"sandbox_runs.{name}"] = int(getattr(verifier, "sandbox_runs", 0))
+                out[f"memo_hits.{name}"] = int(verifier.memo_hits)
+        return out
+
     async def score(self, domain: str, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         verifier = self._verifiers.get(domain)
         if verifier is None:

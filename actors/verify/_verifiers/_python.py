@@ -8,6 +8,13 @@ python-expr: the completion (stripped; first line) must ``re.fullmatch`` the tas
 evaluated in the sandbox as an expression, be an exact builtin literal whose value equals ``target``
 (numbers within ``rel_tol``/``abs_tol``, bools are not numbers, containers element-wise). The value is
 compared here, outside the sandbox, so an object with a lying ``__eq__`` or ``__repr__`` earns nothing.
+Expressions are taken to be pure: the sandbox's answer for an expression (a value, or the exception it raised) is
+remembered (the last ``memo_size`` distinct expressions, per verifier) and reused for the same text; calls made
+while a run of the same text is under way share that run's answer, whatever it is. A group of samples often repeats an expression and a policy that has learnt
+a task repeats it across prompts; each sandbox job is a fork of the warm worker, so this removes most of the
+verify actor's CPU in the embedded default. Limits hit (timeout, memory, output) and crashes are never
+remembered: a later call runs again. An expression whose value is not a function of its text (``id([])``, a clock, a
+random draw) keeps its first value — a non-goal: targets are fixed literals.
 """
 
 from __future__ import annotations
@@ -16,11 +23,14 @@ import ast
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+
 from .._pool import SandboxPool
-from .._verdict import Verdict
+from .._verdict import SandboxResult, Verdict
 from ._base import VerifierError, VerifyResult
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -69,9 +79,45 @@ class PythonExprVerifier:
     name = "python-expr"
 
     def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, rel_tol: float = 1e-9,
-                 abs_tol: float = 1e-9, max_chars: int = 2000) -> None:  # fmt: skip
+                 abs_tol: float = 1e-9, max_chars: int = 2000, memo_size: int = 4096) -> None:  # fmt: skip
         self.pool, self.timeout_s = pool, timeout_s
         self.rel_tol, self.abs_tol, self.max_chars = rel_tol, abs_tol, max_chars
+        self.memo_size = memo_size
+        self._memo: OrderedDict[str, SandboxResult] = OrderedDict()
+        self._running: dict[str, tuple[anyio.Event, list[SandboxResult]]] = {}  # jobs under way, by text
+        self.sandbox_runs = 0  # jobs sent to the sandbox
+        self.memo_hits = 0  # expressions answered from the memo (or by a job already under way)
+
+    async def evaluate(self, expr: str) -> SandboxResult:
+        """The sandbox's verdict on ``expr`` (mode ``expr``), from the memo when it holds one, or shared with a
+        run of the same text already under way."""
+        known = self._memo.get(expr)
+        if known is not None:
+            self._memo.move_to_end(expr)
+            self.memo_hits += 1
+            return known
+        running = self._running.get(expr)
+        if running is not None:
+            done, answer = running
+            await done.wait()
+            if answer:
+                self.memo_hits += 1
+                return answer[0]
+        done, answer = anyio.Event(), []
+        self._running[expr] = (done, answer)
+        try:
+            self.sandbox_runs += 1
+            result = await self.pool.run(expr, mode="expr", timeout_s=self.timeout_s)
+            answer.append(result)
+            if result.verdict in (Verdict.PASS, Verdict.FAIL) and self.memo_size > 0:
+                self._memo[expr] = result
+                if len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+            return result
+        finally:
+            if self._running.get(expr) == (done, answer):
+                del self._running[expr]
+            done.set()
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
@@ -86,7 +132,7 @@ class PythonExprVerifier:
             return VerifyResult(
                 0.0, "fail", "expression does not match the required pattern", time.monotonic() - started
             )
-        result = await self.pool.run(expr, mode="expr", timeout_s=self.timeout_s)
+        result = await self.evaluate(expr)
         if result.verdict is not Verdict.PASS or result.value is None:
             return VerifyResult(0.0, str(result.verdict), result.detail, result.elapsed_s)
         try:

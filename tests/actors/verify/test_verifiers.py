@@ -113,6 +113,28 @@ def test_python_expr_rejects_lying_objects(sandbox: PoolRunner) -> None:
     assert result.reward == 0.0 and result.verdict == "fail", result
 
 
+def test_python_expr_runs_each_expression_once_and_never_remembers_a_limit(sandbox: PoolRunner) -> None:
+    v = build_verifier("python-expr", pool=sandbox.pool, config={"timeout_s": 0.5, "memo_size": 2})
+    task: dict[str, Any] = {"target": 17}
+
+    async def group(texts: list[str]) -> list[Any]:  # a rollout's completions are scored concurrently
+        return list(await asyncio.gather(*(v.verify(t, task) for t in texts)))
+
+    results = sandbox.call(group(["3*5+2", "3*5+2", " 3*5+2", "1/0", "3*5+2", "1/0"]))
+    assert [r.reward for r in results] == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    assert all("ZeroDivisionError" in r.detail for r in results if r.reward == 0.0), results
+    assert (v.sandbox_runs, v.memo_hits) == (2, 4)  # one job per distinct expression, also while it runs
+    assert sandbox.call(v.verify("3*5+2", {"target": 18})).reward == 0.0  # the value is remembered, not the verdict
+    hang = "any(iter(int, 1))"  # loops until the time limit, using no memory
+    assert [r.verdict for r in sandbox.call(group([hang, hang]))] == ["timeout", "timeout"]
+    assert v.sandbox_runs == 3  # the second shared the first's run...
+    assert sandbox.call(v.verify(hang, task)).verdict == "timeout" and v.sandbox_runs == 4  # ...but it is not kept
+    sandbox.call(v.verify("2+2", task))
+    sandbox.call(v.verify("5", task))  # memo_size 2: "3*5+2" is the least recently used and goes
+    assert sandbox.call(v.verify("3*5+2", task)).reward == 1.0 and v.sandbox_runs == 7
+    sandbox.still_serves()
+
+
 def test_python_tests_verifier_uses_fenced_code(sandbox: PoolRunner) -> None:
     v = build_verifier("python-tests", pool=sandbox.pool)
     text = "Sure:\n```python\ndef sq(x):\n    return x * x\n```\n"
