@@ -12,10 +12,9 @@ Each variant is a temporary spec that ``include:``s the original and overrides t
 (``ray_init={"num_cpus": 2}``), and the Ray runtime's overhead on the same work is printed). From each
 run's ``metrics/*.parquet``: held-out accuracy per domain (decoded as the spec's learner says: greedy, or sampled
 with ``eval_temperature``/``eval_samples``) over wall-clock (eval rows), samples/s trained
-(step rows), the training rollouts' accuracy per domain when RL starts and when it ends (the learner's running
-accuracy over a domain's last 100 groups — the same task distribution as the held-out split, ~4x the completions
-of a held-out round, so less noisy, though it lags the policy by the window) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and verifies a batch
-(``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
+(step rows), the training rollouts' accuracy per domain when RL starts and when it ends (see
+``rollout_accuracy``) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and
+verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
 
@@ -46,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 
-ROLLOUT_WINDOW = 100  # groups: the learner's running accuracy window (actors/learner/_actor.py _REWARD_WINDOW)
 _STYLES = {"async": "-", "sync": ":", "nonorm": "--"}
 _QUICK = {"policy": {"warm_start": {"steps": 60}},
           "actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
@@ -156,8 +155,9 @@ def rollout_accuracy(steps: Any, applied: Any) -> dict[str, dict[str, float]]:
     """Accuracy of the training rollouts per domain, at the start and at the end of RL: the learner's running
     accuracy over the domain's last ``ROLLOUT_WINDOW`` groups (every group counts, zero-signal ones too), read at
     the first step whose window is full and at the last step. Training and held-out tasks come from one
-    distribution, so this estimates the same quantity as the sampled held-out rounds with ~4x their completions
-    (800 at group size 8: ±1.5 points instead of ±3); it lags the policy by the window (~15-40 s of RL)."""
+    distribution, so this estimates the same quantity as a sampled held-out round from 4x its completions (800 at
+    group size 8; a group's completions share a prompt, so the noise falls by less than 2x); it lags the policy by
+    the window (~15-40 s of RL)."""
     if not len(applied) or "step" not in applied.columns:
         return {}
     groups: dict[str, dict[int, int]] = {}
