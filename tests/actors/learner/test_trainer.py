@@ -168,3 +168,48 @@ def test_dropout_of_a_hugging_face_model_stays_off_in_training(tmp_path: Path) -
     assert all(abs(s.iw_mean - 1.0) < 1e-5 and s.iw_max < 1.0 + 1e-5 for s in stats), stats
     losses = [trainer.sft_step(trainer.optimizer, [("2+2=", "4")]) for _ in range(3)]
     assert max(losses) - min(losses) < 1e-6 and not any(m.training for m in policy.module.modules())
+
+
+def test_two_epochs_take_the_proximal_logprobs_from_the_first_forward() -> None:
+    """ppo_epochs: 2 runs 2 forwards per bucket, not 3, and lands on the weights of the textbook step: proximal
+    logprobs from a no-grad pass before any update, then two updates of the whole batch against them."""
+    import copy
+    import dataclasses
+
+    from actors.learner._loss import decoupled_ppo_loss
+    from actors.learner._trainer import pack
+
+    policy = tiny()
+    samples = [dataclasses.replace(s, behavior_logprobs=[b - 0.3 for b in s.behavior_logprobs]) if i % 3 else s
+               for i, s in enumerate(_mixed_length_samples(policy, group=2))]  # some off-policy: iw ≠ 1
+    textbook = copy.deepcopy(policy)
+    config = PPOConfig(clip_low=0.05, clip_high=0.05)  # tight: the second epoch's ratios get clipped, proximal errors would show
+
+    trainer = Trainer(policy, lr=3e-3, ppo=config, grad_clip=1e9, ppo_epochs=2)
+    calls = 0
+    forward = trainer._logprobs
+
+    def counted(p: Policy, packed: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return forward(p, packed)  # type: ignore[arg-type]
+
+    trainer._logprobs = counted  # type: ignore[method-assign]
+    stats = trainer.rl_step(samples)
+    assert calls == 2 * len(trainer._packed_buckets(samples))
+    assert stats.clipped_frac > 0
+
+    packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
+                  textbook.tokenizer.pad_id, textbook.device)
+    params = [p for p in textbook.weights.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0)
+    with torch.no_grad():
+        proximal = row_logprobs(textbook, packed.input_ids, packed.attention_mask, packed.temperatures)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        current = row_logprobs(textbook, packed.input_ids, packed.attention_mask, packed.temperatures)
+        loss, _ = decoupled_ppo_loss(current, proximal, packed.behavior, packed.advantages, packed.loss_mask, config)
+        loss.backward()
+        optimizer.step()
+    for (name, a), b in zip(policy.state_dict().items(), textbook.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=2e-5), name
