@@ -106,6 +106,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
         self._channel_out = "prompts" if "prompts" in ctx.spec.actors[ctx.actor].publishes else None
+        self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -208,6 +209,7 @@ class LearnerActor(Actor[LearnerConfig]):
         held = _Held(delivery, msg, len(msg.completions))
         self._held[mid] = held
         self.batcher.add(msg.domain, held, held.size)
+        self._arrived.set()
 
     def _group_staleness(self, msg: ScoredMsg) -> int:
         return staleness(self.version, [v for c in msg.completions for v in c.versions])
@@ -244,10 +246,14 @@ class LearnerActor(Actor[LearnerConfig]):
     async def _train_loop(self) -> None:
         while not self.ctx.stopping.is_set():
             if not self.batcher.ready():
+                # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
+                # time, stop requests)
                 with anyio.move_on_after(0.05):
-                    await self.ctx.stopping.wait()
+                    await self._arrived.wait()
+                self._arrived = anyio.Event()
                 continue
             await self.train_once()
+            self.ctx.report_soon()  # buffered_groups fell by a batch: a source steering by max_in_flight reads it
 
     async def train_once(self) -> StepStats | None:
         """Take one batch from the buffer and apply it (one RL step); None when nothing was trainable."""

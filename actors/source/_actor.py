@@ -54,8 +54,9 @@ from ._domains import DomainSampler, domains_from_spec
 __all__ = ["SourceActor"]
 
 _BATCH = 32  # most prompts per publish_many call
-_POLL_S = 0.2  # how often a blocked source looks downstream again (each look costs JetStream API calls; a
-#   learner takes a batch every ~0.5 s here, and max_in_flight holds several batches, so 0.2 s never starves it)
+_POLL_S = 0.05  # how often a blocked source looks downstream again (each look costs a few JetStream API calls,
+#   ~1 ms): the embedded default's learner takes a batch every ~0.15-0.2 s, so a 0.2 s look left the generators a
+#   batch short at times
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import structlog
 
+from topology.runtime._status import BeatRequests
+
 if TYPE_CHECKING:
     from topology._spec import Spec
     from topology.bus import Bus
@@ -84,12 +86,19 @@ class ActorContext:
     log: structlog.typing.FilteringBoundLogger = field(default=None)  # type: ignore[assignment]
     counters: Counters = field(default_factory=Counters)
     stopping: anyio.Event = field(default_factory=anyio.Event)
+    beats: BeatRequests = field(default_factory=BeatRequests)
 
     def __post_init__(self) -> None:
         if self.log is None:
             self.log = structlog.get_logger("flywheel").bind(
                 topology=self.topology, actor=self.actor, replica=self.replica
             )
+
+    def report_soon(self) -> None:
+        """Put this replica's status record (state and counters) now instead of at the next heartbeat — at most
+        every ``MIN_BEAT_S``. For counters other actors steer by: the learner's ``buffered_groups``, which a source
+        with ``max_in_flight`` reads, changes by a whole batch per step, many steps per heartbeat."""
+        self.beats.request()
 
     @property
     def state_dir(self) -> Path:

@@ -1,7 +1,9 @@
 """Heartbeats: each replica's state and counters in a JetStream KV bucket, and reading them back.
 
 Contract: every ``runtime.heartbeat_s`` a replica puts ``{state, pid, restarts, started_at, ts, counters, …}``
-(orjson) under key ``<actor>.<replica>`` of bucket ``fw_<topology>_status``; the supervisor writes the same
+(orjson) under key ``<actor>.<replica>`` of bucket ``fw_<topology>_status`` — sooner when the actor asks with
+``ActorContext.report_soon()`` (for counters other actors steer by, such as the learner's buffered groups that a
+source's ``max_in_flight`` reads), but never more often than every :data:`MIN_BEAT_S`; the supervisor writes the same
 record with state ``restarting`` / ``failed`` while a replica is down. ``flywheel status`` reads the bucket;
 a record older than :data:`STALE_AFTER_BEATS` heartbeats is *stale* (its writer is gone or wedged).
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from topology.bus import Bus
 
 STALE_AFTER_BEATS = 3.0
+MIN_BEAT_S = 0.05  # report_soon() puts at most this often (a put is one KV round trip)
 
 _log = structlog.get_logger("flywheel.runtime")
 
@@ -85,16 +88,40 @@ async def put_status(bus: Bus, topology: str, status: ReplicaStatus) -> None:
     await bus.kv_put(status_bucket(topology), status_key(status.actor, status.replica), status.encode())
 
 
+class BeatRequests:
+    """Requests for an early heartbeat: :meth:`request` from the replica's event loop, the loop :meth:`wait` s."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def request(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until a request comes in or ``timeout_s`` has passed; requests made before the call count."""
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+
 async def heartbeat_loop(
-    bus: Bus, topology: str, current: Callable[[], ReplicaStatus], interval_s: float
+    bus: Bus, topology: str, current: Callable[[], ReplicaStatus], interval_s: float,
+    requests: BeatRequests | None = None,
 ) -> None:
-    """Put ``current()`` every ``interval_s`` until cancelled. A bus hiccup is logged, never fatal."""
+    """Put ``current()`` every ``interval_s`` — or after an early ``requests`` one, at least :data:`MIN_BEAT_S`
+    after the last put — until cancelled. A bus hiccup is logged, never fatal."""
     while True:
         try:
             await put_status(bus, topology, current())
         except Exception as exc:  # the actor must outlive a slow or restarting bus
             _log.warning("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
-        await anyio.sleep(interval_s)
+        if requests is None:
+            await anyio.sleep(interval_s)
+        else:
+            floor = min(MIN_BEAT_S, interval_s)
+            await anyio.sleep(floor)
+            await requests.wait(interval_s - floor)
 
 
 async def read_status(bus: Bus, topology: str, replicas: Iterable[tuple[str, int]]) -> list[ReplicaStatus]:
