@@ -148,13 +148,13 @@ class Trainer:
         rows = torch.arange(len(samples))
         minibatches = [self._packed_buckets([samples[int(i)] for i in chunk])
                        for chunk in torch.chunk(rows, self.minibatches) if len(chunk)]
-        with_ref = self.reference is not None and self.ppo.kl_coef > 0
+        ref_policy = self.reference if self.ppo.kl_coef > 0 else None
         with torch.no_grad():  # proximal logprobs of the later minibatches (the first's come from its forward), reference
             proximal: list[list[torch.Tensor | None]] = [
                 [None if m == 0 else self._logprobs(self.policy, packed) for packed in buckets]
                 for m, buckets in enumerate(minibatches)]
-            reference = [[self._logprobs(self.reference, packed) if with_ref and self.reference is not None else None
-                          for packed in buckets] for buckets in minibatches]
+            reference = [[None if ref_policy is None else self._logprobs(ref_policy, packed) for packed in buckets]
+                         for buckets in minibatches]
         totals: dict[str, float] = dict.fromkeys(("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio"), 0.0)
         tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
         for _ in range(self.ppo_epochs):
