@@ -1,0 +1,49 @@
+"""bench/vs_trl.py: the speedup arithmetic, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.vs_trl import compare, final_mean, smooth, time_to_reach
+
+
+def test_smooth_is_a_centred_three_point_mean_that_keeps_the_times() -> None:
+    smoothed = smooth([(0, 0.3), (10, 0.6), (20, 0.3), (30, 0.9)])
+    assert [t for t, _ in smoothed] == [0, 10, 20, 30]
+    assert [a for _, a in smoothed] == pytest.approx([0.45, 0.4, 0.6, 0.6])
+
+
+def test_time_to_reach_interpolates_between_rounds_and_says_never() -> None:
+    curve = [(0.0, 0.4), (10.0, 0.5), (20.0, 0.7)]
+    assert time_to_reach(curve, 0.6) == pytest.approx(15.0)
+    assert time_to_reach(curve, 0.3) == 0.0
+    assert time_to_reach(curve, 0.71) is None
+
+
+def test_final_mean_takes_the_last_rounds_within_the_common_time() -> None:
+    curve = [(0.0, 0.1), (10.0, 0.2), (20.0, 0.3), (30.0, 0.4), (40.0, 0.9)]
+    assert final_mean(curve, until=30.0) == pytest.approx(0.3)
+    assert math.isnan(final_mean(curve, until=-1.0))
+
+
+def test_a_curve_three_times_faster_gives_a_3x_speedup() -> None:
+    # TRL climbs 1 point per 3 s, flywheel the same points 3x sooner: every target is reached at a third of the time
+    trl = [(float(t), 0.40 + t / 300) for t in range(0, 181, 15)]
+    flywheel = [(float(t), 0.40 + t / 100) for t in range(0, 121, 10)]
+    result = compare(flywheel, trl)
+    assert result["median_speedup"] == pytest.approx(3.0)
+    assert result["min_speedup"] == pytest.approx(3.0)
+    assert result["not_reached"] == 0
+    assert result["common_s"] == 120.0
+    assert result["final_flywheel"] > result["final_trl"]
+
+
+def test_targets_beyond_the_flywheel_run_are_counted_as_not_reached() -> None:
+    trl = [(0.0, 0.4), (15.0, 0.5), (30.0, 0.6), (45.0, 0.7)]
+    flywheel = [(0.0, 0.4), (10.0, 0.5), (20.0, 0.6)]  # smoothed: 0.45, 0.5, 0.55; TRL's: 0.45, 0.5, 0.6, 0.65
+    result = compare(flywheel, trl)
+    assert result["rows"][0]["speedup"] == pytest.approx(1.5)
+    assert result["not_reached"] == 2
+    assert [r["flywheel_s"] is None for r in result["rows"]] == [False, True, True]
