@@ -30,6 +30,7 @@ _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
 _SAFE = re.compile(r"^[0-9a-z+\-*/^(). ]{1,80}$")
 _FUNCS = {"sqrt", "pi", "exp", "log", "sin", "cos", "tan"}
 _MAX_SYMPY_S = 2.0
+_INLINE_CHARS = 200  # answers up to this long are compared on the event loop (regexes and a Fraction: microseconds)
 
 
 def _boxed(text: str) -> str | None:
@@ -131,14 +132,21 @@ def symbolic_equal(a: str, b: str) -> bool:
         return False
 
 
-def answers_equal(candidate: str, reference: str) -> bool:
-    """Synchronous core: exact rational comparison, then (guarded) sympy."""
+def exact_equal(candidate: str, reference: str) -> bool | None:
+    """The cheap part of :func:`answers_equal`: True or False when the cleaned texts or the exact rationals
+    decide, None when only sympy can."""
     if _clean(candidate) == _clean(reference):
         return True
     x, y = parse_exact(candidate), parse_exact(reference)
     if x is not None and y is not None:
         return x == y
-    return symbolic_equal(candidate, reference)
+    return None
+
+
+def answers_equal(candidate: str, reference: str) -> bool:
+    """Synchronous core: exact rational comparison, then (guarded) sympy."""
+    decided = exact_equal(candidate, reference)
+    return symbolic_equal(candidate, reference) if decided is None else decided
 
 
 class MathVerifier:
@@ -155,8 +163,11 @@ class MathVerifier:
         answer = extract_answer(completion_text[-4000:])
         if answer is None:
             return VerifyResult(0.0, "fail", "no answer found", time.monotonic() - started)
+        # short answers (nearly all: a number) are decided here; sympy runs in a thread under a time limit
+        ok = exact_equal(answer, reference) if max(len(answer), len(reference)) <= _INLINE_CHARS else None
         try:
-            ok = await asyncio.wait_for(asyncio.to_thread(answers_equal, answer, reference), _MAX_SYMPY_S)
+            if ok is None:
+                ok = await asyncio.wait_for(asyncio.to_thread(answers_equal, answer, reference), _MAX_SYMPY_S)
         except TimeoutError:
             return VerifyResult(
                 0.0, "timeout", f"comparing {answer[:40]!r} took too long", time.monotonic() - started

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import actors.verify as verify
 from actors.verify import SandboxPool, Verdict, VerifierError, build_verifier
 from actors.verify._verdict import classify
-from actors.verify._verifiers._math import answers_equal, extract_answer
+from actors.verify._verifiers._math import answers_equal, exact_equal, extract_answer
 from tests.actors.verify._pool_runner import PoolRunner
 
 pytestmark = pytest.mark.timeout(30)
@@ -62,6 +62,17 @@ def test_math_verifier_reward() -> None:
     v = build_verifier("math")
     assert asyncio.run(v.verify("3 + 4 = 7", {"answer": "7"})).reward == 1.0
     assert asyncio.run(v.verify("it is 8", {"answer": "7"})).verdict == "fail"
+    assert asyncio.run(v.verify("answer: sqrt(2)/2", {"answer": "1/sqrt(2)"})).reward == 1.0  # via sympy
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference", "decided"),
+    [("146", "146", True), ("1,000", "1000", True), ("0.5", "1/2", True), ("147", "146", False),
+     ("-3", "3", False), ("sqrt(2)/2", "1/sqrt(2)", None), ("2x+1", "1+2*x", None)],
+)
+def test_math_exact_part_decides_numbers_and_leaves_symbols_to_sympy(
+        answer: str, reference: str, decided: bool | None) -> None:
+    assert exact_equal(answer, reference) is decided
 
 
 def test_json_fields_partial_credit_and_modes() -> None:
