@@ -6,12 +6,13 @@ reward and held-out prompts; both sampled at T=1 with the same number of samples
 held-out accuracy over seconds of RL: flywheel's from its post-warm-start evaluation, TRL's with its evaluation
 time left out (flywheel's evaluation rounds run on the same two cores as its training and are not left out).
 
-Method: each curve is smoothed by a centred 3-point mean (a single round is ±1.5-3 points of noise; a centred mean
-does not shift a rising curve later in time, a trailing one would). For every TRL evaluation after the first,
-the target is TRL's smoothed accuracy there; flywheel's time to it is the first crossing of its own smoothed
-curve (linear between rounds), and the speedup is TRL's time over flywheel's. The summary is the median speedup
-and the lowest over the targets flywheel reached, how many it did not reach within its run, and each run's mean accuracy over its last 3 rounds
-within the time both ran.
+Method: each curve after its first point is smoothed by a centred 3-point mean (a single round is ±1.5-3 points of
+noise; a centred mean does not shift a rising curve later in time, a trailing one would). For every TRL evaluation
+after the first, the target is TRL's smoothed accuracy there; flywheel's time to it is the first crossing of its
+own smoothed curve (linear between rounds), and the speedup is TRL's time over flywheel's. A target at or below
+flywheel's start counts as "at start" (no speedup). The summary is the median speedup and the lowest over the
+targets flywheel reached, how many it did not reach within its run, and each run's mean accuracy over its last 3
+rounds within the time both ran.
 
     .venv/bin/python bench/vs_trl.py                         # the latest results of both benches
     .venv/bin/python bench/vs_trl.py --learn a.json --trl b.json --domain addition
@@ -38,11 +39,12 @@ Curve = list[tuple[float, float]]  # (seconds of RL, accuracy in [0, 1]), time-o
 
 
 def smooth(curve: Curve) -> Curve:
-    """Centred 3-point mean (2 points at the ends); times unchanged."""
-    out = []
-    for i, (t, _) in enumerate(curve):
-        window = [a for _, a in curve[max(i - 1, 0):i + 2]]
-        out.append((t, sum(window) / len(window)))
+    """Centred 3-point mean (2 points at the last one); times unchanged. The first point, the warm-started model
+    before any RL, is kept as measured: averaging it with a trained round would credit RL before it ran."""
+    out = curve[:1]
+    for i in range(1, len(curve)):
+        window = [a for _, a in curve[i - 1:i + 2]]
+        out.append((curve[i][0], sum(window) / len(window)))
     return out
 
 
@@ -68,6 +70,7 @@ def compare(flywheel: Curve, trl: Curve) -> dict[str, Any]:
     rows = []
     for t_trl, target in tr[1:]:
         t_fw = time_to_reach(fw, target)
+        # a target at or below flywheel's own start (the two measure the same model: noise) has no speedup
         rows.append({"trl_s": t_trl, "target": target, "flywheel_s": t_fw,
                      "speedup": t_trl / t_fw if t_fw is not None and t_fw > 0 else None})
     speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
@@ -125,7 +128,8 @@ def main() -> None:
 
     print(markdown_table(
         [f"{trainer} s", "its accuracy % (smoothed)", "flywheel s to it", "speedup"],
-        [[round(r["trl_s"]), pct(r["target"]), "not reached" if r["flywheel_s"] is None else round(r["flywheel_s"], 1),
+        [[round(r["trl_s"]), pct(r["target"]),
+          "not reached" if r["flywheel_s"] is None else "at start" if r["flywheel_s"] == 0 else round(r["flywheel_s"], 1),
           "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"] for r in result["rows"]]))
     median = result["median_speedup"]
     low = result["min_speedup"]

@@ -9,10 +9,10 @@ import pytest
 from bench.vs_trl import compare, final_mean, smooth, time_to_reach
 
 
-def test_smooth_is_a_centred_three_point_mean_that_keeps_the_times() -> None:
+def test_smooth_is_a_centred_three_point_mean_that_keeps_the_times_and_the_start() -> None:
     smoothed = smooth([(0, 0.3), (10, 0.6), (20, 0.3), (30, 0.9)])
     assert [t for t, _ in smoothed] == [0, 10, 20, 30]
-    assert [a for _, a in smoothed] == pytest.approx([0.45, 0.4, 0.6, 0.6])
+    assert [a for _, a in smoothed] == pytest.approx([0.3, 0.4, 0.6, 0.6])
 
 
 def test_time_to_reach_interpolates_between_rounds_and_says_never() -> None:
@@ -42,8 +42,17 @@ def test_a_curve_three_times_faster_gives_a_3x_speedup() -> None:
 
 def test_targets_beyond_the_flywheel_run_are_counted_as_not_reached() -> None:
     trl = [(0.0, 0.4), (15.0, 0.5), (30.0, 0.6), (45.0, 0.7)]
-    flywheel = [(0.0, 0.4), (10.0, 0.5), (20.0, 0.6)]  # smoothed: 0.45, 0.5, 0.55; TRL's: 0.45, 0.5, 0.6, 0.65
+    flywheel = [(0.0, 0.4), (10.0, 0.5), (20.0, 0.6)]  # smoothed: 0.4, 0.5, 0.55; TRL's: 0.4, 0.5, 0.6, 0.65
     result = compare(flywheel, trl)
     assert result["rows"][0]["speedup"] == pytest.approx(1.5)
     assert result["not_reached"] == 2
     assert [r["flywheel_s"] is None for r in result["rows"]] == [False, True, True]
+
+
+def test_a_target_below_flywheels_start_has_no_speedup() -> None:
+    trl = [(0.0, 0.40), (15.0, 0.42), (30.0, 0.60)]  # smoothed: 0.40, 0.473, 0.51
+    flywheel = [(0.0, 0.48), (10.0, 0.50), (20.0, 0.70)]  # smoothed: 0.48, 0.56, 0.60
+    result = compare(flywheel, trl)
+    assert result["rows"][0]["flywheel_s"] == 0.0 and result["rows"][0]["speedup"] is None
+    assert result["rows"][1]["flywheel_s"] == pytest.approx(10 * (0.51 - 0.48) / (0.56 - 0.48))
+    assert result["median_speedup"] == result["min_speedup"] == pytest.approx(30 / (10 * 0.03 / 0.08))
