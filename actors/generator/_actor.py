@@ -230,7 +230,9 @@ class GeneratorActor(Actor[GeneratorConfig]):
                 stats = getattr(self.engine, "stats", None)
                 if callable(stats):
                     engine_stats = stats()
-                    for key in ("mean_batch_occupancy", "steps_per_call", "queue_depth", "running", "weight_updates_rejected"):
+                    # cache_rebuilds and prefill_tokens (rebuilds included) vs tokens: what weight swaps cost
+                    for key in ("mean_batch_occupancy", "steps_per_call", "queue_depth", "running",
+                                "weight_updates_rejected", "cache_rebuilds", "prefill_tokens"):
                         if key in engine_stats:
                             self.ctx.counters.set(key, float(engine_stats[key]))
 
