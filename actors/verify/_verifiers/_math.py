@@ -163,11 +163,14 @@ class MathVerifier:
         answer = extract_answer(completion_text[-4000:])
         if answer is None:
             return VerifyResult(0.0, "fail", "no answer found", time.monotonic() - started)
-        # short answers (nearly all: a number) are decided here; sympy runs in a thread under a time limit
-        ok = exact_equal(answer, reference) if max(len(answer), len(reference)) <= _INLINE_CHARS else None
+        # short answers (nearly all: a number) are decided here; sympy (and, for long answers, the exact part
+        # too) runs in a thread under a time limit
+        short = max(len(answer), len(reference)) <= _INLINE_CHARS
+        ok = exact_equal(answer, reference) if short else None
         try:
             if ok is None:
-                ok = await asyncio.wait_for(asyncio.to_thread(answers_equal, answer, reference), _MAX_SYMPY_S)
+                slow = symbolic_equal if short else answers_equal
+                ok = await asyncio.wait_for(asyncio.to_thread(slow, answer, reference), _MAX_SYMPY_S)
         except TimeoutError:
             return VerifyResult(
                 0.0, "timeout", f"comparing {answer[:40]!r} took too long", time.monotonic() - started
