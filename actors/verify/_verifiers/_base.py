@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,3 +34,31 @@ class Verifier(Protocol):
     name: str
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult: ...
+
+
+# CPython 3.11 keeps one recursion-depth counter for converting between C and Python ASTs (`ast.parse`,
+# `ast.literal_eval`, `compile` of an AST). Two threads converting at once can leave it wrong, and every later
+# conversion in the process then fails with "SystemError: AST constructor recursion depth mismatch"
+# (python/cpython gh-106905, fixed in 3.12). Verifiers parse off the main thread (sympy in worker threads), so
+# every AST conversion of ours goes through this lock, and the common literals are read without an AST at all.
+AST_LOCK = threading.Lock()
+
+_INT = re.compile(r"-?\d{1,4300}")
+_FLOAT = re.compile(r"-?(?:\d+\.\d*(?:e[+-]?\d+)?|\d+e[+-]?\d+)")  # not inf/nan: literal_eval refuses those
+_CONSTANTS: dict[str, Any] = {"True": True, "False": False, "None": None}
+
+
+def read_literal(text: str) -> Any:
+    """`ast.literal_eval(text)`: ints, floats, True/False/None directly, anything else under `AST_LOCK`.
+
+    Raises what `literal_eval` raises (ValueError, SyntaxError, …) for text that is not a literal.
+    """
+    text = text.strip()
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if text in _CONSTANTS:
+        return _CONSTANTS[text]
+    with AST_LOCK:
+        return ast.literal_eval(text)

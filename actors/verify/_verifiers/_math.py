@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from ._base import VerifierError, VerifyResult
+from ._base import AST_LOCK, VerifierError, VerifyResult
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER = re.compile(r"(?:answer\s*(?:is|:|=)|####)\s*(.+)", re.IGNORECASE)
@@ -107,9 +107,10 @@ def _sympy_expr(text: str) -> Any:
     names.update({c: sympy.Symbol(c) for c in "abcdfghjkmnqrstuvwxyz"})
     names["E"] = sympy.E
     try:
-        expr = parse_expr(s, local_dict=names, global_dict={"__builtins__": {}, **vars(sympy)},
-                          transformations=(*standard_transformations, implicit_multiplication_application),
-                          evaluate=False)  # fmt: skip
+        with AST_LOCK:  # evaluate=False parses through `ast` (see AST_LOCK)
+            expr = parse_expr(s, local_dict=names, global_dict={"__builtins__": {}, **vars(sympy)},
+                              transformations=(*standard_transformations, implicit_multiplication_application),
+                              evaluate=False)  # fmt: skip
     except Exception:
         return None
     for node in sympy.preorder_traversal(expr):

@@ -20,7 +20,6 @@ a clock, a random draw) keeps its first value — a non-goal: targets are fixed 
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 import time
@@ -32,7 +31,7 @@ import anyio
 
 from .._pool import SandboxPool
 from .._verdict import SandboxResult, Verdict
-from ._base import VerifierError, VerifyResult
+from ._base import VerifierError, VerifyResult, read_literal
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -137,7 +136,7 @@ class PythonExprVerifier:
         if result.verdict is not Verdict.PASS or result.value is None:
             return VerifyResult(0.0, str(result.verdict), result.detail, result.elapsed_s)
         try:
-            got = ast.literal_eval(result.value)
+            got = read_literal(result.value)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return VerifyResult(0.0, "fail", "value is not a literal", result.elapsed_s)
         ok = values_equal(got, task["target"], rel_tol=self.rel_tol, abs_tol=self.abs_tol)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import actors.verify as verify
 from actors.verify import SandboxPool, Verdict, VerifierError, build_verifier
 from actors.verify._verdict import classify
+from actors.verify._verifiers._base import read_literal
 from actors.verify._verifiers._math import answers_equal, exact_equal, extract_answer
 from tests.actors.verify._pool_runner import PoolRunner
 
@@ -73,6 +74,21 @@ def test_math_verifier_reward() -> None:
 def test_math_exact_part_decides_numbers_and_leaves_symbols_to_sympy(
         answer: str, reference: str, decided: bool | None) -> None:
     assert exact_equal(answer, reference) is decided
+
+
+@pytest.mark.parametrize("text", ["17", "-3", "1.5", "1e+16", "-2.5e-07", "True", "None", "[1, -2]", "{'a': (1,)}",
+                                  "'x'", "9" * 4000])
+def test_read_literal_agrees_with_literal_eval(text: str) -> None:
+    import ast
+
+    got, want = read_literal(text), ast.literal_eval(text)
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "x", "1+", "__import__('os')"])
+def test_read_literal_refuses_what_literal_eval_refuses(text: str) -> None:
+    with pytest.raises((ValueError, SyntaxError)):
+        read_literal(text)
 
 
 def test_json_fields_partial_credit_and_modes() -> None:
