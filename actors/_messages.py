@@ -12,6 +12,9 @@ scored but never trained on: they are how held-out accuracy is measured, by vers
 Production: the gateway publishes one ``traffic`` message per served request (envelope id = ``request_id``)
 and one ``feedback`` message per accepted ``/v1/feedback`` call; the joiner pairs them by ``request_id``
 whichever arrives first.
+
+Hints (ephemeral, core NATS, may be lost): the verify actor announces on ``SOLVED_SUBJECT`` each training group
+whose completions all scored full marks, ``{"domain", "task_id"}``, for sources whose domains skip solved prompts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "SOLVED_SUBJECT",
     "CompletionRecord",
     "FeedbackMsg",
     "PromptMsg",
@@ -31,6 +35,8 @@ __all__ = [
 ]
 
 _CONFIG = ConfigDict(extra="ignore", frozen=True)
+
+SOLVED_SUBJECT = "solved"  # ephemeral subject suffix of the solved-group hints (see the module docstring)
 
 
 class PromptMsg(BaseModel):

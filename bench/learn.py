@@ -5,7 +5,9 @@ Variants (each a fresh run for ``--duration`` seconds of the topology, warm star
 * ``async``  — the spec as it is;
 * ``sync``   — ``learner.mode: sync`` (one batch per weights version: the baseline async is measured against);
 * ``nonorm`` — async without per-domain normalization: ``learner.normalize: none`` (raw centred rewards;
-  ``--nonorm group`` for GRPO's per-group std instead).
+  ``--nonorm group`` for GRPO's per-group std instead);
+* ``skipsolved`` — async with ``skip_solved: N`` (``--skip-solved``, default 2) on every domain: a prompt whose
+  last group scored full marks is passed over its next N draws.
 
 Each variant is a temporary spec that ``include:``s the original and overrides the learner (deep merge), run with
 ``topology.runtime.LocalRuntime`` (``--runtime ray``: each variant runs locally, then with ``RayRuntime``
@@ -17,6 +19,8 @@ with ``eval_temperature``/``eval_samples``) over wall-clock (eval rows), samples
 verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
+The "no signal" column is the share of a domain's groups the learner consumed without a step because all their
+rewards were equal (generated, verified and thrown away).
 
     .venv/bin/python bench/learn.py --quick                 # ≤ 60 s: async only, a tiny warm start
     .venv/bin/python bench/learn.py --duration 420          # three variants, ~21 min
@@ -48,12 +52,20 @@ if str(ROOT) not in sys.path:
 from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 
-_STYLES = {"async": "-", "sync": ":", "nonorm": "--"}
+_STYLES = {"async": "-", "sync": ":", "nonorm": "--", "skipsolved": "-."}
 _QUICK = {"policy": {"warm_start": {"steps": 60}},
           "actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
 
 
-def variant_overrides(name: str, nonorm: str) -> dict[str, Any]:
+VARIANTS = ("async", "sync", "nonorm", "skipsolved")
+
+
+def variant_overrides(name: str, nonorm: str, *, domains: list[str] | None = None, skip_solved: int = 2
+                      ) -> dict[str, Any]:
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown variant {name!r}; expected some of: {', '.join(VARIANTS)}")
+    if name == "skipsolved":
+        return {"domains": {d: {"skip_solved": skip_solved} for d in domains or []}}
     learner: dict[str, Any] = {"async": {}, "sync": {"mode": "sync"}, "nonorm": {"normalize": nonorm}}[name]
     return {"actors": {"learner": learner}} if learner else {}
 
@@ -148,6 +160,12 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
         if "staleness_mean" in steps.columns:
             out["staleness_mean"] = statistics.fmean(float(v) for v in steps["staleness_mean"])
         out["rollout"] = rollout_accuracy(steps, applied)
+    if len(applied) and "how" in applied.columns:
+        groups: dict[str, list[int]] = {}
+        for domain, how in zip(applied["domain"], applied["how"], strict=True):
+            counts = groups.setdefault(domain, [0, 0])
+            counts[how == "consumed"] += 1
+        out["no_signal"] = {d: c[1] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
     return out
 
 
@@ -224,6 +242,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=420.0, help="seconds per variant (warm start included)")
     parser.add_argument("--variants", default="async,sync,nonorm")
     parser.add_argument("--nonorm", choices=("none", "group"), default="none", help="normalize of the nonorm run")
+    parser.add_argument("--skip-solved", type=int, default=2, help="N of the skipsolved variant")
     parser.add_argument("--runtime", choices=("local", "ray"), default="local")
     parser.add_argument("--quick", action="store_true", help="≤ 60 s: async only, 60 warm-start steps, 40 s run")
     args = parser.parse_args()
@@ -232,9 +251,12 @@ def main() -> None:
     duration = 40.0 if args.quick else args.duration
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
+    from topology import load_spec
+
+    spec_domains = list(load_spec(args.spec).domains)
     with tempfile.TemporaryDirectory(prefix="flywheel-learn-") as tmp:
         for variant in variants:
-            overrides = variant_overrides(variant, args.nonorm)
+            overrides = variant_overrides(variant, args.nonorm, domains=spec_domains, skip_solved=args.skip_solved)
             if args.quick:
                 overrides = _merge(_QUICK, overrides)
             spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)
@@ -258,14 +280,15 @@ def main() -> None:
                          _pct(res.get("best", {}).get(domain)),
                          f"{_pct(roll.get('start'))} → {_pct(roll.get('end'))}" if roll else "-",
                          _pct(roll["end"] - roll["start"]) if roll else "-",
-                         round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2)])
+                         round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2),
+                         _pct(res.get("no_signal", {}).get(domain))])
     if not rows:
         logs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
         raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({logs})")
     modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
     print(f"held-out accuracy: {' / '.join(modes)}")
     print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
-                          "rollouts %", "rollouts Δ", "samples/s", "staleness"], rows))
+                          "rollouts %", "rollouts Δ", "samples/s", "staleness", "no signal %"], rows))
     print(f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
           "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)")
     summary: dict[str, Any] = {}

@@ -209,6 +209,9 @@ class DomainSpec(SpecModel):
     group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples
     heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
     max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts
+    # a prompt whose last group scored full marks in every completion is passed over its next N draws (0: off);
+    # pays where prompts repeat (a JSONL file drawn several times over), the groups it saves carry no signal
+    skip_solved: int = Field(default=0, ge=0)
 
     @field_validator("source")
     @classmethod

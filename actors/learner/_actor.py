@@ -273,6 +273,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 group_samples = self._samples(held.msg)
                 if group_samples is None:
                     consumed.append(held)
+                    self._count_no_signal(held.msg)
                     continue
                 samples.extend(group_samples)
                 applied.append(held)
@@ -317,6 +318,13 @@ class LearnerActor(Actor[LearnerConfig]):
             out.append(TrainSample(msg.prompt_ids, completion.token_ids, completion.logprobs, advantage,
                                    msg.temperature))
         return out
+
+    def _count_no_signal(self, msg: ScoredMsg) -> None:
+        """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`, the groups a domain's
+        `skip_solved` avoids), all zero (`no_signal_failed`), or another shared reward (`no_signal_other`)."""
+        rewards = [c.reward for c in msg.completions]
+        kind = "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
+        self.ctx.counters.inc(f"no_signal_{kind}.{msg.domain}")
 
     def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
         """Ledger + audit trail for the step just taken (or for consumed groups when no step was taken)."""

@@ -31,6 +31,12 @@ Contract:
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
   Backpressure and `prompts_per_s` do not apply then.
 
+- Solved prompts: when a domain has `skip_solved: N`, the source listens on the ephemeral (core NATS) subject
+  `solved`, where the verify actor announces each training group whose completions all scored full marks
+  (`{"domain", "task_id"}`), and the sampler passes over that task's next N draws (`DomainSampler`). The
+  announcements are hints: one lost costs a group without signal, never a task. Counters: `solved_marks`,
+  `passed_over.<domain>`, and `solved_dropped` for announcements that were not of that shape.
+
 Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
 """
 
@@ -44,7 +50,7 @@ import anyio
 import nats.js.errors as js_errors
 import orjson
 
-from actors._messages import PromptMsg
+from actors._messages import SOLVED_SUBJECT, PromptMsg
 from topology.bus import new_id
 from topology.runtime import Actor
 
@@ -77,6 +83,7 @@ class SourceActor(Actor[SourceConfig]):
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
         self._pipeline = self.pipeline() if self.config.max_in_flight is not None else []
+        self._solved = await ctx.bus.subscribe_ephemeral(SOLVED_SUBJECT) if self.sampler.skips_solved else None
         ctx.log.info(
             "source started",
             channel=self.channel,
@@ -197,7 +204,31 @@ class SourceActor(Actor[SourceConfig]):
             with anyio.move_on_after(_SYNC_POLL_S):
                 await self.ctx.stopping.wait()
 
+    async def stop(self) -> None:
+        if self._solved is not None:
+            await self._solved.aclose()
+
+    async def follow_solved(self) -> None:
+        """Mark the tasks the verify actor announces as solved (see the module docstring)."""
+        assert self._solved is not None
+        async for message in self._solved:
+            domain, task_id = message.payload.get("domain"), message.payload.get("task_id")
+            if not isinstance(domain, str) or not isinstance(task_id, str):
+                self.ctx.counters.inc("solved_dropped")
+                continue
+            if self.sampler.mark_solved(domain, task_id):
+                self.ctx.counters.inc("solved_marks")
+
     async def run(self) -> None:
+        if self._solved is None:
+            await self.sample()
+            return
+        async with anyio.create_task_group() as group:
+            group.start_soon(self.follow_solved)
+            await self.sample()
+            group.cancel_scope.cancel()
+
+    async def sample(self) -> None:
         ctx, config = self.ctx, self.config
         per_version = self.sync_batch()
         if per_version is not None:
@@ -242,5 +273,7 @@ class SourceActor(Actor[SourceConfig]):
             payload = PromptMsg.model_validate(task.payload(group_size=domain.group_size)).model_dump()
             items.append(("prompt", payload, new_id()))
             self.ctx.counters.inc(f"published.{domain.name}")
+        for name, count in self.sampler.passed_over.items():
+            self.ctx.counters.set(f"passed_over.{name}", count)
         await self.ctx.bus.publish_many(self.channel, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
         self.ctx.counters.inc("published", n)

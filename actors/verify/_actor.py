@@ -9,6 +9,10 @@ once; the sandbox pool's own bounded queue provides the backpressure beyond that
 The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
 ``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved.
 
+Solved groups: for a domain with `skip_solved` set in the spec, a training group whose completions all scored
+full marks (reward ≥ 1) is announced on the ephemeral subject ``solved`` (``actors._messages.SOLVED_SUBJECT``) so
+the source can pass over that prompt for a while; counted in ``solved_announced``.
+
 Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
 task), no verifier hot reload.
 """
@@ -20,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from actors._messages import RolloutMsg, ScoredCompletion, ScoredMsg
+from actors._messages import SOLVED_SUBJECT, RolloutMsg, ScoredCompletion, ScoredMsg
 from actors.verify._config import VerifyConfig
 from actors.verify._pool import SandboxPool
 from actors.verify._score import DomainVerifier, Scorer
@@ -37,6 +41,7 @@ class VerifyActor(Actor[VerifyConfig]):
         self._scorer: Scorer | None = None
         wanted = set(config.domains) if config.domains else set(ctx.spec.domains)
         self._domains = {name: d for name, d in ctx.spec.domains.items() if name in wanted}
+        self._announce = {name for name, d in self._domains.items() if getattr(d, "skip_solved", 0) > 0}
 
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
@@ -106,6 +111,11 @@ class VerifyActor(Actor[VerifyConfig]):
             await self.ctx.bus.publish(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
                                        id=f"{delivery.id}.s", source=f"{self.ctx.actor}/{self.ctx.replica}")
             await delivery.ack()
+            if (rollout.domain in self._announce and not rollout.heldout and scored
+                    and all(c.reward >= 1.0 for c in scored)):
+                await self.ctx.bus.publish_ephemeral(SOLVED_SUBJECT, {"domain": rollout.domain,
+                                                                      "task_id": rollout.task_id})
+                self.ctx.counters.inc("solved_announced")
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))
             mean = sum(c.reward for c in scored) / len(scored)
