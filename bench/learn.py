@@ -20,7 +20,8 @@ verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
 The "no signal" column is the share of a domain's groups the learner consumed without a step because all their
-rewards were equal (generated, verified and thrown away).
+rewards were equal (generated, verified and thrown away), and in brackets the shares that were all full marks
+(solved) and all zero (failed).
 
     .venv/bin/python bench/learn.py --quick                 # ≤ 60 s: async only, a tiny warm start
     .venv/bin/python bench/learn.py --duration 420          # three variants, ~21 min
@@ -161,11 +162,20 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
             out["staleness_mean"] = statistics.fmean(float(v) for v in steps["staleness_mean"])
         out["rollout"] = rollout_accuracy(steps, applied)
     if len(applied) and "how" in applied.columns:
+        # shares of a domain's groups: [trained, no signal, no signal with full marks, no signal with all zero]
         groups: dict[str, list[int]] = {}
-        for domain, how in zip(applied["domain"], applied["how"], strict=True):
-            counts = groups.setdefault(domain, [0, 0])
+        rewards = applied["reward"] if "reward" in applied.columns else [None] * len(applied)
+        for domain, how, reward in zip(applied["domain"], applied["how"], rewards, strict=True):
+            counts = groups.setdefault(domain, [0, 0, 0, 0])
             counts[how == "consumed"] += 1
+            if how == "consumed" and reward is not None and reward >= 1.0:
+                counts[2] += 1
+            elif how == "consumed" and reward is not None and reward <= 0.0:
+                counts[3] += 1
         out["no_signal"] = {d: c[1] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
+        if "reward" in applied.columns:
+            out["no_signal_solved"] = {d: c[2] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
+            out["no_signal_failed"] = {d: c[3] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
     return out
 
 
@@ -281,14 +291,15 @@ def main() -> None:
                          f"{_pct(roll.get('start'))} → {_pct(roll.get('end'))}" if roll else "-",
                          _pct(roll["end"] - roll["start"]) if roll else "-",
                          round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2),
-                         _pct(res.get("no_signal", {}).get(domain))])
+                         _no_signal(res, domain)])
     if not rows:
         logs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
         raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({logs})")
     modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
     print(f"held-out accuracy: {' / '.join(modes)}")
     print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
-                          "rollouts %", "rollouts Δ", "samples/s", "staleness", "no signal %"], rows))
+                          "rollouts %", "rollouts Δ", "samples/s", "staleness", "no signal % (solved/failed)"],
+                         rows))
     print(f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
           "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)")
     summary: dict[str, Any] = {}
@@ -341,6 +352,12 @@ def main() -> None:
                                    "runtime": args.runtime, "variants": results, "summary": summary,
                                    "wall_s": round(time.monotonic() - started, 1)})
     print(f"\nwrote {path} and {png} ({time.monotonic() - started:.0f} s)")
+
+
+def _no_signal(res: dict[str, Any], domain: str) -> str:
+    share = res.get("no_signal", {}).get(domain)
+    solved, failed = res.get("no_signal_solved", {}).get(domain), res.get("no_signal_failed", {}).get(domain)
+    return _pct(share) + (f" ({_pct(solved)}/{_pct(failed)})" if solved is not None and failed is not None else "")
 
 
 def _pct(value: float | None) -> str:

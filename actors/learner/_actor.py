@@ -333,8 +333,10 @@ class LearnerActor(Actor[LearnerConfig]):
         self.ledger.add(h.delivery.id for h in [*applied, *consumed])
         now = time.time()
         for held, how in [*((h, "applied") for h in applied), *((h, "consumed") for h in consumed)]:
+            rewards = [c.reward for c in held.msg.completions]
             self.metrics.add("applied", {"ts": now, "step": self.step, "message_id": held.delivery.id,
-                                         "domain": held.msg.domain, "completions": held.size, "how": how})
+                                         "domain": held.msg.domain, "completions": held.size, "how": how,
+                                         "reward": sum(rewards) / len(rewards), "task_id": held.msg.task_id})
         self.ctx.counters.inc("samples_applied", sum(h.size for h in applied))
         self.ctx.counters.inc("groups_applied", len(applied))
 

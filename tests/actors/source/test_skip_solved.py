@@ -111,7 +111,9 @@ async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
             await bus.publish("rollouts", "rollout", rollout("1+1=", "2", " 2"))  # every completion right: solved
             await bus.publish("rollouts", "rollout", rollout("2+2=", "4", "5"))  # one wrong: carries signal
             with anyio.fail_after(20):
-                while verify.report().get("rollouts", 0) < 2 or not source.report().get("solved_marks"):
+                for _ in iter(int, 1):  # until both rollouts are scored and the mark reached the source
+                    if verify.report().get("rollouts", 0) >= 2 and source.report().get("solved_marks"):
+                        break
                     await anyio.sleep(0.02)
             assert verify.report()["solved_announced"] == 1 and source.report()["solved_marks"] == 1
             drawn: list[str] = []
