@@ -78,6 +78,7 @@ class RolloutMsg(BaseModel):
     generator: str = ""  # "<actor>/<replica>" that produced it
     generate_s: float = 0.0
     completions: list[CompletionRecord] = Field(min_length=1)
+    reference: str = ""  # the task's reference answer, passed along for the learner's `failed_groups: reference`
 
 
 class ScoredCompletion(CompletionRecord):
@@ -102,6 +103,7 @@ class ScoredMsg(BaseModel):
     completions: list[ScoredCompletion] = Field(min_length=1)
     prompt: str = ""  # the prompt text (recorded for replay; empty from producers that predate it)
     verifier_fields: dict[str, Any] = Field(default_factory=dict)  # what the verifier checked against (replay)
+    reference: str = ""  # the task's reference answer (domain groups; empty for production feedback)
 
 
 class TrafficMsg(BaseModel):

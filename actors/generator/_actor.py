@@ -203,6 +203,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
             temperature=temperature,
             generator=self._who(),
             generate_s=generate_s,
+            reference=msg.reference,
             completions=[
                 CompletionRecord(text=c.text, token_ids=list(c.token_ids), logprobs=list(c.logprobs),
                                  versions=list(c.versions), finish_reason=c.finish_reason)

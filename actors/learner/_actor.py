@@ -55,6 +55,7 @@ from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.policy import Policy
+from actors.policy._prompting import encode_completion
 from actors.weights import WeightPublisher
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
@@ -300,24 +301,40 @@ class LearnerActor(Actor[LearnerConfig]):
 
     def _samples(self, msg: ScoredMsg) -> list[TrainSample] | None:
         rewards = [c.reward for c in msg.completions]
+        window = self._rewards.setdefault(msg.domain, deque(maxlen=_REWARD_WINDOW))
+        window.append((sum(rewards) / len(rewards), sum(r >= CORRECT for r in rewards) / len(rewards)))
+        rows: list[tuple[list[int], list[float] | None]] = [(c.token_ids, c.logprobs) for c in msg.completions]
+        guide = self._guidance(msg, rewards)
+        if guide is not None:
+            rows.append((guide, None))
+            rewards = [*rewards, 1.0]
         if len(rewards) == 1:
             advantages: list[float] | None = [self.estimator.single(msg.domain, rewards[0])]
         else:
             advantages = self.estimator.group(msg.domain, rewards)
-        window = self._rewards.setdefault(msg.domain, deque(maxlen=_REWARD_WINDOW))
-        window.append((sum(rewards) / len(rewards), sum(r >= CORRECT for r in rewards) / len(rewards)))
         self.ctx.counters.set("groups_skipped", self.estimator.groups_skipped)
         if advantages is None:
             return None
+        if guide is not None:
+            self.ctx.counters.inc(f"guided.{msg.domain}")
         limit = self.policy.max_context
         out = []
-        for completion, advantage in zip(msg.completions, advantages, strict=True):
-            if not completion.token_ids or len(msg.prompt_ids) + len(completion.token_ids) > limit:
+        for (token_ids, logprobs), advantage in zip(rows, advantages, strict=True):
+            if not token_ids or len(msg.prompt_ids) + len(token_ids) > limit:
                 self.ctx.counters.inc("too_long_skipped")
                 continue
-            out.append(TrainSample(msg.prompt_ids, completion.token_ids, completion.logprobs, advantage,
-                                   msg.temperature))
+            out.append(TrainSample(msg.prompt_ids, token_ids, logprobs, advantage, msg.temperature))
         return out
+
+    def _guidance(self, msg: ScoredMsg, rewards: list[float]) -> list[int] | None:
+        """`failed_groups: reference`: the tokens of the task's reference answer (what the warm start trains on)
+        for a group of several completions that all scored 0, else None. It joins the group with reward 1 and no
+        behavior logprobs (importance weight 1): the group then has signal, the reference a positive advantage
+        and the failed completions a negative one (off-policy guidance, as LUFFY mixes demonstrations into GRPO)."""
+        if (self.config.failed_groups != "reference" or len(rewards) < 2 or max(rewards) > 0.0
+                or not msg.reference or msg.origin != "domain"):
+            return None
+        return encode_completion(self.policy.tokenizer, msg.reference)
 
     def _count_no_signal(self, msg: ScoredMsg) -> None:
         """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`, the groups a domain's

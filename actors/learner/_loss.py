@@ -69,9 +69,11 @@ class LossStats:
 
 
 def importance_weights(prox_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated ``min(π_prox / μ, C)`` per token, without grad."""
+    """Truncated ``min(π_prox / μ, C)`` per token, without grad. A NaN behavior logprob marks a token no behavior
+    policy sampled (a reference answer): its weight is 1, as if the proximal policy had."""
     with torch.no_grad():
-        return torch.exp(prox_logprobs - behavior_logprobs).clamp(max=cap)
+        weights = torch.exp(prox_logprobs - behavior_logprobs).clamp(max=cap)
+        return torch.where(torch.isnan(behavior_logprobs), torch.ones_like(weights), weights)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

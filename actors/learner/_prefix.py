@@ -43,7 +43,7 @@ class PrefixPacked:
     row_prompt: torch.Tensor  # [N] the prompt (row of prompt_ids) of each completion
     completion_ids: torch.Tensor  # [N, C] right-padded
     loss_mask: torch.Tensor  # [N, C] float: 1 on real completion tokens
-    behavior: torch.Tensor  # [N, C] behavior logprobs, 0 on padding
+    behavior: torch.Tensor  # [N, C] behavior logprobs, 0 on padding, NaN for a row given without them
     advantages: torch.Tensor  # [N]
     temperatures: torch.Tensor  # [N]
 
@@ -68,6 +68,8 @@ def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) ->
             loss_mask[r, :n] = 1.0
             if logprobs is not None:
                 behavior[r, :n] = torch.tensor(list(logprobs), dtype=torch.float32)
+            else:  # no behavior policy sampled it: importance weight 1 (see _loss.importance_weights)
+                behavior[r, :n] = float("nan")
     return PrefixPacked(
         prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device),
         row_prompt=torch.tensor(row_prompt, dtype=torch.long, device=device),

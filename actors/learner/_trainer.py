@@ -50,7 +50,8 @@ class TrainSample:
 
     prompt_ids: Sequence[int]
     token_ids: Sequence[int]
-    behavior_logprobs: Sequence[float]  # log μ_t per completion token (same length as token_ids)
+    behavior_logprobs: Sequence[float] | None  # log μ_t per completion token (same length as token_ids); None for a
+    #   completion no behavior policy sampled (a reference answer): importance weight 1
     advantage: float
     temperature: float  # > 0: the temperature the generator sampled with
 

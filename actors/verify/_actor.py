@@ -77,6 +77,15 @@ class VerifyActor(Actor[VerifyConfig]):
             counters.update({key: float(value) for key, value in self._scorer.memo_stats().items()})
         return counters
 
+    async def _announce_solved(self, rollout: RolloutMsg) -> None:
+        """A hint, after the ack: losing one costs the source a group without signal, so a failure is counted."""
+        try:
+            await self.ctx.bus.publish_ephemeral(SOLVED_SUBJECT, {"domain": rollout.domain, "task_id": rollout.task_id})
+        except Exception:
+            self.ctx.counters.inc("solved_announce_failed")
+            return
+        self.ctx.counters.inc("solved_announced")
+
     async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter) -> None:
         assert self._scorer is not None
         rollout = delivery.payload
@@ -105,7 +114,7 @@ class VerifyActor(Actor[VerifyConfig]):
                 prompt=rollout.prompt, verifier_fields=rollout.verifier_fields,
                 heldout=rollout.heldout, temperature=rollout.temperature, origin="domain",
                 generator=rollout.generator, generate_s=rollout.generate_s,
-                verify_s=time.perf_counter() - started, completions=scored,
+                verify_s=time.perf_counter() - started, completions=scored, reference=rollout.reference,
             )
             out = self.ctx.spec.actors[self.ctx.actor].publishes
             await self.ctx.bus.publish(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
@@ -113,9 +122,7 @@ class VerifyActor(Actor[VerifyConfig]):
             await delivery.ack()
             if (rollout.domain in self._announce and not rollout.heldout and scored
                     and all(c.reward >= 1.0 for c in scored)):
-                await self.ctx.bus.publish_ephemeral(SOLVED_SUBJECT, {"domain": rollout.domain,
-                                                                      "task_id": rollout.task_id})
-                self.ctx.counters.inc("solved_announced")
+                await self._announce_solved(rollout)
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))
             mean = sum(c.reward for c in scored) / len(scored)

@@ -41,6 +41,28 @@ async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats
     assert consumer.num_pending == 0
 
 
+@pytest.mark.parametrize("mode", ["skip", "reference"])
+async def test_failed_groups_are_skipped_or_guided_by_the_reference(embedded_nats: EmbeddedNats, tmp_path: Path,
+                                                                    mode: str) -> None:
+    config = ("    batch_size: 4\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
+              f"    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: {mode}\n")
+    spec = write_spec(tmp_path, config)  # a batch is one group of 4: each group is judged on its own
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        for i in range(2):  # all wrong, with the task's reference answer: only guidance gives them signal
+            await bus.publish("scored", "scored", {**scored("arithmetic", [0.0] * 4), "reference": "3"}, id=f"f{i}")
+        await bus.publish("scored", "scored", scored("arithmetic", [0.0] * 4), id="no-ref")  # nothing to guide with
+        await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id="mixed")
+        await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= (3 if mode == "reference" else 1))
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_failed.arithmetic") >= (1 if mode == "reference"
+                                                                                               else 3))
+        guided = actor.ctx.counters.get("guided.arithmetic")
+    steps = read_metrics(tmp_path / "run", "step")
+    if mode == "reference":  # 2 guided groups of 4 + their references, then the mixed group of 4
+        assert guided == 2 and sum(steps["samples"].to_list()) == 2 * 5 + 4
+    else:
+        assert guided == 0 and sum(steps["samples"].to_list()) == 4
+
+
 async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, learner(1, "    max_staleness: 0\n"), dedupe_window_s=0.3)
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):

@@ -26,6 +26,12 @@ def test_iw_is_capped() -> None:
     assert iw.tolist()[0] == [3.0, pytest.approx(2.0)]
 
 
+def test_iw_is_one_where_no_behavior_policy_sampled() -> None:
+    prox = _t([-1.0, -0.5, -2.0])
+    behavior = _t([-1.5, math.nan, -2.0])  # the second token is a reference answer's: no behavior logprob
+    assert importance_weights(prox, behavior, cap=3.0).tolist()[0] == [pytest.approx(math.exp(0.5)), 1.0, 1.0]
+
+
 def test_on_policy_positive_advantage_increases_logprob() -> None:
     logits = torch.zeros(1, 1, 4, dtype=torch.float64, requires_grad=True)
     token = torch.tensor([[2]])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -52,6 +53,26 @@ def test_positive_advantage_raises_the_sampled_tokens_logprob() -> None:
     stats = trainer.rl_step([TrainSample(prompt, completion, behavior, advantage=1.0, temperature=1.0)])
     assert logprob() > before
     assert abs(stats.iw_mean - 1.0) < 1e-4 and stats.tokens == len(completion)
+
+
+def test_a_reference_answer_without_behavior_logprobs_trains_with_weight_one() -> None:
+    policy = tiny()
+    tok = policy.tokenizer
+    prompt, reference = encode_prompt(tok, "2+2="), encode_completion(tok, "4")
+    wrong = encode_completion(tok, "5")
+    ids = torch.tensor([prompt + reference])
+
+    def logprob() -> float:
+        with torch.no_grad():
+            return float(policy.token_logprobs(ids)[0, -len(reference):].sum())
+
+    before = logprob()
+    behavior = policy.token_logprobs(torch.tensor([prompt + wrong]))[0, -len(wrong):].tolist()
+    trainer = Trainer(policy, lr=1e-2, ppo=PPOConfig(), grad_clip=1.0)
+    stats = trainer.rl_step([TrainSample(prompt, reference, None, advantage=1.0, temperature=1.0),
+                             TrainSample(prompt, wrong, behavior, advantage=-1.0, temperature=1.0)])
+    assert logprob() > before and math.isfinite(stats.loss)
+    assert abs(stats.iw_mean - 1.0) < 1e-4  # the sampled row is on-policy, the reference row has weight 1
 
 
 def test_empty_batch_is_a_no_op_without_nan() -> None:

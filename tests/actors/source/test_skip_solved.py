@@ -1,4 +1,5 @@
-"""Solved prompts are passed over: the sampler's rule, and the verify actor → source hint over a real nats-server."""
+"""Solved prompts are passed over: the sampler's rule, and the verify actor → source hint over a real nats-server
+(whose scored messages also carry the task's reference answer on to the learner)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import PromptMsg, RolloutMsg
+from actors._messages import PromptMsg, RolloutMsg, ScoredMsg
 from actors.source import Domain, DomainSampler, open_source
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
@@ -84,7 +85,8 @@ def rollout(prompt: str, *texts: str) -> dict[str, object]:
                    for t in texts]
     answer = dict(ROWS)[prompt]
     return RolloutMsg(task_id=task_id("add", prompt), domain="add", prompt=prompt, prompt_ids=[1],
-                      verifier_fields={"answer": answer}, temperature=1.0, completions=completions).model_dump()
+                      verifier_fields={"answer": answer}, temperature=1.0, completions=completions,
+                      reference=answer).model_dump()
 
 
 @pytest.mark.anyio
@@ -123,6 +125,13 @@ async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
                     drawn.append(delivery.payload.task_id)
                     await delivery.ack()
                     if len(drawn) == 40:
+                        break
+            async with bus.consume("scored", "learner", model=ScoredMsg, batch=2) as scored:
+                async for delivery in scored:  # the reference rides along for the learner's failed_groups
+                    assert isinstance(delivery.payload, ScoredMsg)
+                    assert delivery.payload.reference == dict(ROWS)[delivery.payload.prompt]
+                    await delivery.ack()
+                    if delivery.payload.prompt == "2+2=":
                         break
             for ctx in contexts.values():
                 ctx.stopping.set()
