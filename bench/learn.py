@@ -6,6 +6,8 @@ Variants (each a fresh run for ``--duration`` seconds of the topology, warm star
 * ``sync``   — ``learner.mode: sync`` (one batch per weights version: the baseline async is measured against);
 * ``nonorm`` — async without per-domain normalization: ``learner.normalize: none`` (raw centred rewards;
   ``--nonorm group`` for GRPO's per-group std instead);
+* ``guided`` — async with ``learner.failed_groups: reference``: a group whose completions all scored 0 gets the
+  task's reference answer as one more completion (off-policy guidance);
 * ``skipsolved`` — async with ``skip_solved: N`` (``--skip-solved``, default 2) on every domain: a prompt whose
   last group scored full marks is passed over its next N draws.
 
@@ -53,12 +55,12 @@ if str(ROOT) not in sys.path:
 from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 
-_STYLES = {"async": "-", "sync": ":", "nonorm": "--", "skipsolved": "-."}
+_STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1)), "skipsolved": "-."}
 _QUICK = {"policy": {"warm_start": {"steps": 60}},
           "actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
 
 
-VARIANTS = ("async", "sync", "nonorm", "skipsolved")
+VARIANTS = ("async", "sync", "nonorm", "guided", "skipsolved")
 
 
 def variant_overrides(name: str, nonorm: str, *, domains: list[str] | None = None, skip_solved: int = 2
@@ -67,7 +69,8 @@ def variant_overrides(name: str, nonorm: str, *, domains: list[str] | None = Non
         raise SystemExit(f"unknown variant {name!r}; expected some of: {', '.join(VARIANTS)}")
     if name == "skipsolved":
         return {"domains": {d: {"skip_solved": skip_solved} for d in domains or []}}
-    learner: dict[str, Any] = {"async": {}, "sync": {"mode": "sync"}, "nonorm": {"normalize": nonorm}}[name]
+    learner: dict[str, Any] = {"async": {}, "sync": {"mode": "sync"}, "nonorm": {"normalize": nonorm},
+                               "guided": {"failed_groups": "reference"}}[name]
     return {"actors": {"learner": learner}} if learner else {}
 
 
@@ -234,8 +237,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     for variant, res in results.items():
         for domain, curve in sorted(res["curves"].items()):
             color = colors.setdefault(domain, palette[len(colors) % len(palette)])
-            ax.plot([p["t_s"] for p in curve], [100 * p["accuracy"] for p in curve], _STYLES.get(variant, "-."),
-                    color=color, label=f"{domain} ({variant})")
+            ax.plot([p["t_s"] for p in curve], [100 * p["accuracy"] for p in curve],
+                    linestyle=_STYLES.get(variant, "-."), color=color, label=f"{domain} ({variant})")
     ax.set_xlabel("seconds since the post-warm-start evaluation")
     modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
     ax.set_ylabel(f"held-out accuracy, {' / '.join(modes)} (%)")
