@@ -331,8 +331,9 @@ class LearnerActor(Actor[LearnerConfig]):
         for a group of several completions that all scored 0, else None. It joins the group with reward 1 and no
         behavior logprobs (importance weight 1): the group then has signal, the reference a positive advantage
         and the failed completions a negative one (off-policy guidance, as LUFFY mixes demonstrations into GRPO)."""
-        if (self.config.failed_groups != "reference" or len(rewards) < 2 or max(rewards) > 0.0
-                or not msg.reference or msg.origin != "domain"):
+        domain = self.ctx.spec.domains.get(msg.domain)
+        mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
+        if mode != "reference" or len(rewards) < 2 or max(rewards) > 0.0 or not msg.reference or msg.origin != "domain":
             return None
         return encode_completion(self.policy.tokenizer, msg.reference)
 

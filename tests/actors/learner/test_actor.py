@@ -41,12 +41,17 @@ async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats
     assert consumer.num_pending == 0
 
 
-@pytest.mark.parametrize("mode", ["skip", "reference"])
-async def test_failed_groups_are_skipped_or_guided_by_the_reference(embedded_nats: EmbeddedNats, tmp_path: Path,
-                                                                    mode: str) -> None:
+@pytest.mark.parametrize(("learner_mode", "domain_mode"), [("skip", None), ("reference", None), ("skip", "reference"),
+                                                            ("reference", "skip")])
+async def test_failed_groups_are_skipped_or_guided_by_the_reference(
+        embedded_nats: EmbeddedNats, tmp_path: Path, learner_mode: str, domain_mode: str | None) -> None:
     config = ("    batch_size: 4\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
-              f"    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: {mode}\n")
-    spec = write_spec(tmp_path, config)  # a batch is one group of 4: each group is judged on its own
+              f"    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: {learner_mode}\n")
+    override = "" if domain_mode is None else f", failed_groups: {domain_mode}"
+    domains = ("  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 8"
+               f"{override}}}\n")
+    spec = write_spec(tmp_path, config, domains=domains)  # a batch is one group of 4: each is judged on its own
+    mode = domain_mode or learner_mode  # the domain's setting wins
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
         for i in range(2):  # all wrong, with the task's reference answer: only guidance gives them signal
             await bus.publish("scored", "scored", {**scored("arithmetic", [0.0] * 4), "reference": "3"}, id=f"f{i}")
