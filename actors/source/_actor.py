@@ -205,8 +205,9 @@ class SourceActor(Actor[SourceConfig]):
                 await self.ctx.stopping.wait()
 
     async def stop(self) -> None:
-        if self._solved is not None:
-            await self._solved.aclose()
+        solved = getattr(self, "_solved", None)  # absent when start() failed before subscribing
+        if solved is not None:
+            await solved.aclose()
 
     async def follow_solved(self) -> None:
         """Mark the tasks the verify actor announces as solved (see the module docstring)."""
