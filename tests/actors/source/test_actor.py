@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from actors._messages import PromptMsg
 from actors.source import DomainSampler, SourceError, domains_from_spec
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
+from tests.actors.source._helpers import drawn_task_ids, wait_for
 from topology import Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
 from topology.runtime import ActorContext
@@ -64,14 +65,6 @@ async def stream_messages(bus: Bus) -> int:
     return int(info.state.messages)
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    with anyio.fail_after(timeout_s):
-        for _ in iter(int, 1):  # until the predicate holds (or the deadline)
-            if await predicate():
-                return
-            await anyio.sleep(0.02)
-
-
 async def test_publishes_valid_training_prompts_up_to_max_pending(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
@@ -110,14 +103,7 @@ async def test_replica_stream_is_the_seeded_sampler_sequence(embedded_nats: Embe
             return await stream_messages(bus) >= 12
 
         await wait_for(full)
-        got: list[str] = []
-        async with bus.consume("prompts", "gen", model=PromptMsg, batch=12) as consumer:
-            async for delivery in consumer:
-                assert isinstance(delivery.payload, PromptMsg)
-                got.append(delivery.payload.task_id)
-                await delivery.ack()
-                if len(got) == 12:
-                    break
+        got = await drawn_task_ids(bus, 12, batch=12)
     sampler = DomainSampler(domains_from_spec(spec), random.Random(41 + 0))  # replica 0 → seed + 0
     assert got == [sampler.next()[1].id for _ in range(12)]
 

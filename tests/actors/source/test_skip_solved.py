@@ -11,13 +11,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import PromptMsg, RolloutMsg, ScoredMsg
+from actors._messages import RolloutMsg, ScoredMsg
 from actors.source import Domain, DomainSampler, open_source
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
 from actors.source._task import task_id
 from actors.verify._actor import VerifyActor
 from actors.verify._config import VerifyConfig
+from tests.actors.source._helpers import drawn_task_ids, wait_for
 from topology import load_spec
 from topology.bus import Bus, EmbeddedNats
 from topology.runtime import ActorContext
@@ -112,20 +113,12 @@ async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
             tg.start_soon(verify.run)
             await bus.publish("rollouts", "rollout", rollout("1+1=", "2", " 2"))  # every completion right: solved
             await bus.publish("rollouts", "rollout", rollout("2+2=", "4", "5"))  # one wrong: carries signal
-            with anyio.fail_after(20):
-                for _ in iter(int, 1):  # until both rollouts are scored and the mark reached the source
-                    if verify.report().get("rollouts", 0) >= 2 and source.report().get("solved_marks"):
-                        break
-                    await anyio.sleep(0.02)
+            async def marked() -> bool:  # both rollouts scored and the mark reached the source
+                return verify.report().get("rollouts", 0) >= 2 and bool(source.report().get("solved_marks"))
+
+            await wait_for(marked, 20)
             assert verify.report()["solved_announced"] == 1 and source.report()["solved_marks"] == 1
-            drawn: list[str] = []
-            async with bus.consume("prompts", "gen", model=PromptMsg, batch=2) as prompts:
-                async for delivery in prompts:
-                    assert isinstance(delivery.payload, PromptMsg)
-                    drawn.append(delivery.payload.task_id)
-                    await delivery.ack()
-                    if len(drawn) == 40:
-                        break
+            drawn = await drawn_task_ids(bus, 40, batch=2)
             async with bus.consume("scored", "learner", model=ScoredMsg, batch=2) as scored:
                 async for delivery in scored:  # the reference rides along for the learner's failed_groups
                     assert isinstance(delivery.payload, ScoredMsg)
