@@ -9,8 +9,9 @@ Contract:
   ``max_deliver`` (the consumer kept dying on it), → dead-letter channel.
 - Poison (undecodable bytes, a malformed envelope, a payload that fails ``model.model_validate``) is
   published to the dead-letter channel with the reason, terminated, counted, and iteration continues.
-- Cancelling ``__anext__`` loses nothing: messages stay buffered; ``aclose`` naks what was buffered but
-  not handed out and drains the inbox, so the rest of the group gets them at once.
+- Cancelling ``__anext__`` loses nothing: messages stay buffered; ``aclose`` drains the inbox (ending the
+  interest of its pull requests), then naks what was buffered but not handed out, so the rest of the group
+  gets them at once.
 
 Non-goals: ordering across replicas; exactly-once handling (handlers must be idempotent on ``envelope.id``);
 iterating one consumer from several tasks at once.
@@ -155,13 +156,18 @@ class ChannelConsumer(Generic[P]):
         if self._sub is None:
             return
         with anyio.CancelScope(shield=True):
-            buffered, self._buffer = list(self._buffer), deque()
-            for msg in buffered:
-                await msg.nak()
+            # Interest first, naks second. Our pull request may still be waiting on the server, and a nak'd
+            # message is redelivered to the oldest waiting request: nak'd before the unsubscribe, it could come
+            # straight back to this inbox and be lost with it until ack_wait (2 closes in 100 did that). The
+            # drain's UNSUB reaches the server before the naks on the same connection, so the server has
+            # dropped our request by then and hands them to the rest of the group.
             try:
                 await self._sub.drain()   # stop interest, then hand late arrivals to _on_msg (which naks)
             except Exception:
                 pass
+            buffered, self._buffer = list(self._buffer), deque()
+            for msg in buffered:
+                await msg.nak()
             self._wakeup.set()
 
     async def __aenter__(self) -> ChannelConsumer[P]:
