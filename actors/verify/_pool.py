@@ -8,7 +8,8 @@ a ``SandboxResult`` (never raises for anything the job does). Each worker slot o
 slot enforces a parent-side deadline (the job's timeout plus a grace) on the worker's reply and kills the
 worker's whole pid namespace when it expires, so a wedged or killed worker costs one job, not the pool.
 Workers are replaced after ``max_jobs_per_worker`` jobs and after any job that hit a limit, crashed or
-left processes behind. Frames are length-prefixed; the pool never waits on a pipe's EOF.
+left processes behind. A job whose worker died before answering runs once more on a fresh worker; it is
+``crashed`` only if that worker dies too (counted in ``crash_retries``). Frames are length-prefixed; the pool never waits on a pipe's EOF.
 ``statistics()`` counts jobs per verdict; every non-pass verdict is logged.
 Non-goals: scheduling fairness between callers, cross-host pools.
 """
@@ -21,11 +22,12 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import struct
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
@@ -65,6 +67,7 @@ class PoolStatistics:
     verdicts: Counter[str] = field(default_factory=Counter)
     workers_started: int = 0
     workers_recycled: int = 0
+    crash_retries: int = 0  # jobs run again on a fresh worker after their worker died mid-job
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,20 @@ class _Worker:
         (size,) = struct.unpack(">I", await self.proc.stdout.readexactly(4))
         frame: dict[str, Any] = json.loads(await self.proc.stdout.readexactly(size))
         return frame
+
+    async def exit_status(self) -> str:
+        """How the process ended, for a crash's detail ("exit 1", "killed by SIGKILL", "still running")."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 1.0)
+        code = self.proc.returncode
+        if code is None:
+            return "worker still running"
+        if code < 0:
+            try:
+                return f"worker killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker killed by signal {-code}"
+        return f"worker exit {code}"
 
     async def send(self, frame: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -137,6 +154,7 @@ class SandboxPool:
         self._uid_base = job_uid_base if job_uid_base is not None else _private_uid_base(workers)
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size or 4 * workers)
         self._tasks: list[asyncio.Task[None]] = []
+        self._live: dict[int, _Worker] = {}  # slot -> its running worker
         self._host_tmp: str | None = None
         self.isolation: Isolation | None = None
         self._stats = PoolStatistics(isolation="", workers=workers, queued=0, queue_size=self._queue.maxsize)
@@ -254,6 +272,10 @@ class SandboxPool:
         await self._queue.put(_Job(frame, timeout, file_limit, future))
         return await future
 
+    def worker_pids(self) -> list[int]:
+        """Host pids of the running workers' top processes (bwrap, unshare or python), by slot."""
+        return [self._live[slot].proc.pid for slot in sorted(self._live)]
+
     def statistics(self) -> PoolStatistics:
         self._stats.queued = self._queue.qsize()
         return self._stats
@@ -285,6 +307,7 @@ class SandboxPool:
             await worker.kill()
             raise RuntimeError(f"sandbox worker sent {hello!r} instead of a ready frame")
         self._stats.workers_started += 1
+        self._live[slot] = worker
         return worker
 
     async def _reap_uid(self, slot: int) -> None:
@@ -315,15 +338,38 @@ class SandboxPool:
                         continue
                 result, healthy = await self._one(worker, job)
                 worker.jobs += 1
+                if result.verdict is Verdict.CRASHED:
+                    # The worker died before answering. Its job may have killed it, or something outside did
+                    # (seen once in CI, cause unknown): a correct answer must not score 0 for that, so the job
+                    # runs once more on a fresh worker, and `crashed` stands only if that one dies too.
+                    _log.warning("sandbox_worker_died", slot=slot, detail=result.detail, retrying=True)
+                    await self._recycle(slot, worker)
+                    self._stats.crash_retries += 1
+                    try:
+                        worker = await self._spawn(slot)
+                    except Exception:
+                        worker = None
+                    else:
+                        result, healthy = await self._one(worker, job)
+                        worker.jobs += 1
+                        if result.verdict is Verdict.CRASHED:
+                            result = replace(result, detail=result.detail + ", on a fresh worker too")
                 self._finish(job, result)
-                if not healthy or result.verdict in RECYCLE_AFTER or worker.jobs >= self._max_jobs:
-                    await worker.kill()
-                    await self._reap_uid(slot)
-                    self._stats.workers_recycled += 1
+                if worker is not None and (
+                    not healthy or result.verdict in RECYCLE_AFTER or worker.jobs >= self._max_jobs
+                ):
+                    await self._recycle(slot, worker)
                     worker = None
         finally:
+            self._live.pop(slot, None)
             if worker is not None:
                 await worker.kill()
+
+    async def _recycle(self, slot: int, worker: _Worker) -> None:
+        self._live.pop(slot, None)
+        await worker.kill()
+        await self._reap_uid(slot)
+        self._stats.workers_recycled += 1
 
     async def _one(self, worker: _Worker, job: _Job) -> tuple[SandboxResult, bool]:
         iso = str(self.isolation)
@@ -336,8 +382,9 @@ class SandboxPool:
                                  time.monotonic() - started), False  # fmt: skip
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, ValueError) as exc:
             # The worker died mid-job (e.g. killed by its own job, or its namespace's init was killed).
-            return SandboxResult(Verdict.CRASHED, f"sandbox worker died during the job ({type(exc).__name__})", iso,
-                                 time.monotonic() - started), False  # fmt: skip
+            elapsed = time.monotonic() - started
+            return SandboxResult(Verdict.CRASHED, f"sandbox worker died during the job ({type(exc).__name__}; "
+                                 f"{await worker.exit_status()})", iso, elapsed), False  # fmt: skip
         if report.get("id") != job.frame["id"]:
             return SandboxResult(Verdict.INTERNAL_ERROR, "worker answered out of order", iso), False
         verdict, detail = classify(report, file_limit_bytes=job.file_limit, timeout_s=job.timeout_s)

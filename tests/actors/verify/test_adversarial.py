@@ -209,3 +209,20 @@ def test_many_concurrent_jobs_keep_their_own_results(sandbox: PoolRunner) -> Non
         return [str(r.verdict) for r in results]
 
     assert sandbox.call(many()) == ["pass"] * 40
+
+
+def test_a_worker_killed_from_outside_mid_job_costs_the_job_nothing(sandbox: PoolRunner) -> None:
+    async def run_and_kill() -> tuple[str, str, int]:
+        import asyncio
+
+        retries = sandbox.pool.statistics().crash_retries
+        job = asyncio.ensure_future(sandbox.pool.run("import time\ntime.sleep(0.5)", tests=TRIVIAL_TESTS))
+        await asyncio.sleep(0.2)
+        for pid in sandbox.pool.worker_pids():  # every worker: whichever holds the job dies
+            os.kill(pid, 9)
+        result = await job
+        return str(result.verdict), result.detail, sandbox.pool.statistics().crash_retries - retries
+
+    verdict, detail, retries = sandbox.call(run_and_kill())
+    assert (verdict, retries) == ("pass", 1), detail
+    sandbox.still_serves()
