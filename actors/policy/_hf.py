@@ -6,7 +6,9 @@ downloaded; a missing directory or a directory transformers cannot read is a one
 use_cache)`` behaves like :class:`~actors.policy._tiny_gpt.TinyGPT`'s: the cache is a list of per-layer
 ``(keys, values)`` tensors ``[B, heads, past, head_dim]`` (converted to and from transformers'
 ``DynamicCache`` around each call), and position ids are passed explicitly (GPT-2's absolute positions
-otherwise count left padding — ALGORITHMS.md).
+otherwise count left padding — ALGORITHMS.md). GPT-2 models in eval mode skip transformers' module
+stack for the same computation written out in ``_gpt2`` (≈1.8x faster decode steps at CPU sizes);
+``native=False`` (spec: ``policy.config.native_forward: false``) keeps transformers' forward throughout.
 
 Non-goals: sliding-window or hybrid caches (Mistral/Gemma-style layers are treated as full attention),
 remote code, quantised weights, tensor parallelism.
@@ -21,14 +23,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ._gpt2 import gpt2_forward, native_gpt2_unsupported
 from ._tiny_gpt import KVCache, positions_from_mask
 from ._tokenizer import HFTokenizer
 
 
 class HFCausalLM(nn.Module):
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, native: bool = True) -> None:
         super().__init__()
         self.hf = model
+        # GPT-2 models run through flywheel's own forward over the same parameters (``_gpt2``), unless
+        # ``native`` is off or the config has a feature that forward does not implement.
+        self.native_unsupported = "turned off" if not native else native_gpt2_unsupported(model)
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -46,8 +52,6 @@ class HFCausalLM(nn.Module):
         cache: KVCache | None = None,
         use_cache: bool = False,
     ) -> tuple[Tensor, KVCache | None]:
-        from transformers import DynamicCache
-
         length = input_ids.shape[1]
         if attention_mask is None:
             past = 0 if cache is None else cache[0][0].shape[2]
@@ -56,6 +60,10 @@ class HFCausalLM(nn.Module):
             )
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, length)
+        if self.native_unsupported is None and not self.hf.training:  # the native forward has no dropout
+            return gpt2_forward(self.hf, input_ids, attention_mask, position_ids, cache, use_cache)
+        from transformers import DynamicCache
+
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask.long(),
@@ -83,8 +91,11 @@ def _cache_to_list(cache: Any) -> KVCache:
     return [(k, v) for k, v in cache.to_legacy_cache()]
 
 
-def load_hf(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[HFCausalLM, HFTokenizer]:
-    """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files)."""
+def load_hf(
+    path: str | Path, *, dtype: torch.dtype | None = None, native: bool = True
+) -> tuple[HFCausalLM, HFTokenizer]:
+    """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files);
+    ``native`` lets GPT-2 models run through flywheel's own forward (see :class:`HFCausalLM`)."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")
@@ -108,4 +119,4 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[HFCa
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"policy.model: cannot load {str(directory)!r}: {first_line}") from exc
     model.eval()
-    return HFCausalLM(model).eval(), HFTokenizer(tokenizer)
+    return HFCausalLM(model, native=native).eval(), HFTokenizer(tokenizer)

@@ -82,10 +82,10 @@ class Policy:
         )
 
     @classmethod
-    def from_hf(cls, path: str | Path, *, dtype: torch.dtype | None = None) -> Policy:
+    def from_hf(cls, path: str | Path, *, dtype: torch.dtype | None = None, native_forward: bool = True) -> Policy:
         from ._hf import load_hf
 
-        module, tokenizer = load_hf(path, dtype=dtype)
+        module, tokenizer = load_hf(path, dtype=dtype, native=native_forward)
         return cls(
             kind="hf",
             name=f"hf:{path}",
@@ -118,9 +118,14 @@ class Policy:
             seed = config.pop("seed", 0)
             policy = cls.tiny_gpt(GPTConfig(**{**PRESETS[preset], **config}), seed=int(seed), dtype=torch_dtype)
         elif isinstance(model, str) and model.startswith("hf:"):
+            native_forward = config.pop("native_forward", True)
+            if not isinstance(native_forward, bool):
+                raise ValueError(f"policy.config.native_forward: expected true or false, got {native_forward!r}")
             if config:
-                raise ValueError(f"policy.config: unknown key {sorted(config)[0]!r} for hf models (allowed: dtype)")
-            policy = cls.from_hf(model[3:], dtype=torch_dtype)
+                raise ValueError(
+                    f"policy.config: unknown key {sorted(config)[0]!r} for hf models (allowed: dtype, native_forward)"
+                )
+            policy = cls.from_hf(model[3:], dtype=torch_dtype, native_forward=native_forward)
         else:
             raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")
         if checkpoint:
