@@ -40,7 +40,7 @@ from actors.weights import (
     WeightTransport,
     weights_bucket,
 )
-from topology.bus import Delivery
+from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["GeneratorActor", "weight_transports"]
@@ -65,6 +65,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._subscriber: WeightSubscriber | None = None
         self._in_flight = 0
         self._tokens = 0
+        self._outbox: Outbox | None = None
         self._started = time.monotonic()
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
 
@@ -117,16 +118,19 @@ class GeneratorActor(Actor[GeneratorConfig]):
             if self._has_learner:
                 await self._wait_for_first_weights()
             # the work group closes before the consumer does, so every accepted prompt is acked (or nak'ed)
+            # (and the outbox sends what they queued before the consumer closes)
             async with (
                 self.ctx.bus.consume(channel_in, self.ctx.actor, model=PromptMsg,
                                      batch=self.config.max_batch_size) as prompts,
+                Outbox(self.ctx.bus, source=self._who()) as outbox,
                 anyio.create_task_group() as work,
             ):
+                self._outbox = outbox
                 async for delivery in iterate_until(prompts, self.ctx.stopping):
                     slots = min(delivery.payload.group_size, self.config.max_batch_size)
                     for index in range(slots):
                         await limit.acquire_on_behalf_of(_token(delivery, index))
-                    work.start_soon(self._handle, delivery, limit, slots)
+                    work.start_soon(self._handle, delivery, limit, slots, outbox)
             tg.cancel_scope.cancel()
 
     async def drain(self) -> None:
@@ -151,7 +155,9 @@ class GeneratorActor(Actor[GeneratorConfig]):
         assert self._subscriber is not None
         await self._subscriber.run()
 
-    async def _handle(self, delivery: Delivery[PromptMsg], limit: anyio.CapacityLimiter, slots: int) -> None:
+    async def _handle(
+        self, delivery: Delivery[PromptMsg], limit: anyio.CapacityLimiter, slots: int, outbox: Outbox
+    ) -> None:
         assert self.engine is not None
         msg = delivery.payload
         try:
@@ -159,9 +165,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
             started = time.perf_counter()
             completions = await self.engine.generate(self._requests(delivery.id, msg))
             rollout = self._rollout(msg, completions, time.perf_counter() - started)
-            await self.ctx.bus.publish(self._out_channel(), "rollout", rollout.model_dump(mode="json"),
-                                       id=f"{delivery.id}.r", source=self._who())
-            await delivery.ack()
+            await outbox.send(self._out_channel(), "rollout", rollout.model_dump(mode="json"),
+                              id=f"{delivery.id}.r", delivery=delivery)
             self.ctx.counters.inc("prompts")
             self.ctx.counters.inc("completions", len(completions))
             generated = sum(len(c.token_ids) for c in completions)
@@ -226,6 +231,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
             self.ctx.counters.set("tokens_per_s", round((self._tokens - last_tokens) / max(now - last_t, 1e-6), 1))
             last_tokens, last_t = self._tokens, now
             self.ctx.counters.set("in_flight_prompts", self._in_flight)
+            if self._outbox is not None and self._outbox.batches:  # rollouts per publish batch
+                self.ctx.counters.set("outbox_batch", round(self._outbox.items / self._outbox.batches, 2))
             if self.engine is not None:
                 self.ctx.counters.set("version", self.engine.version)
                 stats = getattr(self.engine, "stats", None)

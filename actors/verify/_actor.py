@@ -28,7 +28,7 @@ from actors._messages import SOLVED_SUBJECT, RolloutMsg, ScoredCompletion, Score
 from actors.verify._config import VerifyConfig
 from actors.verify._pool import SandboxPool
 from actors.verify._score import DomainVerifier, Scorer
-from topology.bus import Delivery
+from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["VerifyActor"]
@@ -39,6 +39,7 @@ class VerifyActor(Actor[VerifyConfig]):
         super().__init__(ctx, config)
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None
+        self._outbox: Outbox | None = None
         wanted = set(config.domains) if config.domains else set(ctx.spec.domains)
         self._domains = {name: d for name, d in ctx.spec.domains.items() if name in wanted}
         self._announce = {name for name, d in self._domains.items() if getattr(d, "skip_solved", 0) > 0}
@@ -55,14 +56,17 @@ class VerifyActor(Actor[VerifyConfig]):
         channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
         limit = anyio.CapacityLimiter(self.config.max_in_flight)
         # the work group closes before the consumer does, so every accepted rollout is acked (or nak'ed)
+        # (and the outbox sends what they queued before the consumer closes)
         async with (
             self.ctx.bus.consume(channel_in, self.ctx.actor, model=RolloutMsg,
                                  batch=min(64, self.config.max_in_flight)) as rollouts,
+            Outbox(self.ctx.bus, source=f"{self.ctx.actor}/{self.ctx.replica}") as outbox,
             anyio.create_task_group() as work,
         ):
+            self._outbox = outbox
             async for delivery in iterate_until(rollouts, self.ctx.stopping):
                 await limit.acquire_on_behalf_of(delivery.id)
-                work.start_soon(self._handle, delivery, limit)
+                work.start_soon(self._handle, delivery, limit, outbox)
 
     async def stop(self) -> None:
         if self._pool is not None:
@@ -75,6 +79,8 @@ class VerifyActor(Actor[VerifyConfig]):
             counters["sandbox_queue"] = float(getattr(stats, "queued", 0))
         if self._scorer is not None:
             counters.update({key: float(value) for key, value in self._scorer.memo_stats().items()})
+        if self._outbox is not None and self._outbox.batches:
+            counters["outbox_batch"] = round(self._outbox.items / self._outbox.batches, 2)  # messages per publish
         return counters
 
     async def _announce_solved(self, rollout: RolloutMsg) -> None:
@@ -86,7 +92,7 @@ class VerifyActor(Actor[VerifyConfig]):
             return
         self.ctx.counters.inc("solved_announced")
 
-    async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter) -> None:
+    async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter, outbox: Outbox) -> None:
         assert self._scorer is not None
         rollout = delivery.payload
         try:
@@ -117,9 +123,8 @@ class VerifyActor(Actor[VerifyConfig]):
                 verify_s=time.perf_counter() - started, completions=scored, reference=rollout.reference,
             )
             out = self.ctx.spec.actors[self.ctx.actor].publishes
-            await self.ctx.bus.publish(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
-                                       id=f"{delivery.id}.s", source=f"{self.ctx.actor}/{self.ctx.replica}")
-            await delivery.ack()
+            await outbox.send(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
+                              id=f"{delivery.id}.s", delivery=delivery)
             if (rollout.domain in self._announce and not rollout.heldout and scored
                     and all(c.reward >= 1.0 for c in scored)):
                 await self._announce_solved(rollout)

@@ -163,8 +163,8 @@ class Bus:
                       source: str = "") -> str:
         """Publish one durable message; returns its id once JetStream stored it."""
         env = Envelope.new(type, payload, id=id, source=source or self.name)
-        subj = await self._known(channel)
         try:
+            subj = await self._known(channel)
             ack = await self._js.publish(subj, encode(env), headers={"Nats-Msg-Id": env.id})
         except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
@@ -176,16 +176,16 @@ class Bus:
     async def publish_many(self, channel: str, items: Sequence[tuple[str, Mapping[str, Any], str | None]],
                            source: str = "") -> list[str]:
         """Publish ``(type, payload, id|None)`` items pipelined: send all, then await every store ack."""
-        subj = await self._known(channel)
         source = source or self.name
         ids: list[str] = []
         futures: list[asyncio.Future[api.PubAck]] = []
         publish_async = self._js.publish_async
-        for type_, payload, id_ in items:
-            env = Envelope.new(type_, payload, id=id_, source=source)
-            ids.append(env.id)
-            futures.append(await publish_async(subj, encode(env), headers={"Nats-Msg-Id": env.id}))
         try:
+            subj = await self._known(channel)
+            for type_, payload, id_ in items:
+                env = Envelope.new(type_, payload, id=id_, source=source)
+                ids.append(env.id)
+                futures.append(await publish_async(subj, encode(env), headers={"Nats-Msg-Id": env.id}))
             acks = await asyncio.wait_for(asyncio.gather(*futures), _PUBLISH_TIMEOUT_S)
         except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
             for future in futures:
