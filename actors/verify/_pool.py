@@ -9,7 +9,8 @@ slot enforces a parent-side deadline (the job's timeout plus a grace) on the wor
 worker's whole pid namespace when it expires, so a wedged or killed worker costs one job, not the pool.
 Workers are replaced after ``max_jobs_per_worker`` jobs and after any job that hit a limit, crashed or
 left processes behind. A job whose worker died before answering runs once more on a fresh worker; it is
-``crashed`` only if that worker dies too (counted in ``crash_retries``). Frames are length-prefixed; the pool never waits on a pipe's EOF.
+``crashed`` only if that worker dies too (counted in ``crash_retries``). Frames are length-prefixed; the
+pool never waits on a pipe's EOF.
 ``statistics()`` counts jobs per verdict; every non-pass verdict is logged.
 Non-goals: scheduling fairness between callers, cross-host pools.
 """
