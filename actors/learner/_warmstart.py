@@ -22,9 +22,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import torch
-
-from actors.learner._trainer import Trainer
+from actors.learner._trainer import Trainer, adamw
 from actors.source import Domain, DomainSampler
 
 __all__ = ["WarmStartResult", "lr_at", "reference_pairs", "warm_start"]
@@ -72,7 +70,7 @@ def warm_start(trainer: Trainer, domains: Mapping[str, Domain], *, steps: int, l
         result.skipped_reason = "warm_start.steps is 0"
         return result
     sampler = DomainSampler(domains, random.Random(seed))
-    optimizer = torch.optim.AdamW(trainer.params, lr=lr, weight_decay=0.0)
+    optimizer = adamw(trainer.params, lr=lr, weight_decay=0.0)
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr)

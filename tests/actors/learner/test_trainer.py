@@ -234,3 +234,24 @@ def test_two_epochs_take_the_proximal_logprobs_from_the_first_forward() -> None:
         optimizer.step()
     for (name, a), b in zip(policy.state_dict().items(), textbook.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=2e-5), name
+
+
+def test_fused_adamw_takes_the_default_implementations_step() -> None:
+    from actors.learner._trainer import adamw
+
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(7)]
+    grads = [[torch.randn_like(t) for t in start] for _ in range(3)]
+    results = []
+    for make in (adamw, lambda ps, **kw: torch.optim.AdamW(ps, **kw)):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizer = make(params, lr=1e-2, weight_decay=0.01)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        results.append(([p.detach() for p in params], optimizer.param_groups[0]["fused"]))
+    (fused_params, fused), (default_params, _) = results
+    assert fused is True  # torch has a fused CPU AdamW (2.4+): the trainer uses it
+    for a, b in zip(fused_params, default_params, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
