@@ -102,15 +102,19 @@ class VerifyActor(Actor[VerifyConfig]):
                 return
             started = time.perf_counter()
             scored: list[ScoredCompletion] = []
-            async with anyio.create_task_group() as group:
-                results: list[Any] = [None] * len(rollout.completions)
-
-                async def one(index: int, text: str) -> None:
-                    assert self._scorer is not None
-                    results[index] = await self._scorer.score(rollout.domain, text, rollout.verifier_fields)
-
+            results: list[Any] = [None] * len(rollout.completions)
+            if self._scorer.in_process(rollout.domain):  # no sandbox to overlap: one after another, no tasks
                 for index, completion in enumerate(rollout.completions):
-                    group.start_soon(one, index, completion.text)
+                    results[index] = await self._scorer.score(rollout.domain, completion.text, rollout.verifier_fields)
+            else:
+                async with anyio.create_task_group() as group:
+
+                    async def one(index: int, text: str) -> None:
+                        assert self._scorer is not None
+                        results[index] = await self._scorer.score(rollout.domain, text, rollout.verifier_fields)
+
+                    for index, completion in enumerate(rollout.completions):
+                        group.start_soon(one, index, completion.text)
             for completion, result in zip(rollout.completions, results, strict=True):
                 scored.append(ScoredCompletion(**completion.model_dump(), reward=result.reward,
                                                verdict=str(result.verdict), detail=result.detail[:200]))

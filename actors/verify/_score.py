@@ -17,6 +17,7 @@ import structlog
 
 from ._pool import SandboxPool
 from ._verifiers import Verifier, VerifierError, VerifyResult, build_verifier
+from ._verifiers._registry import PLAIN_VERIFIERS
 
 _log = structlog.get_logger("flywheel.verify")
 
@@ -44,6 +45,13 @@ class Scorer:
                 out[f"sandbox_runs.{name}"] = int(getattr(verifier, "sandbox_runs", 0))
                 out[f"memo_hits.{name}"] = int(verifier.memo_hits)
         return out
+
+    def in_process(self, domain: str) -> bool:
+        """True when ``domain``'s verifier is a builtin that runs in this process (math, json-fields): scoring
+        a group's completions one after another then costs no task per completion, and waits on nothing that
+        running them concurrently would overlap."""
+        verifier = self._verifiers.get(domain)
+        return verifier is not None and verifier.name in PLAIN_VERIFIERS
 
     async def score(self, domain: str, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         verifier = self._verifiers.get(domain)

@@ -22,6 +22,9 @@ def verifier_names() -> list[str]:
     return sorted([*_SANDBOXED, *_PLAIN])
 
 
+PLAIN_VERIFIERS = frozenset(_PLAIN)  # builtins that score in this process, without the sandbox
+
+
 def needs_sandbox(name: str) -> bool:
     return name in _SANDBOXED
 

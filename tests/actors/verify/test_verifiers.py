@@ -212,3 +212,14 @@ def test_cli_isolation_refused_is_nonzero(tmp_path: Path) -> None:
     code, out = _cli([str(prog), "--isolation", "rlimits", "--min-isolation", "bwrap"])
     assert code == 3 and out["verdict"] == "isolation_refused"
     assert sys.executable  # the CLI ran in-process
+
+
+def test_in_process_verifiers_are_scored_without_a_task_each(sandbox: PoolRunner) -> None:
+    from actors.verify._score import DomainVerifier, Scorer
+
+    scorer = Scorer(
+        {"a": DomainVerifier("math", {}), "j": DomainVerifier("json-fields", {}), "p": DomainVerifier("python-expr", {})},
+        pool=sandbox.pool,
+    )
+    assert [scorer.in_process(d) for d in ("a", "j", "p", "missing")] == [True, True, False, False]
+    assert sandbox.call(scorer.score("a", "12", {"answer": "12"})).reward == 1.0
