@@ -92,7 +92,12 @@ class Outbox:
             self._wake.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                await self._flush(batch)
+                try:
+                    await self._flush(batch)
+                except Exception as exc:  # a bug here must not leave senders waiting forever
+                    for item in batch:
+                        if not item.done.done():
+                            item.done.set_exception(BusError(f"outbox failed: {exc!r}"))
             if self._closing:
                 return
 
