@@ -71,3 +71,11 @@ def test_cli_subprocess_broken_spec_exit_one_without_traceback() -> None:
     assert proc.returncode == 1
     assert f"{spec}:4:8: bus.url:" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_python_dash_m_runs_the_cli_as_the_justfile_does() -> None:
+    # `just demo` and `just validate` call `python -m topology.cli`: a package needs a __main__ for that.
+    proc = subprocess.run([sys.executable, "-m", "topology.cli", "validate", EMBEDDED],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"ok {EMBEDDED}" in proc.stdout
