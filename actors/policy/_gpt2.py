@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._tiny_gpt import KVCache, positions_from_mask
+from ._tiny_gpt import KVCache, padded_causal_mask, positions_from_mask
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -76,13 +76,7 @@ def gpt2_forward(
         raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(batch, past + length)}")
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask, length)
-    device = input_ids.device
-    keys = torch.arange(past + length, device=device)
-    queries = torch.arange(past, past + length, device=device)
-    causal = keys[None, :] <= queries[:, None]
-    # A query always sees itself, so padded query rows never softmax over an empty set.
-    diagonal = keys[None, :] == queries[:, None]
-    mask = ((causal[None] & attention_mask.bool()[:, None, :]) | diagonal[None])[:, None]
+    mask = padded_causal_mask(attention_mask, past, length)
     scale = head_dim**-0.5 if config.scale_attn_weights else 1.0
     act = _ACTIVATIONS[config.activation_function]
     eps = config.layer_norm_epsilon

@@ -118,6 +118,17 @@ class _Block(nn.Module):
         return x, kv
 
 
+def padded_causal_mask(attention_mask: Tensor, past: int, length: int) -> Tensor:
+    """The boolean attention mask ``[B, 1, L, past+L]`` of ``L`` new queries over left-padded rows: causal, no
+    padded key, and a query always sees itself (a padded query row never softmaxes over an empty set)."""
+    device = attention_mask.device
+    keys = torch.arange(past + length, device=device)
+    queries = torch.arange(past, past + length, device=device)
+    causal = keys[None, :] <= queries[:, None]  # [L, past+L]
+    diagonal = keys[None, :] == queries[:, None]
+    return ((causal[None] & attention_mask.bool()[:, None, :]) | diagonal[None])[:, None]
+
+
 def positions_from_mask(attention_mask: Tensor, length: int) -> Tensor:
     """Position of each of the last ``length`` columns: the number of real tokens before it."""
     positions = attention_mask.long().cumsum(-1) - 1
@@ -172,17 +183,11 @@ class TinyGPT(nn.Module):
         cos, sin = freqs.cos()[:, None].to(dtype), freqs.sin()[:, None].to(dtype)  # [B, 1, L, head_dim/2]
 
         mask: Tensor | None = None
-        if attention_mask is not None or past > 0:
+        if attention_mask is not None:
+            mask = padded_causal_mask(attention_mask, past, length)
+        elif past > 0:
             keys = torch.arange(past + length, device=device)
-            queries = torch.arange(past, past + length, device=device)
-            causal = keys[None, :] <= queries[:, None]  # [L, past+L]
-            if attention_mask is None:
-                mask = causal[None, None]
-            else:
-                # A query always sees itself, so padded query rows never softmax over an empty set.
-                diagonal = keys[None, :] == queries[:, None]
-                mask = (causal[None] & attention_mask.bool()[:, None, :]) | diagonal[None]
-                mask = mask[:, None]  # [B, 1, L, past+L]
+            mask = (keys[None, :] <= torch.arange(past, past + length, device=device)[:, None])[None, None]
 
         x = self.wte(input_ids)
         new_cache: KVCache = []
