@@ -231,8 +231,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
             self.ctx.counters.set("tokens_per_s", round((self._tokens - last_tokens) / max(now - last_t, 1e-6), 1))
             last_tokens, last_t = self._tokens, now
             self.ctx.counters.set("in_flight_prompts", self._in_flight)
-            if self._outbox is not None and self._outbox.batches:  # rollouts per publish batch
-                self.ctx.counters.set("outbox_batch", round(self._outbox.items / self._outbox.batches, 2))
+            if self._outbox is not None and self._outbox.per_batch is not None:  # rollouts per publish batch
+                self.ctx.counters.set("outbox_batch", self._outbox.per_batch)
             if self.engine is not None:
                 self.ctx.counters.set("version", self.engine.version)
                 stats = getattr(self.engine, "stats", None)

@@ -79,8 +79,8 @@ class VerifyActor(Actor[VerifyConfig]):
             counters["sandbox_queue"] = float(getattr(stats, "queued", 0))
         if self._scorer is not None:
             counters.update({key: float(value) for key, value in self._scorer.memo_stats().items()})
-        if self._outbox is not None and self._outbox.batches:
-            counters["outbox_batch"] = round(self._outbox.items / self._outbox.batches, 2)  # messages per publish
+        if self._outbox is not None and self._outbox.per_batch is not None:
+            counters["outbox_batch"] = self._outbox.per_batch
         return counters
 
     async def _announce_solved(self, rollout: RolloutMsg) -> None:

@@ -2,10 +2,10 @@
 
 A handler that turns one delivery into one output message acks the delivery only after the output is stored
 (at-least-once). Done handler by handler, that is an awaited JetStream round trip plus two socket writes per
-message, and on a small machine those writes (each a trip through the loopback TCP stack, on both ends) were
-the largest CPU cost of the verify actor. The outbox queues ``(channel, message, delivery)`` items; one task
-sends whatever queued while the previous batch was in flight as one pipelined ``publish_many`` per channel,
-then acks that batch's deliveries in one flush.
+message. The outbox queues ``(channel, message, delivery)`` items; one task sends whatever queued while the
+previous batch was in flight as one pipelined ``publish_many`` per channel, then acks that batch's deliveries
+in one flush. Measured on the HF task: 6.7 rollouts and 2.1 scored groups per batch, fewer round trips — but the
+verify actor's CPU (mostly socket sends to nats-server) did not measurably drop.
 
 Contract:
 - ``send`` returns once its message is stored and its delivery acked; it raises ``BusError`` when the publish
@@ -57,8 +57,13 @@ class Outbox:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self.batches = 0  # publish batches sent (items / batches = how much the outbox coalesced)
+        self.batches = 0  # publish batches sent
         self.items = 0
+
+    @property
+    def per_batch(self) -> float | None:
+        """Messages per publish batch so far (how much the outbox coalesced); ``None`` before the first."""
+        return round(self.items / self.batches, 2) if self.batches else None
 
     async def __aenter__(self) -> Outbox:
         self._task = asyncio.create_task(self._run(), name="outbox")

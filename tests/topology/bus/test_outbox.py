@@ -42,6 +42,7 @@ async def test_concurrent_sends_are_published_once_each_and_their_inputs_acked(b
             for delivery in taken:
                 tg.start_soon(handle, delivery)
     assert outbox.items == 40 and outbox.batches < 40  # 40 concurrent sends went out in fewer, larger batches
+    assert outbox.per_batch == round(40 / outbox.batches, 2)
     outputs = await drain(bus, "outputs", "check", 40)
     assert sorted(d.payload["i"] for d in outputs) == list(range(40))
     assert {d.envelope.source for d in outputs} == {"w/0"}
