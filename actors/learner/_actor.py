@@ -27,7 +27,8 @@ after every step; the source publishes one batch of prompts per version (``actor
 
 Weights go out through the transport named by ``weight_transport`` — the same set the generators receive from
 (:func:`actors.generator._actor.weight_transports`): the object store, a safetensors directory, or a
-torch.distributed broadcast to the generators configured with ``weight_sync: distributed``.
+torch.distributed broadcast to the generators configured with ``weight_sync: distributed``; ``auto`` (the default)
+is the directory on the local runtime and the object store on Ray.
 
 Non-goals: data-parallel learners.
 """

@@ -99,14 +99,15 @@ async def setup_learner(actor: LearnerActor) -> None:
         await actor.publish_eval()  # the warm-start baseline
     ctx.log.info("learner.ready", version=actor.version, step=actor.step, params=policy.num_parameters(),
                  device=str(policy.device), torch_threads=threads, mode=config.mode,
-                 normalize=config.normalize, max_staleness=actor.max_staleness)
+                 normalize=config.normalize, max_staleness=actor.max_staleness,
+                 weight_transport=config.transport_name(ctx.spec.runtime.kind))
 
 
 def _transport(actor: LearnerActor) -> WeightTransport:
     """The generators' own transports (``weight_transports``), so both sides agree on bucket and directory."""
     from actors.generator._actor import weight_transports
 
-    return weight_transports(actor.ctx)[actor.config.weight_transport]
+    return weight_transports(actor.ctx)[actor.config.transport_name(actor.ctx.spec.runtime.kind)]
 
 
 def _restore(actor: LearnerActor, path: Any) -> None:

@@ -91,3 +91,29 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
     assert evals.select("version", "domain", "n", "accuracy").rows() == [(1, "arithmetic", 8, 0.5)]
     steps = read_metrics(tmp_path / "run", "step")
     assert steps["step"].to_list() == [1] and steps["samples"].to_list() == [8]
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
+                         ids=["default", "object-store"])
+async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
+        embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str) -> None:
+    from actors.weights._flow import CURRENT, weights_bucket
+    from actors.weights._manifest import WeightManifest
+
+    spec = write_spec(tmp_path, learner(extra=setting))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (_actor, bus):
+        raw = await bus.kv_get(weights_bucket(spec.name), CURRENT)
+        assert raw is not None  # the learner announces its first version when it starts
+        manifest = WeightManifest.from_json(raw)
+        assert manifest.transport == expected
+        if expected == "disk":
+            assert Path(manifest.location).parent == tmp_path / "run" / "weights"
+            assert any(Path(manifest.location).glob("*.safetensors"))
+
+
+async def test_auto_transport_is_the_object_store_on_ray() -> None:
+    from actors.learner._config import LearnerConfig
+
+    assert LearnerConfig().transport_name("ray") == "object-store"
+    assert LearnerConfig().transport_name("local") == "disk"
+    assert LearnerConfig(weight_transport="distributed").transport_name("local") == "distributed"
