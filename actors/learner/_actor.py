@@ -9,8 +9,8 @@ Lifecycle:
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
   greedy training samples are dropped, counted and acked); the train loop builds batches by domain weight
   (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
-  samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights, checkpoints
-  and evaluates. On stop the current step finishes, a final checkpoint is taken and what it covers is acked.
+  samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
+  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. On stop the current step finishes, a final checkpoint is taken and what it covers is acked.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -92,6 +92,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.phase = "init"
         self.max_staleness = config.effective_max_staleness
         self.publish_every = 1 if config.mode == "sync" else config.publish_every_steps
+        self._published_step, self._published_at = 0, 0.0  # the last version's step and time.monotonic()
         self.ledger = AppliedLedger()
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(ctx.spec.domains)
@@ -292,7 +293,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._steps_t.append(time.monotonic())
         self._account(applied, consumed)
         self._report_step(stats, applied, step_s)
-        if self.step % self.publish_every == 0:
+        if self._publish_due():
             await self.publish_weights()
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint()
@@ -389,11 +390,19 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.add("step", row)
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
+    def _publish_due(self) -> bool:
+        """``publish_every_steps`` steps since the last version, and (async) ``publish_min_interval_s`` seconds."""
+        if self.step - self._published_step < self.publish_every:
+            return False
+        floor = 0.0 if self.config.mode == "sync" else self.config.publish_min_interval_s
+        return time.monotonic() - self._published_at >= floor
+
     async def publish_weights(self) -> None:
         state = {name: t.detach().to("cpu").clone() for name, t in self.policy.state_dict().items()}
         current = await self.publisher.current()
         self.version = max(self.version, current.version if current is not None else 0) + 1
         await self.publisher.publish(self.version, state)
+        self._published_step, self._published_at = self.step, time.monotonic()
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step)
 

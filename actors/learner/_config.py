@@ -31,7 +31,10 @@ class LearnerConfig(SpecModel):
     ppo_epochs: int = Field(default=1, ge=1)  # passes over each batch (ratio current/proximal moves off 1 after the first)
     minibatches: int = Field(default=1, ge=1)  # optimizer steps per pass (the batch split by completions)
     max_staleness: int = Field(default=4, ge=0)  # drop samples older than this many versions; 0 = synchronous
-    publish_every_steps: int = Field(default=1, ge=1)  # publish new weights every K optimizer steps
+    publish_every_steps: int = Field(default=1, ge=1)  # publish new weights every K optimizer steps...
+    publish_min_interval_s: float = Field(default=0.25, ge=0)  # ...and no sooner than this after the previous
+    #   version: a floor that only binds when steps are fast (tiny models), where each version costs the generators
+    #   a weight swap and a KV-cache rebuild; 0 = exactly every K steps. Sync mode publishes after every step.
     checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint (then ack what it covers) every K steps
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)

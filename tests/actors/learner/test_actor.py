@@ -117,3 +117,16 @@ async def test_auto_transport_is_the_object_store_on_ray() -> None:
     assert LearnerConfig().transport_name("ray") == "object-store"
     assert LearnerConfig().transport_name("local") == "disk"
     assert LearnerConfig(weight_transport="distributed").transport_name("local") == "distributed"
+
+
+@pytest.mark.parametrize(("floor_s", "versions"), [(0.0, 4), (60.0, 1)], ids=["every-step", "floor"])
+async def test_publish_min_interval_holds_back_the_versions_of_fast_steps(
+        embedded_nats: EmbeddedNats, tmp_path: Path, floor_s: float, versions: int) -> None:
+    spec = write_spec(tmp_path, learner(extra=f"    max_staleness: 100\n    publish_min_interval_s: {floor_s}\n"))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        assert actor.version == 1  # the start publishes whatever the floor
+        for i in range(6):  # 3 steps of 2 groups, each a few milliseconds
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.step == 3 and actor.version == versions)
+        await anyio.sleep(0.3)
+        assert actor.version == versions  # with the floor, steps 1-3 came too soon after the start's version
