@@ -171,7 +171,9 @@ class RuntimeSpec(SpecModel):
 class WarmStartSpec(SpecModel):
     """Supervised warm start run by the learner when no checkpoint exists."""
 
-    steps: int = Field(default=200, ge=0)  # 0 disables the warm start
+    # null: 200 for a builtin model (random weights: RL needs some reward to climb from), 0 for an hf: model (a
+    # trained model's weights are the starting point; an SFT phase it did not ask for would change them); 0 disables
+    steps: int | None = Field(default=None, ge=0)
     lr: float = Field(default=1e-3, gt=0)  # supervised learning rate (RL rates are far smaller; see learner.lr)
     batch_size: int = Field(default=32, ge=1)
 
@@ -184,6 +186,13 @@ class PolicySpec(SpecModel):
     config: dict[str, Any] = Field(default_factory=dict)  # free-form model hyper-parameters (builtin models)
     checkpoint: str | None = None  # start from these weights (path, relative to the spec file); null: fresh
     warm_start: WarmStartSpec = WarmStartSpec()
+
+    @property
+    def warm_start_steps(self) -> int:
+        """``warm_start.steps``, its default resolved by the kind of model (see `WarmStartSpec`)."""
+        if self.warm_start.steps is not None:
+            return self.warm_start.steps
+        return 200 if self.model.startswith("builtin:") else 0
 
     @field_validator("model")
     @classmethod

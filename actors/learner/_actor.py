@@ -3,7 +3,7 @@
 Lifecycle:
 - ``start``: build the policy from the spec; if ``state_dir`` holds a checkpoint, restore model, optimizer, step,
   version, advantage statistics and the applied ledger from it; otherwise, when the policy has no checkpoint and
-  ``warm_start.steps > 0``, run the supervised warm start (``_warmstart``) and checkpoint it. Then publish the
+  ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and checkpoint it. Then publish the
   weights as version ``max(checkpointed, current in KV) + 1`` — also after a restart, so generators drop weights
   the crash rolled back — and, after a warm start, publish a held-out evaluation round (the baseline).
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or

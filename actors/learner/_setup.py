@@ -88,8 +88,9 @@ async def setup_learner(actor: LearnerActor) -> None:
     else:
         actor.metrics.add("lifecycle", {"ts": time.time(), "event": "start", "step": 0, "version": 0})
         warm = ctx.spec.policy.warm_start
-        if ctx.spec.policy.checkpoint is None and warm.steps > 0:
-            await _warm_start(actor, domains, warm.steps, warm.lr, warm.batch_size)
+        steps = ctx.spec.policy.warm_start_steps
+        if ctx.spec.policy.checkpoint is None and steps > 0:
+            await _warm_start(actor, domains, steps, warm.lr, warm.batch_size)
         if actor.trainer.reference is not None:
             actor.trainer.reset_reference()  # the KL anchor is the post-warm-start policy
         await actor.checkpoint()  # a crash from here on never repeats the warm start

@@ -1,6 +1,7 @@
 """The supervised warm start: a short phase of real SFT steps on the domains' reference answers.
 
-Used when the policy has no checkpoint (``policy.checkpoint: null``) and ``policy.warm_start.steps > 0``:
+Used when the policy has no checkpoint (``policy.checkpoint: null``) and ``policy.warm_start.steps > 0`` (by default
+200 for a builtin model and 0 for an ``hf:`` model, whose own weights are the starting point):
 batches of ``(prompt, reference)`` pairs are drawn from the *training* split of the learner's domains (domain by
 sampling weight, as the source does; held-out tasks are never drawn), and each step minimizes the cross-entropy of
 the reference completion tokens (``Trainer.sft_step``) with AdamW. Tasks without a reference are skipped; when no

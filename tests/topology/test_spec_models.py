@@ -121,3 +121,14 @@ def test_hf_model_dirs_resolve_against_the_spec_and_a_missing_one_is_a_warning(t
     assert spec.policy.model == "hf:Qwen/Qwen2.5-0.5B"  # left as written: it may exist where the model is served
     (warning,) = [w for w in spec.warnings if w.path == "policy.model"]
     assert warning.severity == "warning" and "config.json" in warning.message and warning.line == 2
+
+
+def test_warm_start_defaults_on_for_builtin_models_and_off_for_hf_models() -> None:
+    def steps(text: str) -> int:
+        return load_spec_text(text, "t.yaml", {}).policy.warm_start_steps
+
+    hf = MINIMAL.replace("builtin:tiny-gpt", "hf:Qwen/Qwen2.5-0.5B")
+    assert steps(MINIMAL) == 200  # random weights: SFT on the references first
+    assert steps(hf) == 0  # a trained model starts RL as given
+    assert steps(hf.replace("{model: hf:Qwen/Qwen2.5-0.5B}", "{model: hf:Qwen/Qwen2.5-0.5B, warm_start: {steps: 50}}")) == 50
+    assert steps(MINIMAL.replace("{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, warm_start: {steps: 0}}")) == 0
