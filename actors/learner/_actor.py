@@ -3,14 +3,16 @@
 Lifecycle:
 - ``start``: build the policy from the spec; if ``state_dir`` holds a checkpoint, restore model, optimizer, step,
   version, advantage statistics and the applied ledger from it; otherwise, when the policy has no checkpoint and
-  ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and checkpoint it. Then publish the
-  weights as version ``max(checkpointed, current in KV) + 1`` — also after a restart, so generators drop weights
-  the crash rolled back — and, after a warm start, publish a held-out evaluation round (the baseline).
+  ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and
+  checkpoint it. Then publish the weights as version ``max(checkpointed, current in KV) + 1`` — also after a
+  restart, so generators drop weights the crash rolled back — and, after a warm start, publish a held-out
+  evaluation round (the baseline).
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
   greedy training samples are dropped, counted and acked); the train loop builds batches by domain weight
   (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
   samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
-  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. On stop the current step finishes, a final checkpoint is taken and what it covers is acked.
+  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. On stop the current step
+  finishes, a final checkpoint is taken and what it covers is acked.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger

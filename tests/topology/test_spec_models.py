@@ -130,5 +130,6 @@ def test_warm_start_defaults_on_for_builtin_models_and_off_for_hf_models() -> No
     hf = MINIMAL.replace("builtin:tiny-gpt", "hf:Qwen/Qwen2.5-0.5B")
     assert steps(MINIMAL) == 200  # random weights: SFT on the references first
     assert steps(hf) == 0  # a trained model starts RL as given
-    assert steps(hf.replace("{model: hf:Qwen/Qwen2.5-0.5B}", "{model: hf:Qwen/Qwen2.5-0.5B, warm_start: {steps: 50}}")) == 50
+    asked = hf.replace("{model: hf:Qwen/Qwen2.5-0.5B}", "{model: hf:Qwen/Qwen2.5-0.5B, warm_start: {steps: 50}}")
+    assert steps(asked) == 50
     assert steps(MINIMAL.replace("{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, warm_start: {steps: 0}}")) == 0

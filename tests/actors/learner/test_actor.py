@@ -93,7 +93,8 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
     assert steps["step"].to_list() == [1] and steps["samples"].to_list() == [8]
 
 
-@pytest.mark.parametrize(("setting", "expected"), [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
+@pytest.mark.parametrize(("setting", "expected"),
+                         [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
                          ids=["default", "object-store"])
 async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
         embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str) -> None:
