@@ -93,7 +93,9 @@ class LearnerActor(Actor[LearnerConfig]):
         self.version = 0
         self.phase = "init"
         self.max_staleness = config.effective_max_staleness
-        self.publish_every = 1 if config.mode == "sync" else config.publish_every_steps
+        sync = config.mode == "sync"  # sync publishes after every step: the source waits for each version
+        self.publish_every = 1 if sync else config.publish_every_steps
+        self.publish_floor_s = 0.0 if sync else config.publish_min_interval_s
         self._published_step, self._published_at = 0, 0.0  # the last version's step and time.monotonic()
         self.ledger = AppliedLedger()
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
@@ -393,11 +395,9 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
     def _publish_due(self) -> bool:
-        """``publish_every_steps`` steps since the last version, and (async) ``publish_min_interval_s`` seconds."""
-        if self.step - self._published_step < self.publish_every:
-            return False
-        floor = 0.0 if self.config.mode == "sync" else self.config.publish_min_interval_s
-        return time.monotonic() - self._published_at >= floor
+        """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version."""
+        return (self.step - self._published_step >= self.publish_every
+                and time.monotonic() - self._published_at >= self.publish_floor_s)
 
     async def publish_weights(self) -> None:
         state = {name: t.detach().to("cpu").clone() for name, t in self.policy.state_dict().items()}
