@@ -14,7 +14,8 @@ Contract:
   publishes at most `max_pending − backlog` more, then polls again. One replica therefore keeps at most
   `max_pending` prompts waiting (plus at most one batch in flight); R replicas at most R × `max_pending`.
   A consumer group that stops consuming stalls the source (it is the slowest group) — logged once per stall.
-- End-to-end backpressure (`max_in_flight`, optional): the source also counts the training groups anywhere
+- End-to-end backpressure (`max_in_flight`; `auto` by default, sized from the learner's batch, publish cadence
+  and `max_staleness`, see `resolve_max_in_flight`; null turns it off): the source also counts the training groups anywhere
   downstream on the way to a learner — following the spec's graph from `prompts` to every learner, it adds the
   backlog (undelivered + unacked) of each consumer group on the way, and for a learner the groups not yet
   delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`). It publishes at
@@ -42,6 +43,7 @@ Non-goals: exact global in-flight accounting across replicas; priorities between
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from typing import Any
@@ -60,6 +62,8 @@ from ._domains import DomainSampler, domains_from_spec
 __all__ = ["SourceActor"]
 
 _BATCH = 32  # most prompts per publish_many call
+_AUTO_BATCHES = 4  # `max_in_flight: auto`: learner batches drawn ahead (the embedded default's measured 32 groups;
+#   the HF task of bench/make_hf_task.py trained as fast with 4, 6 or 8 batches ahead)
 _POLL_S = 0.05  # how often a blocked source looks downstream again (each look costs a few JetStream API calls,
 #   ~1 ms): the embedded default's learner takes a batch every ~0.15-0.2 s, so a 0.2 s look left the generators a
 #   batch short at times
@@ -72,6 +76,7 @@ class SourceActor(Actor[SourceConfig]):
 
     sampler: DomainSampler
     channel: str
+    max_in_flight: int | None  # the resolved bound (groups), None: only max_pending applies
 
     async def start(self) -> None:
         ctx = self.ctx
@@ -83,13 +88,16 @@ class SourceActor(Actor[SourceConfig]):
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
         self._pipeline = self.pipeline() if self.config.max_in_flight is not None else []
+        self.max_in_flight = self.resolve_max_in_flight()
+        if self.max_in_flight is None:
+            self._pipeline = []
         self._solved = await ctx.bus.subscribe_ephemeral(SOLVED_SUBJECT) if self.sampler.skips_solved else None
         ctx.log.info(
             "source started",
             channel=self.channel,
             domains={name: d.source.source for name, d in self.sampler.domains.items()},
             max_pending=self.config.max_pending,
-            max_in_flight=self.config.max_in_flight,
+            max_in_flight=self.max_in_flight,
             pipeline=[f"{channel}→{group}" for channel, group, _ in self._pipeline],
         )
 
@@ -129,6 +137,29 @@ class SourceActor(Actor[SourceConfig]):
                     if not learner:
                         frontier.extend(actors[name].publishes)
         return found
+
+    def resolve_max_in_flight(self) -> int | None:
+        """The bound on groups in flight: ``max_in_flight`` as configured, or for ``auto`` (the default), per learner
+        this source feeds, ``_AUTO_BATCHES`` of its batches, but no more than ``publish_every_steps × max_staleness``
+        batches (a group drawn further ahead would reach the learner too stale to train on, and be dropped), and at
+        least one. A batch in groups is the learner's ``batch_size`` over the weighted mean group size of this
+        source's domains, rounded up, times the learner's replicas. ``auto`` with no learner downstream: no bound."""
+        configured = self.config.max_in_flight
+        if configured != "auto":
+            return configured
+        actors = self.ctx.spec.actors
+        learners = sorted({group for _, group, is_learner in self._pipeline if is_learner})
+        if not learners:
+            return None
+        domains = self.sampler.domains.values()
+        group_size = sum(d.weight * d.group_size for d in domains) / sum(d.weight for d in domains)
+        total = 0
+        for name in learners:
+            learner = actors[name].config
+            per_batch = math.ceil(int(getattr(learner, "batch_size", 1)) / group_size)
+            lead = int(getattr(learner, "publish_every_steps", 1)) * int(getattr(learner, "max_staleness", 0))
+            total += per_batch * max(1, min(_AUTO_BATCHES, lead)) * actors[name].replicas
+        return total
 
     async def in_flight(self) -> int:
         """Training groups between this source and its learners (see the module docstring)."""
@@ -243,10 +274,10 @@ class SourceActor(Actor[SourceConfig]):
             backlog = await self.backlog()
             ctx.counters.set("backlog", backlog)
             room = min(config.max_pending - backlog, _BATCH)
-            if config.max_in_flight is not None and room > 0:
+            if self.max_in_flight is not None and room > 0:
                 in_flight = await self.in_flight()
                 ctx.counters.set("in_flight", in_flight)
-                room = min(room, config.max_in_flight - in_flight)
+                room = min(room, self.max_in_flight - in_flight)
             if rate is not None:
                 now = time.monotonic()
                 tokens, last = min(burst, tokens + (now - last) * rate), now
@@ -257,7 +288,7 @@ class SourceActor(Actor[SourceConfig]):
                 elif time.monotonic() - blocked_since > _STALL_LOG_S:
                     ctx.log.info("source waiting for downstream", backlog=backlog, max_pending=config.max_pending,
                                  in_flight=ctx.counters.snapshot().get("in_flight"),
-                                 max_in_flight=config.max_in_flight)
+                                 max_in_flight=self.max_in_flight)
                     blocked_since = float("inf")  # once per stall
                 with anyio.move_on_after(_POLL_S):
                     await ctx.stopping.wait()

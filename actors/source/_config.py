@@ -6,7 +6,9 @@ holding back when too many are waiting (backpressure), so generators are never s
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
 
 from topology._registry import ActorKind, register_actor_kind
 from topology._spec import SpecModel
@@ -18,11 +20,20 @@ class SourceConfig(SpecModel):
     domains: tuple[str, ...] | None = None  # domains to draw from; null: every domain in the spec, by weight
     max_pending: int = Field(default=256, ge=1)  # prompts published but not yet taken before the source waits
     # training groups anywhere between this source and the learner (queued prompts, prompts being generated,
-    # rollouts waiting for verification, scored groups not yet delivered to or still buffered in the learner);
-    # null: only max_pending applies. Bounds staleness: a group is trained ~max_in_flight groups after it was drawn.
-    max_in_flight: int | None = Field(default=None, ge=1)
+    # rollouts waiting for verification, scored groups not yet delivered to or still buffered in the learner).
+    # Bounds staleness: a group is trained ~max_in_flight groups after it was drawn. auto: 4 of the learner's
+    # batches, fewer when publish_every_steps x max_staleness is smaller (see SourceActor.resolve_max_in_flight);
+    # null: only max_pending applies.
+    max_in_flight: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
     prompts_per_s: float | None = Field(default=None, gt=0)  # optional rate limit; null: as fast as backpressure allows
     seed: int = 0  # seed of the domain/task sampler (replica i uses seed + i)
+
+    @field_validator("max_in_flight", mode="before")
+    @classmethod
+    def _auto_or_count(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"expected an integer >= 1, 'auto' or null, got {value!r}")
+        return value
 
 
 register_actor_kind(

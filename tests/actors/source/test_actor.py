@@ -147,6 +147,25 @@ PIPELINE_ACTORS = """{max_pending: 100, max_in_flight: 6, seed: 3}
 """
 
 
+
+@pytest.mark.parametrize(("source", "learner", "expected"), [
+    # batch 64 over the domains' mean group size (3 x 4 + 1 x 2) / 4 = 3.5: 19 groups a batch
+    ("{}", "{batch_size: 64}", 4 * 19),  # auto: 4 batches (publish_every_steps 1 x max_staleness 4 allows 4)
+    ("{}", "{batch_size: 64, max_staleness: 2}", 2 * 19),  # a group 3 batches ahead would arrive too stale
+    ("{}", "{batch_size: 64, max_staleness: 0}", 19),  # at least one batch
+    ("{}", "{batch_size: 8, publish_every_steps: 4, max_staleness: 1}", 4 * 3),
+    ("{max_in_flight: 7}", "{batch_size: 64}", 7),  # a number is kept
+    ("{max_in_flight: null}", "{batch_size: 64}", None),  # null: only max_pending
+    ("{}", None, None),  # auto with no learner downstream: nothing would ever release the groups
+])
+async def test_max_in_flight_auto_sizes_from_the_learner(embedded_nats: EmbeddedNats, tmp_path: Path, source: str,
+                                                         learner: str | None, expected: int | None) -> None:
+    actors = source + ("" if learner is None else f"\n  generator: {{engine: torch, device: cpu}}\n  verify: {{}}\n"
+                                                  f"  learner: {learner}\n")
+    spec = write_spec(tmp_path, actor=actors)
+    async with running_source(spec, embedded_nats, tmp_path) as (actor, _):
+        assert actor.max_in_flight == expected
+
 async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nats: EmbeddedNats,
                                                                     tmp_path: Path) -> None:
     """End-to-end backpressure: groups waiting anywhere before the learner applies them hold the source back."""
