@@ -26,6 +26,7 @@ import anyio
 import structlog
 
 from topology.runtime._actor import ActorContext
+from topology.runtime._gc import HeapFreezer
 from topology.runtime._lifecycle import Replica
 from topology.runtime._plugins import ActorModuleError, import_actor_modules
 from topology.runtime._session import connect_bus
@@ -82,12 +83,15 @@ async def run_replica(
     restarts: int = 0,
     handle_signals: bool = True,
     on_context: Callable[[ActorContext], None] | None = None,
+    freeze_heap: bool = False,
 ) -> int:
     """Connect to the bus and run one replica's lifecycle with heartbeats; 0 after a clean stop, 1 after a crash.
 
     Shared by this process entry and the Ray runtime's actor (``topology.runtime._ray``), so a replica behaves
     the same under every runtime. ``handle_signals`` turns SIGTERM/SIGINT into ``ctx.stopping`` (main thread
     only); ``on_context`` receives the context as soon as it exists (the Ray actor keeps it to request a stop).
+    ``freeze_heap`` (for a process that runs this one replica) keeps the garbage collector's full collections short
+    (:mod:`topology.runtime._gc`).
     """
     actor_spec = spec.actors[actor]
     bus = await connect_bus(spec, bus_url, client_name=f"{spec.name}-{actor}-{replica}")
@@ -109,6 +113,15 @@ async def run_replica(
 
             if handle_signals:
                 tg.start_soon(on_signals)
+            if freeze_heap:
+                freezer = HeapFreezer()
+                freezer.install()
+
+                def report(counters: dict[str, int]) -> None:
+                    for name, value in counters.items():
+                        ctx.counters.set(name, value)
+
+                tg.start_soon(freezer.watch, report)
             ok = await runner.run()
             tg.cancel_scope.cancel()
     finally:
@@ -119,7 +132,7 @@ async def run_replica(
 
 async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int:
     return await run_replica(spec, factory, args.actor, args.replica, run_dir=args.run_dir, bus_url=args.bus_url,
-                             restarts=args.restarts)
+                             restarts=args.restarts, freeze_heap=True)
 
 
 def _exit_before_start(signum: int, frame: object) -> None:

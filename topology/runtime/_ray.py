@@ -124,7 +124,7 @@ class ReplicaHost:
         self._ctx = None
         return await run_replica(
             self.spec, factory, self.actor, self.replica, run_dir=self.run_dir, bus_url=self.bus_url,
-            restarts=restarts, handle_signals=False, on_context=self._keep,
+            restarts=restarts, handle_signals=False, on_context=self._keep, freeze_heap=True,
         )  # fmt: skip
 
     def _keep(self, ctx: ActorContext) -> None:

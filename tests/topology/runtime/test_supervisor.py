@@ -39,6 +39,9 @@ def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path
 
         row = wait_for("tally restarted and consuming again", restarted)
         assert row["state"] == "running"
+        frozen = wait_for("the restarted replica froze its heap", lambda: next(
+            (r for r in live_rows(run_dir) or [] if r["actor"] == "tally" and r["counters"].get("gc_freezes")), None))
+        assert frozen["counters"]["gc_frozen"] > 1000  # the imported modules' objects: out of the collector's way
         ticker = next(r for r in status_json(run_dir)["replicas"] if r["actor"] == "ticker")
         assert ticker["restarts"] == 0, "only the killed replica restarts"
         pids = [ticker["pid"], row["pid"], json.loads((run_dir / "run.json").read_text())["nats_pid"]]
