@@ -18,7 +18,8 @@ Contract:
   and `max_staleness`, see `resolve_max_in_flight`; null turns it off): the source also counts the training groups anywhere
   downstream on the way to a learner — following the spec's graph from `prompts` to every learner, it adds the
   backlog (undelivered + unacked) of each consumer group on the way, and for a learner the groups not yet
-  delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`). It publishes at
+  delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`), less the held-out
+  prompts the learner itself has out (its heartbeat's `eval_out`: they pass through the same stages). It publishes at
   most `max_in_flight − in_flight` more. This is what keeps an asynchronous loop whose learner is slower than its
   generators from sampling groups that would only go stale: they are simply never drawn.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
@@ -183,9 +184,11 @@ class SourceActor(Actor[SourceConfig]):
                 replicas = [(group, i) for i in range(self.ctx.spec.actors[group].replicas)]
                 for record in await read_status(self.ctx.bus, self.ctx.topology, replicas):
                     total += int(record.counters.get("buffered_groups", 0) or 0)
+                    # the learner's own held-out prompts pass through the same stages: not training groups
+                    total -= int(record.counters.get("eval_out", 0) or 0)
             else:
                 total += int(info.num_ack_pending or 0)
-        return total
+        return max(total, 0)
 
     def sync_batch(self) -> int | None:
         """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -102,9 +103,13 @@ async def running_learner(spec: Spec, url: str, run_dir: Path, *,
 
 
 async def wait_until(predicate: Any, timeout_s: float = 20.0) -> None:
+    """Until ``predicate()`` is true (it may return an awaitable), or fail after ``timeout_s``."""
     with anyio.fail_after(timeout_s):
         for _ in iter(int, 1):  # until the predicate holds (or the deadline)
-            if predicate():
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
                 return
             await anyio.sleep(0.05)
 

@@ -210,3 +210,15 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nat
         await move("scored", "learner", None, 6)
         await settle(8)  # room for 2
         assert actor.report()["in_flight"] >= 4
+        # the learner's own held-out prompts wait in `prompts` too; its heartbeat says how many are out
+        for i in range(5):
+            await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
+        await put_status(bus, spec.name, ReplicaStatus(actor="learner", replica=0, kind="learner", state="running",
+                                                       pid=1, restarts=0, started_at=0.0, ts=0.0,
+                                                       counters={"buffered_groups": 4, "eval_out": 5}))
+        await anyio.sleep(0.4)
+        assert actor.report()["published"] == 8 and actor.report()["in_flight"] == 6  # 2 + 4: not the 5 held-out
+        await move("prompts", "generator", "rollouts", 2)  # 2 training groups generated: still in flight
+        await settle(8)
+        await move("rollouts", "verify", None, 2)  # ... verified and gone (as if dropped): room for 2 more
+        await settle(10)
