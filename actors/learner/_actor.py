@@ -11,11 +11,10 @@ Lifecycle:
   greedy training samples are dropped, counted and acked); the train loop builds batches by domain weight
   (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
   samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
-  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. A held-out round after the
-  baseline goes out ``eval_window`` prompts at a time (``eval_share`` of the generators' rows), the next as scores
-  come back, so the generators keep decoding training prompts and the learner is not starved while it runs; the
-  held-out prompts out are reported as ``eval_out`` (the source's ``max_in_flight`` does not count them). On stop
-  the current step finishes, a final checkpoint is taken and what it covers is acked.
+  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. The held-out prompts out
+  (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training
+  groups, and the source's ``max_in_flight`` must not count them. On stop the current step finishes, a final
+  checkpoint is taken and what it covers is acked.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -118,10 +117,8 @@ class LearnerActor(Actor[LearnerConfig]):
         self._steps_t: deque[float] = deque(maxlen=20)
         self._channel_out = "prompts" if "prompts" in ctx.spec.actors[ctx.actor].publishes else None
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
-        self._eval_queue: deque[tuple[str, dict[str, Any], str]] = deque()  # held-out prompts not published yet
         self._eval_out = 0  # held-out prompts published and not scored yet
-        self._eval_heard = time.monotonic()  # the last trickle or held-out score
-        self.eval_window = self._eval_window()
+        self._eval_heard = time.monotonic()  # the last held-out publish or score
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -199,7 +196,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 self.ctx.log.info("learner.heldout", domain=result.domain, version=result.version,
                                   accuracy=round(result.accuracy, 4), n=result.n)
             await delivery.ack()
-            await self._trickle_eval(scored=1)
+            self._eval_scored(1)
             return
         if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
             self._unacked[mid] = delivery
@@ -312,8 +309,8 @@ class LearnerActor(Actor[LearnerConfig]):
             await self.checkpoint()
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
             await self.publish_eval()
-        elif self._eval_out or self._eval_queue:
-            await self._trickle_eval()  # (writes off prompts lost on the way)
+        elif self._eval_out:
+            self._eval_scored(0)  # (writes off prompts lost on the way)
         return stats
 
     def _samples(self, msg: ScoredMsg) -> list[TrainSample] | None:
@@ -438,22 +435,8 @@ class LearnerActor(Actor[LearnerConfig]):
         for delivery in pending.values():
             await delivery.ack()
 
-    def _eval_window(self) -> int | None:
-        """Held-out prompts out at once when a round trickles (``eval_share``): that share of the rows the
-        generators reading ``prompts`` decode together, in prompts of ``eval_samples`` completions, at least one;
-        None: whole rounds at once (``eval_share: null``, or no generator with a ``max_batch_size`` reads them)."""
-        share = self.config.eval_share
-        if share is None or self._channel_out is None:
-            return None
-        rows = sum(a.replicas * int(getattr(a.config, "max_batch_size", 0) or 0)
-                   for a in self.ctx.spec.actors.values() if a.kind == "generator" and self._channel_out in a.consumes)
-        return max(1, int(rows * share) // self.config.eval_samples) if rows > 0 else None
-
-    async def publish_eval(self, *, at_once: bool = False) -> None:
-        """Publish a held-out round labelled with the current version: at once (the baseline round, or with no
-        ``eval_window``), else queued and trickled out ``eval_window`` prompts at a time as their scores return,
-        so the generators keep decoding training prompts beside it. A trickled round samples the versions current
-        while it runs (each completion's token versions say which); its result is reported when it completes."""
+    async def publish_eval(self) -> None:
+        """Publish a held-out round labelled with the current version (every prompt at once)."""
         if self._channel_out is None or not self.evals.tasks:
             return
         items = []
@@ -462,40 +445,26 @@ class LearnerActor(Actor[LearnerConfig]):
                 payload = {**task.payload(group_size=self.config.eval_samples, heldout=True),
                            "temperature": self.config.eval_temperature}
                 items.append(("prompt", payload, eval_message_id(self.version, task)))
+        self._eval_scored(0)
+        self._eval_out += len(items)
+        self._eval_heard = time.monotonic()
+        await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        self.ctx.report_soon()  # eval_out: a source steering by max_in_flight does not count these as training
         self.ctx.counters.inc("eval_rounds")
-        self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items),
-                          window=None if at_once else self.eval_window)
-        if at_once or self.eval_window is None:
-            self._eval_out += len(items)
-            await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
-            self.ctx.report_soon()
-            return
-        self._eval_queue.extend(items)
-        await self._trickle_eval()
+        self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items))
 
-    async def _trickle_eval(self, scored: int = 0) -> None:
-        """Account ``scored`` held-out prompts that came back and publish queued ones up to ``eval_window`` out.
-        Prompts out for ``_EVAL_LOST_S`` with no score back are written off (lost on the way: a generator restart,
-        a dead-lettered message), so a lost prompt never stalls later rounds; the round it belonged to is then
-        never complete and never reported."""
+    def _eval_scored(self, scored: int) -> None:
+        """Account ``scored`` held-out prompts that came back. Prompts out for ``_EVAL_LOST_S`` with no score back
+        are written off (lost on the way: a generator restart, a dead-lettered message), so ``eval_out`` never
+        holds a source back forever; the round they belonged to is then never complete and never reported."""
         now = time.monotonic()
         if scored:
             self._eval_out, self._eval_heard = max(0, self._eval_out - scored), now
         elif self._eval_out and now - self._eval_heard > _EVAL_LOST_S:
-            self.ctx.log.warning("learner.eval_prompts_lost", prompts=self._eval_out, waited_s=round(now - self._eval_heard))
+            self.ctx.log.warning("learner.eval_prompts_lost", prompts=self._eval_out,
+                                 waited_s=round(now - self._eval_heard))
             self.ctx.counters.inc("eval_prompts_lost", self._eval_out)
             self._eval_out = 0
-        if self._channel_out is None or self.eval_window is None or not self._eval_queue:
-            return
-        room = min(self.eval_window - self._eval_out, len(self._eval_queue))
-        if room <= 0:
-            return
-        items = [self._eval_queue.popleft() for _ in range(room)]
-        if not self._eval_out:
-            self._eval_heard = now
-        self._eval_out += room
-        await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
-        self.ctx.report_soon()  # eval_out: a source steering by max_in_flight does not count these as training
 
     def meta(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "phase": self.phase,

@@ -41,10 +41,6 @@ class LearnerConfig(SpecModel):
     eval_temperature: float = Field(default=0.0, ge=0)  # 0: greedy; > 0: sampled at this temperature (the
     #   generators' measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it)
     eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt; accuracy is their mean
-    eval_share: float | None = Field(default=0.5, gt=0, le=1)  # a round goes out a few prompts at a time, at most
-    #   this share of the generators' rows (max_batch_size x replicas) at once, so training prompts keep the rest
-    #   and the learner is not starved while a round runs; null: a whole round at once. The baseline round after
-    #   the warm start always goes out at once (it must measure the warm-started weights, not later ones)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior

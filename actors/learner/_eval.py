@@ -1,7 +1,6 @@
 """Held-out evaluation bookkeeping: which prompts to publish, and accuracy per (round, domain) from the scores.
 
-The learner publishes a round of held-out prompts after the warm start (at once) and every ``eval_every_steps``
-steps (a few at a time, ``eval_share``; see ``_actor``):
+The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
 the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
 (``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message
 id ``eval-<version>-<task id>`` (retries of a round dedupe on the bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from

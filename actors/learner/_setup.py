@@ -97,7 +97,7 @@ async def setup_learner(actor: LearnerActor) -> None:
     actor.metrics.flush()
     await actor.publish_weights()
     if fresh and config.eval_every_steps > 0:
-        await actor.publish_eval(at_once=True)  # the warm-start baseline: the warm-started weights, not later ones
+        await actor.publish_eval()  # the warm-start baseline
     ctx.log.info("learner.ready", version=actor.version, step=actor.step, params=policy.num_parameters(),
                  device=str(policy.device), torch_threads=threads, mode=config.mode,
                  normalize=config.normalize, max_staleness=actor.max_staleness,
