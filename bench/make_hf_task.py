@@ -4,7 +4,9 @@
     .venv/bin/python bench/learn.py --spec /tmp/hf-task/spec.yaml --variants async,sync
     .venv/bin/python bench/trl_grpo.py /tmp/hf-task                 # the same model, task and reward under TRL
 
-The model is a GPT-2 of about 0.8M parameters (4 layers, width 128) with a character-level
+The model is a GPT-2 of about 0.8M parameters (4 layers, width 128; ``--arch llama``: a Llama of the same depth
+and width, ~1M parameters, which runs on transformers' forward — the same warm start leaves it at ~11-14 % sampled
+held-out accuracy) with a character-level
 ``PreTrainedTokenizerFast`` whose prompts start with ``<bos>``; the task is two-number addition, rows
 ``{"prompt": "37+58=", "answer": "95"}``, with a separate held-out file. ``init/`` is the random initialisation;
 ``model/`` is it after ``--warm-steps`` supervised steps on the training rows' answers (flywheel's own SFT step,
@@ -117,6 +119,7 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=1250, help="supervised steps taken (0: model/ = init/)")
     parser.add_argument("--warm-schedule", type=int, default=2000, help="length of the lr schedule they follow")
     parser.add_argument("--warm-lr", type=float, default=3e-3)
+    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="model architecture")
     args = parser.parse_args()
 
     import torch
@@ -126,7 +129,8 @@ def main() -> None:
     torch.set_num_threads(2)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    write_tiny_hf_model(out / "init", n_layer=4, n_embd=128, n_head=4, max_positions=64, bos=True)
+    shape = {"arch": args.arch, "n_layer": 4, "n_embd": 128, "n_head": 4, "max_positions": 64, "bos": True}
+    write_tiny_hf_model(out / "init", **shape)
     every = rows(random.Random(0), args.train + args.heldout, args.digits)
     train, heldout = every[: args.train], every[args.train:]
     for name, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
@@ -135,7 +139,7 @@ def main() -> None:
         warm_start_model(out / "init", out / "model", train, steps=max(args.warm_schedule, args.warm_steps),
                          stop_at=args.warm_steps, lr=args.warm_lr)
     else:
-        write_tiny_hf_model(out / "model", n_layer=4, n_embd=128, n_head=4, max_positions=64, bos=True)
+        write_tiny_hf_model(out / "model", **shape)
     (out / "spec.yaml").write_text(SPEC.format())
     print(f"wrote {out}/model (warm start: {args.warm_steps} steps), init/, train.jsonl ({args.train} rows), "
           f"heldout.jsonl ({args.heldout}), spec.yaml")
