@@ -69,7 +69,7 @@ __all__ = ["LearnerActor"]
 
 _KEEPALIVE_S_MAX = 10.0  # in_progress at least this often for held messages (ack_wait / 3 when shorter)
 _REWARD_WINDOW = 100  # groups in the running reward / accuracy per domain
-_EVAL_LOST_S = 60.0  # trickled held-out prompts with no score back for this long are written off
+_EVAL_LOST_S = 60.0  # held-out prompts with no score back for this long are written off (eval_out)
 
 
 @dataclass

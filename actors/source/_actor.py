@@ -15,13 +15,14 @@ Contract:
   `max_pending` prompts waiting (plus at most one batch in flight); R replicas at most R × `max_pending`.
   A consumer group that stops consuming stalls the source (it is the slowest group) — logged once per stall.
 - End-to-end backpressure (`max_in_flight`; `auto` by default, sized from the learner's batch, publish cadence
-  and `max_staleness`, see `resolve_max_in_flight`; null turns it off): the source also counts the training groups anywhere
-  downstream on the way to a learner — following the spec's graph from `prompts` to every learner, it adds the
-  backlog (undelivered + unacked) of each consumer group on the way, and for a learner the groups not yet
-  delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`), less the held-out
-  prompts the learner itself has out (its heartbeat's `eval_out`: they pass through the same stages). It publishes at
-  most `max_in_flight − in_flight` more. This is what keeps an asynchronous loop whose learner is slower than its
-  generators from sampling groups that would only go stale: they are simply never drawn.
+  and `max_staleness`, see `resolve_max_in_flight`; null turns it off): the source also counts the training
+  groups anywhere downstream on the way to a learner — following the spec's graph from `prompts` to every
+  learner, it adds the backlog (undelivered + unacked) of each consumer group on the way, and for a learner the
+  groups not yet delivered to it plus those buffered un-applied inside it (its heartbeat's `buffered_groups`),
+  less the held-out prompts the learner itself has out (its heartbeat's `eval_out`: they pass through the same
+  stages). It publishes at most `max_in_flight − in_flight` more. This is what keeps an asynchronous loop whose
+  learner is slower than its generators from sampling groups that would only go stale: they are simply never
+  drawn.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
 
 - Sync mode: when the topology's learner has `mode: sync`, the source does not run ahead of the learner: it
