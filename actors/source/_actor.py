@@ -89,10 +89,10 @@ class SourceActor(Actor[SourceConfig]):
         self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
-        self._pipeline = self.pipeline() if self.config.max_in_flight is not None else []
+        self._pipeline = self.pipeline()  # auto sizes the bound from the learners on it
         self.max_in_flight = self.resolve_max_in_flight()
         if self.max_in_flight is None:
-            self._pipeline = []
+            self._pipeline = []  # no bound: in_flight() is never asked
         self._solved = await ctx.bus.subscribe_ephemeral(SOLVED_SUBJECT) if self.sampler.skips_solved else None
         ctx.log.info(
             "source started",

@@ -147,7 +147,6 @@ PIPELINE_ACTORS = """{max_pending: 100, max_in_flight: 6, seed: 3}
 """
 
 
-
 @pytest.mark.parametrize(("source", "learner", "expected"), [
     # batch 64 over the domains' mean group size (3 x 4 + 1 x 2) / 4 = 3.5: 19 groups a batch
     ("{}", "{batch_size: 64}", 4 * 19),  # auto: 4 batches (publish_every_steps 1 x max_staleness 4 allows 4)
@@ -165,6 +164,7 @@ async def test_max_in_flight_auto_sizes_from_the_learner(embedded_nats: Embedded
     spec = write_spec(tmp_path, actor=actors)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, _):
         assert actor.max_in_flight == expected
+
 
 async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nats: EmbeddedNats,
                                                                     tmp_path: Path) -> None:
