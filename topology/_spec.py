@@ -221,7 +221,8 @@ class DomainSpec(SpecModel):
     # a prompt whose last group scored full marks in every completion is passed over its next N draws (0: off);
     # pays where prompts repeat (a JSONL file drawn several times over), the groups it saves carry no signal
     skip_solved: int = Field(default=0, ge=0)
-    # a group whose completions all scored 0: skip it, or train on the task's reference answer added to it
+    # a group with no correct completion: skip it when all scored 0, or train on the task's reference answer
+    # added to it (partial credit counts as not correct)
     # (null: the learner's `failed_groups`, skip by default) — see actors/learner/_actor.py `_guidance`
     failed_groups: Literal["skip", "reference"] | None = None
 

@@ -342,12 +342,19 @@ class LearnerActor(Actor[LearnerConfig]):
 
     def _guidance(self, msg: ScoredMsg, rewards: list[float]) -> list[int] | None:
         """`failed_groups: reference`: the tokens of the task's reference answer (what the warm start trains on)
-        for a group of several completions that all scored 0, else None. It joins the group with reward 1 and no
-        behavior logprobs (importance weight 1): the group then has signal, the reference a positive advantage
-        and the failed completions a negative one (off-policy guidance, as LUFFY mixes demonstrations into GRPO)."""
+        for a group of several completions none of which is correct, else None. It joins the group with reward 1
+        and no behavior logprobs (importance weight 1): the group then has signal, the reference a positive
+        advantage and the failed completions a negative one (off-policy guidance, as LUFFY mixes demonstrations
+        into GRPO).
+
+        "None correct" is below full marks (`CORRECT`), not all 0: with a pass/fail verifier the same thing, with
+        partial credit (json-fields: the share of fields right) a group whose best got half the fields is guided
+        too. Such a group has signal without the reference, but only towards half answers; the reference shows
+        the whole one. On the embedded default's extract: +25.0 and +18.3 held-out points in two 600-s runs, against
+        +10.8 to +21.2 (+15.3 the day before) when only all-0 groups were guided (README, "Does it learn?")."""
         domain = self.ctx.spec.domains.get(msg.domain)
         mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
-        if mode != "reference" or len(rewards) < 2 or max(rewards) > 0.0 or not msg.reference or msg.origin != "domain":
+        if mode != "reference" or len(rewards) < 2 or max(rewards) >= CORRECT or not msg.reference or msg.origin != "domain":
             return None
         return encode_completion(self.policy.tokenizer, msg.reference)
 

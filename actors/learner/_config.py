@@ -50,10 +50,10 @@ class LearnerConfig(SpecModel):
     #   seq-mean: every completion does (domains of very different lengths share the gradient) — see _loss.py
     normalize: Literal["domain", "group", "none"] = "domain"  # advantage scale: each domain's reward units,
     #   the group's std (classic GRPO) or raw centred rewards — see actors/learner/_advantages.py
-    failed_groups: Literal["skip", "reference"] = "skip"  # a group whose completions all scored 0 carries no
-    #   signal: skip it, or add the task's reference answer as one more completion with reward 1 (off-policy
-    #   guidance: importance weight 1, the failed completions then get a negative advantage) — see _actor.py;
-    #   a domain's own `failed_groups` overrides this
+    failed_groups: Literal["skip", "reference"] = "skip"  # a group with no correct completion: skip it when it
+    #   carries no signal (all 0), or add the task's reference answer as one more completion with reward 1
+    #   (off-policy guidance: importance weight 1, the failed completions get a negative advantage; partial
+    #   credit counts as failed) — see _actor.py `_guidance`; a domain's own `failed_groups` overrides this
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain
     buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits
     fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others

@@ -57,15 +57,18 @@ async def test_failed_groups_are_skipped_or_guided_by_the_reference(
             await bus.publish("scored", "scored", {**scored("arithmetic", [0.0] * 4), "reference": "3"}, id=f"f{i}")
         await bus.publish("scored", "scored", scored("arithmetic", [0.0] * 4), id="no-ref")  # nothing to guide with
         await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id="mixed")
-        await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= (3 if mode == "reference" else 1))
+        # partial credit and none fully right: signal of its own, and not correct, so guided as well
+        await bus.publish("scored", "scored", {**scored("arithmetic", [0.5, 0.0, 0.5, 0.0]), "reference": "3"},
+                          id="partial")
+        await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= (4 if mode == "reference" else 2))
         await wait_until(lambda: actor.ctx.counters.get("no_signal_failed.arithmetic") >= (1 if mode == "reference"
                                                                                                else 3))
         guided = actor.ctx.counters.get("guided.arithmetic")
     steps = read_metrics(tmp_path / "run", "step")
-    if mode == "reference":  # 2 guided groups of 4 + their references, then the mixed group of 4
-        assert guided == 2 and sum(steps["samples"].to_list()) == 2 * 5 + 4
-    else:
-        assert guided == 0 and sum(steps["samples"].to_list()) == 4
+    if mode == "reference":  # 3 guided groups of 4 + their references, and the mixed group of 4
+        assert guided == 3 and sum(steps["samples"].to_list()) == 3 * 5 + 4
+    else:  # the mixed and the partial group, as they came
+        assert guided == 0 and sum(steps["samples"].to_list()) == 2 * 4
 
 
 async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
