@@ -214,7 +214,8 @@ class DomainSpec(SpecModel):
     source_options: dict[str, Any] = Field(default_factory=dict)  # options of a builtin source (e.g. max_operand)
     verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
     verifier_config: dict[str, Any] = Field(default_factory=dict)  # passed to the verifier as keyword arguments
-    weight: float = Field(default=1.0, gt=0)  # sampling weight among domains (normalized over all domains)
+    weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
+    #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
     group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples
     heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
     max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts

@@ -104,7 +104,10 @@ class LearnerActor(Actor[LearnerConfig]):
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(ctx.spec.domains)
         self.domain_names = names
-        weights = {n: float(ctx.spec.domains[n].weight) for n in names if n in ctx.spec.domains}
+        # the source draws prompts by weight, each bringing group_size completions: batches take each domain's
+        # completions in that proportion, or a domain with smaller groups would be owed credit it never fills
+        weights = {n: float(ctx.spec.domains[n].weight) * ctx.spec.domains[n].group_size
+                   for n in names if n in ctx.spec.domains}
         self.batcher: DomainBatcher[_Held] = DomainBatcher(
             weights, config.batch_size, fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
             buffer_size=config.buffer_size)

@@ -158,3 +158,21 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(embedd
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
         await wait_until(lambda: published_is(16))
         assert actor.report()["eval_out"] == 3 + 8
+
+
+async def test_batches_take_domains_in_the_proportion_the_source_draws_them(
+        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """Equal weights, groups of 8 and of 4: the source sends one prompt of each in turn, so a batch of 12 is one
+    group of each. Shares by weight alone (6 + 6) would owe the small-group domain credit it never fills, and the
+    batch would wait out `fill_wait_s`."""
+    config = ("    batch_size: 12\n    checkpoint_every_steps: 100\n    eval_every_steps: 0\n    fill_wait_s: 60\n"
+              "    metrics_flush_s: 0.2\n    max_staleness: 100\n")
+    domains = ("  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 8, heldout: 8}\n"
+               "  extract: {source: builtin:extract, verifier: json-fields, group_size: 4, heldout: 8}\n")
+    spec = write_spec(tmp_path, config, domains=domains)
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0] * 4), id="a0")
+        await bus.publish("scored", "scored", scored("extract", [0.0, 0.5, 1.0, 0.0]), id="e0")
+        await wait_until(lambda: actor.step == 1, timeout_s=15.0)
+    steps = read_metrics(tmp_path / "run", "step")
+    assert steps["completions.arithmetic"].to_list() == [8] and steps["completions.extract"].to_list() == [4]
