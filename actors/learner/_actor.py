@@ -195,7 +195,7 @@ class LearnerActor(Actor[LearnerConfig]):
                                           "domain": result.domain, "n": result.n, "accuracy": result.accuracy,
                                           "reward_mean": result.reward_mean,
                                           "temperature": self.config.eval_temperature,
-                                          "samples": self.config.eval_samples})
+                                          "samples": result.n // max(self.evals.expected(result.domain), 1)})
                 self.ctx.log.info("learner.heldout", domain=result.domain, version=result.version,
                                   accuracy=round(result.accuracy, 4), n=result.n)
             await delivery.ack()
@@ -446,14 +446,15 @@ class LearnerActor(Actor[LearnerConfig]):
         for delivery in pending.values():
             await delivery.ack()
 
-    async def publish_eval(self) -> None:
-        """Publish a held-out round labelled with the current version (every prompt at once)."""
+    async def publish_eval(self, samples: int | None = None) -> None:
+        """Publish a held-out round labelled with the current version (every prompt at once), ``samples``
+        completions per prompt (default ``eval_samples``)."""
         if self._channel_out is None or not self.evals.tasks:
             return
         items = []
         for tasks in self.evals.tasks.values():
             for task in tasks:
-                payload = {**task.payload(group_size=self.config.eval_samples, heldout=True),
+                payload = {**task.payload(group_size=samples or self.config.eval_samples, heldout=True),
                            "temperature": self.config.eval_temperature}
                 items.append(("prompt", payload, eval_message_id(self.version, task)))
         self._eval_scored(0)

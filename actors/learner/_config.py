@@ -41,6 +41,10 @@ class LearnerConfig(SpecModel):
     eval_temperature: float = Field(default=0.0, ge=0)  # 0: greedy; > 0: sampled at this temperature (the
     #   generators' measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it)
     eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt; accuracy is their mean
+    # completions per prompt in the post-warm-start round, the one every gain is measured from: one round read once
+    # is ±3 points at 200 prompts x 1 sample, and that noise lands on every gain; null: eval_samples, at least 4,
+    # when sampled, 1 when greedy (greedy completions of a prompt are all the same)
+    eval_baseline_samples: int | None = Field(default=None, ge=1)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
@@ -73,6 +77,9 @@ class LearnerConfig(SpecModel):
         if self.eval_samples > 1 and self.eval_temperature == 0:
             raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt are all "
                              f"the same), got eval_samples {self.eval_samples} with eval_temperature 0")
+        if (self.eval_baseline_samples or 1) > 1 and self.eval_temperature == 0:
+            raise ValueError("eval_baseline_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt "
+                             f"are all the same), got {self.eval_baseline_samples} with eval_temperature 0")
         if self.minibatches > self.batch_size:
             raise ValueError(f"expected minibatches <= batch_size ({self.batch_size}), got {self.minibatches}")
         return self
@@ -80,6 +87,13 @@ class LearnerConfig(SpecModel):
     @property
     def effective_max_staleness(self) -> int:
         return 0 if self.mode == "sync" else self.max_staleness
+
+    @property
+    def baseline_samples(self) -> int:
+        """Completions per prompt of the post-warm-start round (``eval_baseline_samples`` resolved)."""
+        if self.eval_baseline_samples is not None:
+            return self.eval_baseline_samples
+        return max(4, self.eval_samples) if self.eval_temperature > 0 else 1
 
     def transport_name(self, runtime_kind: str) -> str:
         """The weight transport this learner publishes through: ``weight_transport``, with ``auto`` resolved by where

@@ -9,7 +9,9 @@ when an id has another shape (e.g. a custom generator).
 
 A completion counts as correct when its reward is ≥ 1 − 1e-9; accuracy is the mean over every completion of the
 round (sampled: the expected accuracy of one sample). A (round, domain) is complete when all of its prompts have
-come back; only complete rounds are reported (a half-evaluated round would be a biased number).
+come back, however many completions each carries (the post-warm-start round draws more per prompt than the
+others, ``eval_baseline_samples``); only complete rounds are reported (a half-evaluated round would be a biased
+number).
 
 Non-goals: pass@k, confidence intervals.
 """
@@ -44,15 +46,14 @@ class EvalResult:
 
 
 class EvalTracker:
-    def __init__(self, tasks: Mapping[str, Sequence[Task]], samples: int = 1) -> None:
+    def __init__(self, tasks: Mapping[str, Sequence[Task]]) -> None:
         self.tasks = {domain: list(items) for domain, items in tasks.items() if items}
-        self.samples = samples  # completions per prompt
         self._rounds: dict[tuple[int, str], list[float]] = {}
         self._seen: dict[tuple[int, str], set[str]] = {}  # ids counted per round (kept after completion: dedupe)
 
     def expected(self, domain: str) -> int:
-        """Completions a complete round of ``domain`` holds."""
-        return len(self.tasks.get(domain, ())) * self.samples
+        """Prompts a complete round of ``domain`` holds."""
+        return len(self.tasks.get(domain, ()))
 
     def record(self, message_id: str, msg: ScoredMsg) -> EvalResult | None:
         """Account one held-out score; returns the round's result when this score completes it."""
@@ -69,7 +70,7 @@ class EvalTracker:
         rewards = self._rounds.setdefault(key, [])
         rewards.extend(c.reward for c in msg.completions)
         self._forget_old()
-        if len(rewards) < max(self.expected(msg.domain), 1):
+        if len(seen) < max(self.expected(msg.domain), 1):
             return None
         del self._rounds[key]
         return EvalResult(version=version, domain=msg.domain, n=len(rewards),

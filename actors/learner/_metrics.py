@@ -68,11 +68,16 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
 
 
 def eval_mode(evals: Any) -> str:
-    """How the ``eval`` rows were decoded, for labels: "greedy" or "sampled at T=1, 2 per prompt"."""
+    """How the ``eval`` rows were decoded, for labels: "greedy" or "sampled at T=1, 2 per prompt" (plus the
+    post-warm-start round's count when it drew more)."""
     if "temperature" not in evals.columns or float(evals["temperature"].max() or 0.0) == 0.0:
         return "greedy"
-    samples = int(evals["samples"].max()) if "samples" in evals.columns else 1
-    return f"sampled at T={float(evals['temperature'].max()):g}, {samples} per prompt"
+    label = f"sampled at T={float(evals['temperature'].max()):g}"
+    if "samples" not in evals.columns:
+        return f"{label}, 1 per prompt"
+    counts = [int(s) for s in evals.sort("ts")["samples"]]
+    first, usual = counts[0], counts[-1]
+    return f"{label}, {usual} per prompt" + (f" ({first} in the post-warm-start round)" if first != usual else "")
 
 
 def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:

@@ -72,8 +72,7 @@ async def setup_learner(actor: LearnerActor) -> None:
     actor.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
     actor.metrics = MetricsWriter(ctx.run_dir, actor.incarnation)
     domains = domains_from_spec(ctx.spec, [n for n in actor.domain_names if n in ctx.spec.domains])
-    actor.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()},
-                              samples=config.eval_samples)
+    actor.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
     actor.publisher = WeightPublisher(ctx.bus, ctx.topology, _transport(actor))
 
     latest = actor.checkpointer.latest()
@@ -97,7 +96,7 @@ async def setup_learner(actor: LearnerActor) -> None:
     actor.metrics.flush()
     await actor.publish_weights()
     if fresh and config.eval_every_steps > 0:
-        await actor.publish_eval()  # the warm-start baseline
+        await actor.publish_eval(config.baseline_samples)  # the warm-start baseline, read more closely
     ctx.log.info("learner.ready", version=actor.version, step=actor.step, params=policy.num_parameters(),
                  device=str(policy.device), torch_threads=threads, mode=config.mode,
                  normalize=config.normalize, max_staleness=actor.max_staleness,

@@ -19,8 +19,8 @@ def scored(rewards: list[float], temperature: float) -> ScoredMsg:
 
 def test_a_sampled_round_is_the_mean_over_every_completion_and_counts_each_prompt_once() -> None:
     tasks = open_source("builtin:arithmetic", domain="arith", heldout=3).heldout()
-    tracker = EvalTracker({"arith": tasks}, samples=2)
-    assert tracker.expected("arith") == 6
+    tracker = EvalTracker({"arith": tasks})
+    assert tracker.expected("arith") == 3
     ids = [eval_message_id(3, t) for t in tasks]
     assert tracker.record(ids[0], scored([1.0, 0.0], 1.0)) is None
     assert tracker.record(ids[0], scored([1.0, 1.0], 1.0)) is None  # a redelivery: not counted twice
@@ -34,3 +34,35 @@ def test_several_eval_samples_need_a_temperature() -> None:
     with pytest.raises(ValidationError, match="eval_samples > 1 needs eval_temperature > 0"):
         LearnerConfig(eval_samples=2)
     assert LearnerConfig(eval_samples=2, eval_temperature=1.0).eval_samples == 2
+    with pytest.raises(ValidationError, match="eval_baseline_samples > 1 needs eval_temperature > 0"):
+        LearnerConfig(eval_baseline_samples=4)
+
+
+@pytest.mark.parametrize(("given", "expected"), [({}, 1), ({"eval_temperature": 1.0}, 4),
+                                                 ({"eval_temperature": 1.0, "eval_samples": 8}, 8),
+                                                 ({"eval_temperature": 1.0, "eval_baseline_samples": 1}, 1)])
+def test_the_post_warm_start_round_reads_more_samples_when_sampled(given: dict[str, float], expected: int) -> None:
+    assert LearnerConfig.model_validate(given).baseline_samples == expected
+
+
+def test_a_round_completes_when_every_prompt_is_back_whatever_its_samples() -> None:
+    """The post-warm-start round draws more completions per prompt than later ones: completeness counts prompts."""
+    tasks = open_source("builtin:arithmetic", domain="arith", heldout=2).heldout()
+    tracker = EvalTracker({"arith": tasks})
+    assert tracker.record(eval_message_id(1, tasks[0]), scored([1.0, 0.0, 0.0, 0.0], 1.0)) is None
+    baseline = tracker.record(eval_message_id(1, tasks[1]), scored([1.0, 1.0, 0.0, 0.0], 1.0))
+    assert baseline is not None and baseline.n == 8 and baseline.accuracy == pytest.approx(3 / 8)
+    assert tracker.record(eval_message_id(5, tasks[0]), scored([1.0], 1.0)) is None
+    later = tracker.record(eval_message_id(5, tasks[1]), scored([0.0], 1.0))
+    assert later is not None and later.n == 2 and later.accuracy == pytest.approx(0.5)
+
+
+def test_the_eval_label_names_the_usual_count_and_the_baseline_round_apart() -> None:
+    import polars as pl
+
+    from actors.learner._metrics import eval_mode
+
+    rows = pl.DataFrame({"ts": [1.0, 2.0, 3.0], "temperature": [1.0] * 3, "samples": [4, 1, 1]})
+    assert eval_mode(rows) == "sampled at T=1, 1 per prompt (4 in the post-warm-start round)"
+    assert eval_mode(rows.tail(2)) == "sampled at T=1, 1 per prompt"
+    assert eval_mode(rows.with_columns(temperature=pl.lit(0.0))) == "greedy"
