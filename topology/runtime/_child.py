@@ -95,6 +95,7 @@ async def run_replica(
     """
     actor_spec = spec.actors[actor]
     bus = await connect_bus(spec, bus_url, client_name=f"{spec.name}-{actor}-{replica}")
+    freezer = HeapFreezer() if freeze_heap else None
     try:
         ctx = ActorContext(
             topology=spec.name, actor=actor, replica=replica, kind=actor_spec.kind, spec=spec,
@@ -113,8 +114,7 @@ async def run_replica(
 
             if handle_signals:
                 tg.start_soon(on_signals)
-            if freeze_heap:
-                freezer = HeapFreezer()
+            if freezer is not None:
                 freezer.install()
 
                 def report(counters: dict[str, int]) -> None:
@@ -125,6 +125,8 @@ async def run_replica(
             ok = await runner.run()
             tg.cancel_scope.cancel()
     finally:
+        if freezer is not None:
+            freezer.uninstall()  # a Ray actor runs a restarted replica in the same process: one hook at a time
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await bus.close()
     return 0 if ok else 1

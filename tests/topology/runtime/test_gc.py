@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
 
+from topology.bus import EmbeddedNats
+from topology.runtime import ActorContext
 from topology.runtime._gc import HeapFreezer
 
 
@@ -84,3 +87,27 @@ async def test_watch_refreezes_and_reports(unfreeze_after: None) -> None:
         freezer.uninstall()
     assert reports[0]["gc_freezes"] == 1  # reported right away, before the first poll
     assert reports[-1]["gc_freezes"] >= 2 and reports[-1]["gc_slow_full"] >= 1
+
+
+@pytest.mark.anyio
+async def test_a_replica_run_in_process_leaves_no_hook_behind(unfreeze_after: None, embedded_nats: EmbeddedNats,
+                                                              tmp_path: Path) -> None:
+    """The Ray runtime runs a restarted replica in the same process: each run must take its gc hook away."""
+    from actors.learner._actor import LearnerActor
+    from tests.actors.learner._helpers import wait_until, write_spec
+    from topology.runtime._child import run_replica
+
+    spec = write_spec(tmp_path, "    eval_every_steps: 0\n")
+    hooks_before = len(gc.callbacks)
+    contexts: list[ActorContext] = []
+    async with anyio.create_task_group() as tg:
+        async def run() -> None:
+            assert await run_replica(spec, LearnerActor, "learner", 0, run_dir=tmp_path / "run",
+                                     bus_url=embedded_nats.url, handle_signals=False, on_context=contexts.append,
+                                     freeze_heap=True) == 0
+
+        tg.start_soon(run)
+        await wait_until(lambda: bool(contexts) and contexts[0].counters.get("gc_freezes") == 1, timeout_s=60.0)
+        assert len(gc.callbacks) == hooks_before + 1
+        contexts[0].stopping.set()
+    assert len(gc.callbacks) == hooks_before
