@@ -89,6 +89,7 @@ class SourceActor(Actor[SourceConfig]):
         self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
+        self._own_groups: dict[str, Any] = {}  # this channel's consumer infos from the last backlog(), unused yet
         self._pipeline = self.pipeline()  # auto sizes the bound from the learners on it
         self.max_in_flight = self.resolve_max_in_flight()
         if self.max_in_flight is None:
@@ -107,6 +108,7 @@ class SourceActor(Actor[SourceConfig]):
         """Prompts waiting for the slowest consumer group (see the module docstring)."""
         try:
             groups = await self._js.consumers_info(self._stream)
+            self._own_groups = {g.name: g for g in groups}  # in_flight() right after needs no second request
             if groups:
                 return max(int(g.num_pending or 0) + int(g.num_ack_pending or 0) for g in groups)
             info = await self._js.stream_info(self._stream)
@@ -171,7 +173,10 @@ class SourceActor(Actor[SourceConfig]):
         for channel, group, learner in self._pipeline:
             stream = self.ctx.bus.stream(channel)
             try:
-                info = await self._js.consumer_info(stream, group)
+                # this channel's groups were just read by backlog() (one request for all of them); used once
+                info = self._own_groups.pop(group, None) if channel == self.channel else None
+                if info is None:
+                    info = await self._js.consumer_info(stream, group)
             except js_errors.NotFoundError:
                 # the group does not exist yet (its actor is still starting): it will be delivered the whole
                 # stream (deliver policy all), so every message in it is pending for it
@@ -189,6 +194,7 @@ class SourceActor(Actor[SourceConfig]):
                     total -= int(record.counters.get("eval_out", 0) or 0)
             else:
                 total += int(info.num_ack_pending or 0)
+        self._own_groups = {}  # never read by a later look: it reads backlog() first
         return max(total, 0)
 
     def sync_batch(self) -> int | None:
