@@ -1,4 +1,5 @@
-"""Every example spec in specs/ validates (warnings about this machine's resources are allowed)."""
+"""Every example spec in specs/ validates (warnings about this machine's resources are allowed) and its domains open
+(sources and their options, JSONL files): what the source actor does first when the topology comes up."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def test_example_spec_validates(path: Path) -> None:
     errors = [str(i) for i in issues if i.is_error]
     assert errors == [] and spec is not None
     assert build_graph(spec).actors
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_example_spec_domains_open(path: Path) -> None:
+    from actors.source._domains import domains_from_spec
+
+    spec, _ = check_spec(path)
+    assert spec is not None
+    assert set(domains_from_spec(spec)) == set(spec.domains)
 
 
 def test_embedded_default_fits_two_cores_and_has_the_three_domains() -> None:
