@@ -89,7 +89,6 @@ class SourceActor(Actor[SourceConfig]):
         self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
-        self._own_groups: dict[str, Any] = {}  # this channel's consumer infos from the last backlog(), unused yet
         self._pipeline = self.pipeline()  # auto sizes the bound from the learners on it
         self.max_in_flight = self.resolve_max_in_flight()
         if self.max_in_flight is None:
@@ -104,13 +103,18 @@ class SourceActor(Actor[SourceConfig]):
             pipeline=[f"{channel}→{group}" for channel, group, _ in self._pipeline],
         )
 
-    async def backlog(self) -> int:
-        """Prompts waiting for the slowest consumer group (see the module docstring)."""
+    async def consumer_groups(self) -> dict[str, Any]:
+        """This channel's consumer groups by name (their JetStream consumer infos), in one request."""
         try:
-            groups = await self._js.consumers_info(self._stream)
-            self._own_groups = {g.name: g for g in groups}  # in_flight() right after needs no second request
+            return {g.name: g for g in await self._js.consumers_info(self._stream)}
+        except js_errors.NotFoundError:
+            return {}  # the stream does not exist yet; the first publish creates it
+
+    async def backlog(self, groups: dict[str, Any]) -> int:
+        """Prompts waiting for the slowest of ``groups`` (see the module docstring)."""
+        try:
             if groups:
-                return max(int(g.num_pending or 0) + int(g.num_ack_pending or 0) for g in groups)
+                return max(int(g.num_pending or 0) + int(g.num_ack_pending or 0) for g in groups.values())
             info = await self._js.stream_info(self._stream)
             return int(info.state.messages)
         except js_errors.NotFoundError:
@@ -165,16 +169,16 @@ class SourceActor(Actor[SourceConfig]):
             total += per_batch * max(1, min(_AUTO_BATCHES, lead)) * actors[name].replicas
         return total
 
-    async def in_flight(self) -> int:
-        """Training groups between this source and its learners (see the module docstring)."""
+    async def in_flight(self, own: dict[str, Any]) -> int:
+        """Training groups between this source and its learners (see the module docstring); ``own``: this channel's
+        consumer groups as just read (`consumer_groups`), so they are not asked for again."""
         from topology.runtime._status import read_status
 
         total = 0
         for channel, group, learner in self._pipeline:
             stream = self.ctx.bus.stream(channel)
             try:
-                # this channel's groups were just read by backlog() (one request for all of them); used once
-                info = self._own_groups.pop(group, None) if channel == self.channel else None
+                info = own.get(group) if channel == self.channel else None
                 if info is None:
                     info = await self._js.consumer_info(stream, group)
             except js_errors.NotFoundError:
@@ -194,7 +198,6 @@ class SourceActor(Actor[SourceConfig]):
                     total -= int(record.counters.get("eval_out", 0) or 0)
             else:
                 total += int(info.num_ack_pending or 0)
-        self._own_groups = {}  # never read by a later look: it reads backlog() first
         return max(total, 0)
 
     def sync_batch(self) -> int | None:
@@ -281,11 +284,12 @@ class SourceActor(Actor[SourceConfig]):
         tokens, last = burst, time.monotonic()
         blocked_since: float | None = None
         while not ctx.stopping.is_set():
-            backlog = await self.backlog()
+            groups = await self.consumer_groups()
+            backlog = await self.backlog(groups)
             ctx.counters.set("backlog", backlog)
             room = min(config.max_pending - backlog, _BATCH)
             if self.max_in_flight is not None and room > 0:
-                in_flight = await self.in_flight()
+                in_flight = await self.in_flight(groups)
                 ctx.counters.set("in_flight", in_flight)
                 room = min(room, self.max_in_flight - in_flight)
             if rate is not None:
