@@ -8,7 +8,10 @@ a did-you-mean), domains referenced by actors but not defined, channels consumed
 ``external: true``), missing ``jsonl:`` files; warnings for channels nobody consumes, channel settings no
 actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere).
 
-Non-goals: importing actor code or user verifier modules (validation must stay fast and side-effect free).
+The domains' task sources are opened as the source actor opens them (pure Python: builtin options, JSONL
+rows, held-out splits), so their mistakes carry a line too.
+
+Non-goals: importing heavy actor code or user verifier modules (validation must stay fast and side-effect free).
 """
 
 from __future__ import annotations
@@ -178,7 +181,8 @@ class _Checker:
                                f"expected an actor name ({', '.join(names) or 'none defined'}), got {show(name)}")
 
     def check_domain_files(self, name: str, domain: DomainSpec) -> DomainSpec:
-        """Check ``jsonl:`` files exist; returns the domain with those paths made absolute."""
+        """Check ``jsonl:`` files exist and the source opens; returns the domain with those paths made absolute."""
+        before = len(self.issues)
         resolved: dict[str, str] = {}
         for field in ("source", "heldout"):
             value = getattr(domain, field)
@@ -192,7 +196,29 @@ class _Checker:
         if sep and importlib.util.find_spec(module.split(".")[0]) is None:
             self.error(("domains", name, "verifier"), f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
                        severity="warning")
-        return domain.model_copy(update=resolved) if resolved else domain
+        domain = domain.model_copy(update=resolved) if resolved else domain
+        if len(self.issues) == before:
+            self.check_domain_opens(name, domain)
+        return domain
+
+    def check_domain_opens(self, name: str, domain: DomainSpec) -> None:
+        """Open the domain's task source as the source actor does at start (builtin options, every JSONL row,
+        the held-out split), so a bad option or row is reported at its line now, not as a traceback at `up`."""
+        from actors.source import SourceError, open_source  # pure Python, no torch
+
+        path: KeyPath = ("domains", name)
+        try:
+            open_source(domain.source, domain=name, heldout=domain.heldout, options=domain.source_options)
+        except SourceError as err:
+            message = str(err)
+            if err.option is not None and err.option in domain.source_options:
+                at: KeyPath = ("source_options", err.option)
+                if "given both" in message:  # the other half may sit in another file (include: merges keys)
+                    loc = self.doc.value_loc((*path, "source"))
+                    message += f" (the source string is at {loc.file}:{loc.line})"
+            else:
+                at = ("source",) if err.option is not None else (err.key or "source",)
+            self.error(path + at, message)
 
     # -- actors --------------------------------------------------------------------------------------
     def check_actors(self, data: dict[str, Any], domain_names: set[str]) -> dict[str, ActorSpec | None]:

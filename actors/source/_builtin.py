@@ -61,7 +61,7 @@ def parse_options(source: str, cls: type[OptionsT], options: Mapping[str, Any]) 
     for name, raw in options.items():
         if name not in known:
             allowed = ", ".join(sorted(known)) or "none"
-            raise SourceError(f"{source}: unknown option {name!r}; expected one of: {allowed}")
+            raise SourceError(f"{source}: unknown option {name!r}; expected one of: {allowed}", option=name)
         kind = type(known[name].default)
         values[name] = _coerce(source, name, raw, kind)
     return cls(**values)
@@ -83,12 +83,12 @@ def _coerce(source: str, name: str, raw: Any, kind: type) -> Any:
         return float(raw)
     elif isinstance(raw, kind) and not isinstance(raw, bool):
         return raw
-    raise SourceError(f"{source}: option {name!r}: expected {expected}, got {raw!r}")
+    raise SourceError(f"{source}: option {name!r}: expected {expected}, got {raw!r}", option=name)
 
 
 def check_range(source: str, name: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:
-        raise SourceError(f"{source}: option {name!r}: expected a value in [{low}, {high}], got {value!r}")
+        raise SourceError(f"{source}: option {name!r}: expected a value in [{low}, {high}], got {value!r}", option=name)
 
 
 class BuiltinSource:
@@ -105,7 +105,8 @@ class BuiltinSource:
         source = f"builtin:{generator.name}"
         if not 0.0 < heldout_fraction < 1.0:
             raise SourceError(
-                f"{source}: option 'heldout_fraction': expected a value in (0, 1), got {heldout_fraction!r}"
+                f"{source}: option 'heldout_fraction': expected a value in (0, 1), got {heldout_fraction!r}",
+                option="heldout_fraction",
             )
         self.domain = domain
         self.source = source
@@ -113,7 +114,7 @@ class BuiltinSource:
         self.heldout_fraction = heldout_fraction
         if isinstance(heldout, int):
             if heldout < 0:
-                raise SourceError(f"{source}: held-out size: expected an integer >= 0, got {heldout}")
+                raise SourceError(f"{source}: held-out size: expected an integer >= 0, got {heldout}", key="heldout")
             self._heldout = self._build_heldout(heldout)
             self._excluded: frozenset[str] = frozenset()
         else:
@@ -163,6 +164,7 @@ class BuiltinSource:
             raise SourceError(
                 f"{self.source}: asked for {n} held-out tasks but only {len(found)} distinct ones exist at "
                 f"these options ({self.generator.describe()}, heldout_fraction={self.heldout_fraction}); "
-                "lower the domain's `heldout` or widen the options"
+                "lower the domain's `heldout` or widen the options",
+                key="heldout",
             )
         return tuple(found.values())

@@ -49,7 +49,8 @@ class ArithmeticGenerator:
         check_range(source, "ops", options.ops, 1, 3)
         if not options.operators or set(options.operators) - set("+-*"):
             raise SourceError(
-                f"{source}: option 'operators': expected a non-empty subset of '+-*', got {options.operators!r}"
+                f"{source}: option 'operators': expected a non-empty subset of '+-*', got {options.operators!r}",
+                option="operators",
             )
         self.options = options
         self._operators = sorted(set(options.operators))

@@ -42,7 +42,8 @@ class PyExprGenerator:
         check_range(source, "terms", options.terms, 2, 5)
         if not options.operators or set(options.operators) - set("+-*"):
             raise SourceError(
-                f"{source}: option 'operators': expected a non-empty subset of '+-*', got {options.operators!r}"
+                f"{source}: option 'operators': expected a non-empty subset of '+-*', got {options.operators!r}",
+                option="operators",
             )
         self.options = options
         # Fixed order + - * so the reference rule does not depend on how the option was spelled.

@@ -102,16 +102,20 @@ def open_source(
         raise SourceError(f"source {source!r}: unknown builtin{hint}; expected one of {known}")
     for key, value in _query_options(source, query):
         if key in given:
-            raise SourceError(f"source {source!r}: option {key!r} given both in the source string and in options")
+            raise SourceError(
+                f"source {source!r}: option {key!r} given both in the source string and in options", option=key
+            )
         given[key] = value
     fraction = given.pop("heldout_fraction", DEFAULT_HELDOUT_FRACTION)
     try:
         fraction = float(fraction)
     except (TypeError, ValueError):
-        raise SourceError(f"builtin:{name}: option 'heldout_fraction': expected a number, got {fraction!r}") from None
+        raise SourceError(
+            f"builtin:{name}: option 'heldout_fraction': expected a number, got {fraction!r}", option="heldout_fraction"
+        ) from None
     generator = factory(given)
     held: int | Sequence[Task] = (
-        heldout_spec if isinstance(heldout_spec, int) else read_jsonl_tasks(heldout_spec, domain)
+        heldout_spec if isinstance(heldout_spec, int) else read_jsonl_tasks(heldout_spec, domain, key="heldout")
     )
     return BuiltinSource(domain, generator, heldout=held, heldout_fraction=fraction)
 
@@ -134,12 +138,12 @@ def _path(text: str, base_dir: Path | None) -> Path:
 
 def _heldout_spec(heldout: int | str, base_dir: Path | None) -> int | Path:
     if isinstance(heldout, bool):
-        raise SourceError(f"heldout: expected an integer >= 0 or jsonl:<path>, got {heldout!r}")
+        raise SourceError(f"heldout: expected an integer >= 0 or jsonl:<path>, got {heldout!r}", key="heldout")
     if isinstance(heldout, int):
         return heldout
     if heldout.startswith("jsonl:") and len(heldout) > len("jsonl:"):
         return _path(heldout[len("jsonl:") :], base_dir)
-    raise SourceError(f"heldout: expected an integer >= 0 or jsonl:<path>, got {heldout!r}")
+    raise SourceError(f"heldout: expected an integer >= 0 or jsonl:<path>, got {heldout!r}", key="heldout")
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ def domains_from_spec(spec: Any, names: Iterable[str] | None = None) -> dict[str
                 base_dir=base_dir,
             )
         except SourceError as err:
-            raise SourceError(f"domains.{name}: {err}") from None
+            raise SourceError(f"domains.{name}: {err}", option=err.option, key=err.key) from None
         out[name] = Domain(
             name=name,
             source=src,

@@ -34,8 +34,15 @@ __all__ = ["JsonlSource", "read_jsonl_tasks"]
 _ALLOWED = ("id", "prompt", "reference", "verifier_fields", "answer")
 
 
-def read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
-    """Parse and validate every row of `path` into Tasks of `domain`."""
+def read_jsonl_tasks(path: Path, domain: str, *, key: str = "source") -> list[Task]:
+    """Parse and validate every row of `path` into Tasks of `domain` (`key`: the spec key naming the file)."""
+    try:
+        return _read_jsonl_tasks(path, domain)
+    except SourceError as err:
+        raise SourceError(str(err), key=err.key or key) from None
+
+
+def _read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
@@ -104,19 +111,22 @@ class JsonlSource:
         self.domain = domain
         self.source = f"jsonl:{path}"
         if options:
-            raise SourceError(f"{self.source}: jsonl sources take no options, got {', '.join(sorted(options))}")
+            raise SourceError(
+                f"{self.source}: jsonl sources take no options, got {', '.join(sorted(options))}", key="source_options"
+            )
         tasks = read_jsonl_tasks(path, domain)
         if isinstance(heldout, Path):
-            held = read_jsonl_tasks(heldout, domain)
+            held = read_jsonl_tasks(heldout, domain, key="heldout")
             keys = {t.key for t in held} | {t.prompt for t in held}
             train = [t for t in tasks if t.key not in keys and t.prompt not in keys]
         else:
             if heldout < 0:
-                raise SourceError(f"{self.source}: held-out size: expected an integer >= 0, got {heldout}")
+                raise SourceError(f"{self.source}: held-out size: expected an integer >= 0, got {heldout}", key="heldout")
             if heldout >= len(tasks):
                 raise SourceError(
                     f"{self.source}: held-out size {heldout} leaves no training tasks ({len(tasks)} rows); "
-                    "lower the domain's `heldout`"
+                    "lower the domain's `heldout`",
+                    key="heldout",
                 )
             ranked = sorted(tasks, key=lambda t: heldout_bucket(t.key))
             held = ranked[:heldout]

@@ -30,7 +30,14 @@ class SourceError(ValueError):
     """A user-facing problem with a task source: bad source string, bad option, bad JSONL row.
 
     The message is one line and says where (file:line when there is a file) and what was expected.
+    `option` names the builtin option at fault and `key` the domain's spec key (``"heldout"``) when one is,
+    so a spec checker can point at the line that holds it.
     """
+
+    def __init__(self, message: str, *, option: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+        self.key = key
 
 
 @dataclass(frozen=True)
