@@ -174,10 +174,12 @@ class TorchEngine:
         seed: int = 0,
     ) -> TorchEngine:
         """Build from the spec's ``policy`` section and a ``GeneratorConfig`` (fields used: ``device``,
-        ``dtype``, ``max_batch_size``; sampling fields are per-request and belong to the actor)."""
+        ``dtype``, ``max_batch_size``, ``kv_cache_on_update``; sampling fields are per-request and belong to the
+        actor)."""
         policy = Policy.from_spec(policy_spec, dtype=config.dtype, device=config.device)
         return cls(
-            policy, max_batch_size=config.max_batch_size, num_threads=num_threads, version=version, seed=seed
+            policy, max_batch_size=config.max_batch_size, num_threads=num_threads, version=version, seed=seed,
+            recompute_cache_on_update=getattr(config, "kv_cache_on_update", "recompute") == "recompute",
         )
 
     # ------------------------------------------------------------------ public API
