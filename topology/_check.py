@@ -197,7 +197,7 @@ class _Checker:
             self.error(("domains", name, "verifier"), f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
                        severity="warning")
         domain = domain.model_copy(update=resolved) if resolved else domain
-        if len(self.issues) == before:
+        if not any(issue.severity == "error" for issue in self.issues[before:]):  # a missing file: said already
             self.check_domain_opens(name, domain)
         return domain
 
@@ -213,7 +213,9 @@ class _Checker:
             message = str(err)
             if err.option is not None and err.option in domain.source_options:
                 at: KeyPath = ("source_options", err.option)
-                if "given both" in message:  # the other half may sit in another file (include: merges keys)
+                query = domain.source.partition("?")[2].split("&")
+                if any(part.partition("=")[0] == err.option for part in query):  # given twice: the other half may
+                    # sit in another file (include: merges source_options key by key)
                     loc = self.doc.value_loc((*path, "source"))
                     message += f" (the source string is at {loc.file}:{loc.line})"
             else:
