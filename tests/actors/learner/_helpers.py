@@ -102,8 +102,9 @@ async def running_learner(spec: Spec, url: str, run_dir: Path, *,
             await actor.stop()
 
 
-async def wait_until(predicate: Any, timeout_s: float = 20.0) -> None:
-    """Until ``predicate()`` is true (it may return an awaitable), or fail after ``timeout_s``."""
+async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:
+    """Until ``predicate()`` is true (it may return an awaitable), or fail after ``timeout_s``: a guard against
+    hangs, not a speed check (20 s once ran out in the crash-resume test with busy loops hogging both cores)."""
     with anyio.fail_after(timeout_s):
         for _ in iter(int, 1):  # until the predicate holds (or the deadline)
             value = predicate()
