@@ -113,29 +113,6 @@ def warm_start_model(init: Path, out: Path, rows: list[dict[str, str]], *, steps
     return loss
 
 
-def heldout_accuracy(model: Path, rows: list[dict[str, str]], temperature: float) -> float:
-    """Share of ``rows`` whose completion by ``model`` (one per prompt) is the answer: the math verifier's rule."""
-    import asyncio
-
-    from actors.generator import GenerationRequest, SamplingParams, TorchEngine
-    from actors.policy import Policy
-    from actors.policy._prompting import encode_prompt
-
-    policy = Policy.from_spec({"model": f"hf:{model}"})
-    params = SamplingParams(max_new_tokens=5, temperature=temperature)
-
-    async def run() -> float:
-        engine = TorchEngine(policy, max_batch_size=128)
-        try:
-            outs = await engine.generate([GenerationRequest(str(i), tuple(encode_prompt(policy.tokenizer, r["prompt"])),
-                                                            params) for i, r in enumerate(rows)])
-        finally:
-            await engine.close()
-        return sum(o.text.strip() == r["answer"] for o, r in zip(outs, rows, strict=True)) / len(rows)
-
-    return asyncio.run(run())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
@@ -169,7 +146,14 @@ def main() -> None:
     (out / "spec.yaml").write_text(SPEC.format())
     print(f"wrote {out}/model (warm start: {args.warm_steps} steps), init/, train.jsonl ({args.train} rows), "
           f"heldout.jsonl ({args.heldout}), spec.yaml")
-    greedy, sampled = (heldout_accuracy(out / "model", heldout, t) for t in (0.0, 1.0))
+    import transformers
+
+    from bench.trl_grpo import heldout_accuracy  # the rule and decoding the TRL comparison evaluates with
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out / "model"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out / "model"))
+    greedy, sampled = (heldout_accuracy(model, tokenizer, heldout, temperature=t, samples=1, max_new_tokens=5)
+                       for t in (0.0, 1.0))
     print(f"held-out accuracy of model/: {100 * greedy:.1f} % greedy, {100 * sampled:.1f} % sampled at T=1")
     if sampled < 0.15:
         print("  warning: little reward for RL to climb from; the jump in this warm start falls at a different step "

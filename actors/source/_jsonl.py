@@ -39,7 +39,7 @@ def read_jsonl_tasks(path: Path, domain: str, *, key: str = "source") -> list[Ta
     try:
         return _read_jsonl_tasks(path, domain)
     except SourceError as err:
-        raise SourceError(str(err), key=err.key or key) from None
+        raise SourceError(str(err), key=key) from None
 
 
 def _read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
