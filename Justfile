@@ -18,8 +18,9 @@ demo *ARGS: bootstrap
 test *ARGS: bootstrap
     {{py}} -m pytest -q -n 2 --dist loadgroup {{ARGS}}
 
-# ruff + mypy (strict on topology/ and actors/).
+# ruff (format and lint) + mypy (strict on topology/ and actors/).
 lint: bootstrap
+    {{venv}}/bin/ruff format --check .
     {{venv}}/bin/ruff check .
     {{venv}}/bin/mypy
 

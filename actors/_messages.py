@@ -129,9 +129,19 @@ class TrafficMsg(BaseModel):
 
 # Labels /v1/feedback accepts instead of a numeric score, and the score each one stands for.
 FEEDBACK_LABELS: dict[str, float] = {
-    "good": 1.0, "thumbs_up": 1.0, "up": 1.0, "positive": 1.0, "correct": 1.0, "accept": 1.0,
+    "good": 1.0,
+    "thumbs_up": 1.0,
+    "up": 1.0,
+    "positive": 1.0,
+    "correct": 1.0,
+    "accept": 1.0,
     "neutral": 0.5,
-    "bad": 0.0, "thumbs_down": 0.0, "down": 0.0, "negative": 0.0, "incorrect": 0.0, "reject": 0.0,
+    "bad": 0.0,
+    "thumbs_down": 0.0,
+    "down": 0.0,
+    "negative": 0.0,
+    "incorrect": 0.0,
+    "reject": 0.0,
 }
 
 

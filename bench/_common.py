@@ -19,8 +19,11 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-        "cpu_count": os.cpu_count(), "hostname": platform.node(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
     }
     try:
         info["affinity_cpus"] = len(os.sched_getaffinity(0))
@@ -52,8 +55,10 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
     return "\n".join(lines)
 

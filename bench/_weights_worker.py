@@ -25,15 +25,20 @@ from topology.bus import Bus
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     sizes = args.sizes.split(",")
-    engines = {size: TorchEngine(Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0), max_batch_size=4)
-               for size in sizes}
+    engines = {
+        size: TorchEngine(Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0), max_batch_size=4) for size in sizes
+    }
     control = await Bus.connect(args.url, topology="bench-weights", name=f"worker-{args.rank}")
     group: WeightGroup | None = None
 
     def reporter(size: str) -> Any:
         def on_event(event: str, fields: dict[str, Any]) -> None:
-            asyncio.get_running_loop().create_task(control.publish_ephemeral(
-                "bench.swapped", {"rank": args.rank, "size": size, "event": event, "t": time.time(), **fields}))
+            asyncio.get_running_loop().create_task(
+                control.publish_ephemeral(
+                    "bench.swapped", {"rank": args.rank, "size": size, "event": event, "t": time.time(), **fields}
+                )
+            )
+
         return on_event
 
     tasks = []
@@ -42,8 +47,10 @@ async def main(args: argparse.Namespace) -> None:
         topology = f"bench-{size}"
         bus = await Bus.connect(args.url, topology=topology, name=f"worker-{args.rank}-{size}")
         buses.append(bus)
-        transports = {"object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
-                      "disk": SafetensorsDirTransport(args.disk_root)}
+        transports = {
+            "object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
+            "disk": SafetensorsDirTransport(args.disk_root),
+        }
         subscriber = WeightSubscriber(bus, topology, engines[size], transports, on_event=reporter(size))
         tasks.append(asyncio.create_task(subscriber.run()))
     commands = await control.subscribe_ephemeral(f"bench.cmd.{args.rank}")
@@ -59,13 +66,21 @@ async def main(args: argparse.Namespace) -> None:
             assert group is not None
             engine = engines[command["size"]]
             expected = {name: (tuple(t.shape), t.dtype) for name, t in engine.policy.state_dict().items()}
-            staged = await asyncio.to_thread(receive_weights, group, command["names"], command["dtypes"],
-                                             command["shapes"], expected)
+            staged = await asyncio.to_thread(
+                receive_weights, group, command["names"], command["dtypes"], command["shapes"], expected
+            )
             await engine.update_weights(command["version"], staged)
-            await control.publish_ephemeral("bench.swapped", {"rank": args.rank, "size": command["size"],
-                                                              "event": "weights.swapped", "t": time.time(),
-                                                              "version": command["version"],
-                                                              "transport": "broadcast"})
+            await control.publish_ephemeral(
+                "bench.swapped",
+                {
+                    "rank": args.rank,
+                    "size": command["size"],
+                    "event": "weights.swapped",
+                    "t": time.time(),
+                    "version": command["version"],
+                    "transport": "broadcast",
+                },
+            )
     for task in tasks:
         task.cancel()
     for engine in engines.values():

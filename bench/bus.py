@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import markdown_table, percentile, write_results
 from topology.bus import Bus, BusSettings, EmbeddedNats
 
-PAYLOAD = {"data": "x" * 1000}           # ~1 KiB on the wire
+PAYLOAD = {"data": "x" * 1000}  # ~1 KiB on the wire
 TARGETS = {"throughput_eps": 20_000, "p99_ms": 5.0, "ratio": 0.5}
 SETTINGS = BusSettings(max_ack_pending=1024, max_deliver=5, ack_wait_s=30, dedupe_window_s=120)
 
@@ -93,11 +93,21 @@ async def _raw_setup(url: str) -> tuple[Any, Any, str, Any]:
     js = nc.jetstream()
     name = _topology().upper().replace("-", "_")
     subject = f"raw.{name}"
-    await js.add_stream(api.StreamConfig(name=name, subjects=[subject], storage=api.StorageType.FILE,
-                                         duplicate_window=SETTINGS.dedupe_window_s))
-    await js.add_consumer(name, api.ConsumerConfig(
-        durable_name="g", ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=SETTINGS.max_ack_pending,
-        max_deliver=SETTINGS.max_deliver, ack_wait=SETTINGS.ack_wait_s))
+    await js.add_stream(
+        api.StreamConfig(
+            name=name, subjects=[subject], storage=api.StorageType.FILE, duplicate_window=SETTINGS.dedupe_window_s
+        )
+    )
+    await js.add_consumer(
+        name,
+        api.ConsumerConfig(
+            durable_name="g",
+            ack_policy=api.AckPolicy.EXPLICIT,
+            max_ack_pending=SETTINGS.max_ack_pending,
+            max_deliver=SETTINGS.max_deliver,
+            ack_wait=SETTINGS.ack_wait_s,
+        ),
+    )
     sub = await js.pull_subscribe_bind(durable="g", stream=name)
     return nc, js, subject, sub
 
@@ -172,20 +182,28 @@ async def run(quick: bool) -> dict[str, Any]:
     n, rounds, seconds, batch, rate = (10_000, 2, 3.0, 256, 1000.0) if quick else (100_000, 5, 15.0, 256, 1000.0)
     with tempfile.TemporaryDirectory(prefix="fw-bench-bus-") as tmp:
         async with EmbeddedNats(Path(tmp)) as server:
-            await ours_throughput(server.url, 2000, batch)   # warm up both paths (imports, file creation)
+            await ours_throughput(server.url, 2000, batch)  # warm up both paths (imports, file creation)
             await raw_throughput(server.url, 2000, batch)
             ours_tp, raw_tp = [], []
-            for _ in range(rounds):   # interleaved so both see the same machine load
+            for _ in range(rounds):  # interleaved so both see the same machine load
                 ours_tp.append(await ours_throughput(server.url, n, batch))
                 raw_tp.append(await raw_throughput(server.url, n, batch))
             ours_lat = await ours_latency(server.url, rate, seconds)
             raw_lat = await raw_latency(server.url, rate, seconds)
     ours_eps, raw_eps = statistics.median(ours_tp), statistics.median(raw_tp)
     figures = {
-        "ours": {"throughput_eps": ours_eps, "throughput_runs": ours_tp,
-                 "p50_ms": percentile(ours_lat, 50) * 1e3, "p99_ms": percentile(ours_lat, 99) * 1e3},
-        "raw": {"throughput_eps": raw_eps, "throughput_runs": raw_tp,
-                "p50_ms": percentile(raw_lat, 50) * 1e3, "p99_ms": percentile(raw_lat, 99) * 1e3},
+        "ours": {
+            "throughput_eps": ours_eps,
+            "throughput_runs": ours_tp,
+            "p50_ms": percentile(ours_lat, 50) * 1e3,
+            "p99_ms": percentile(ours_lat, 99) * 1e3,
+        },
+        "raw": {
+            "throughput_eps": raw_eps,
+            "throughput_runs": raw_tp,
+            "p50_ms": percentile(raw_lat, 50) * 1e3,
+            "p99_ms": percentile(raw_lat, 99) * 1e3,
+        },
         "ratio": ours_eps / raw_eps,
     }
     passed = {
@@ -193,10 +211,21 @@ async def run(quick: bool) -> dict[str, Any]:
         "p99_ms": figures["ours"]["p99_ms"] <= TARGETS["p99_ms"],
         "ratio": figures["ratio"] >= TARGETS["ratio"],
     }
-    return {"quick": quick, "config": {"events": n, "rounds": rounds, "batch": batch, "event_bytes": 1024,
-                                       "latency_rate_eps": rate, "latency_seconds": seconds,
-                                       "max_ack_pending": SETTINGS.max_ack_pending},
-            "figures": figures, "targets": TARGETS, "pass": passed}
+    return {
+        "quick": quick,
+        "config": {
+            "events": n,
+            "rounds": rounds,
+            "batch": batch,
+            "event_bytes": 1024,
+            "latency_rate_eps": rate,
+            "latency_seconds": seconds,
+            "max_ack_pending": SETTINGS.max_ack_pending,
+        },
+        "figures": figures,
+        "targets": TARGETS,
+        "pass": passed,
+    }
 
 
 def main() -> None:
@@ -209,14 +238,35 @@ def main() -> None:
     path = write_results("bus", results)
     f, ok = results["figures"], results["pass"]
     mark = {True: "pass", False: "FAIL"}
-    print(markdown_table(
-        ["metric", "flywheel Bus", "raw nats-py", "target", "result"],
-        [[f"durable 1 KiB events/s (batch {results['config']['batch']})", f["ours"]["throughput_eps"],
-          f["raw"]["throughput_eps"], f"≥ {TARGETS['throughput_eps']:,}", mark[ok["throughput_eps"]]],
-         ["ours / raw throughput", f"{f['ratio']:.0%}", "100%", f"≥ {TARGETS['ratio']:.0%}", mark[ok["ratio"]]],
-         ["p50 latency @ 1k/s (ms)", f["ours"]["p50_ms"], f["raw"]["p50_ms"], "", ""],
-         ["p99 latency @ 1k/s (ms)", f["ours"]["p99_ms"], f["raw"]["p99_ms"], f"≤ {TARGETS['p99_ms']}",
-          mark[ok["p99_ms"]]]]))
+    print(
+        markdown_table(
+            ["metric", "flywheel Bus", "raw nats-py", "target", "result"],
+            [
+                [
+                    f"durable 1 KiB events/s (batch {results['config']['batch']})",
+                    f["ours"]["throughput_eps"],
+                    f["raw"]["throughput_eps"],
+                    f"≥ {TARGETS['throughput_eps']:,}",
+                    mark[ok["throughput_eps"]],
+                ],
+                [
+                    "ours / raw throughput",
+                    f"{f['ratio']:.0%}",
+                    "100%",
+                    f"≥ {TARGETS['ratio']:.0%}",
+                    mark[ok["ratio"]],
+                ],
+                ["p50 latency @ 1k/s (ms)", f["ours"]["p50_ms"], f["raw"]["p50_ms"], "", ""],
+                [
+                    "p99 latency @ 1k/s (ms)",
+                    f["ours"]["p99_ms"],
+                    f["raw"]["p99_ms"],
+                    f"≤ {TARGETS['p99_ms']}",
+                    mark[ok["p99_ms"]],
+                ],
+            ],
+        )
+    )
     print(f"\nwrote {path} in {results['wall_s']} s")
 
 

@@ -75,8 +75,10 @@ class RawClient:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
         length = 0
@@ -94,8 +96,14 @@ class RawClient:
 def start_topology(root: Path, streams: int) -> tuple[subprocess.Popen[str], str, str]:
     (root / "spec.yaml").write_text(SPEC.format(streams2=max(512, 2 * streams)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", "from topology.cli import main; main()", "up", str(root / "spec.yaml"), "--every", "2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from topology.cli import main; main()", "up", str(root / "spec.yaml"), "--every", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     bus_url = gateway_url = ""
     deadline = time.monotonic() + 180
     assert proc.stdout is not None
@@ -166,8 +174,13 @@ async def concurrent_streams(url: str, streams: int, new_tokens: int) -> dict[st
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         nonlocal chunks
-        body = {"model": "flywheel", "messages": [{"role": "user", "content": f"stream {i}: 12+7="}],
-                "max_tokens": new_tokens, "temperature": 1.0, "stream": True}  # fmt: skip
+        body = {
+            "model": "flywheel",
+            "messages": [{"role": "user", "content": f"stream {i}: 12+7="}],
+            "max_tokens": new_tokens,
+            "temperature": 1.0,
+            "stream": True,
+        }
         try:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code != 200:
@@ -190,8 +203,13 @@ async def concurrent_streams(url: str, streams: int, new_tokens: int) -> dict[st
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(streams)))
         wall = time.perf_counter() - t0
-    return {"streams": streams, "errors": len(errors), "error_samples": errors[:5], "wall_s": round(wall, 3),
-            "chunks": chunks}  # fmt: skip
+    return {
+        "streams": streams,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "wall_s": round(wall, 3),
+        "chunks": chunks,
+    }
 
 
 async def traffic_count(bus: Bus) -> int:
@@ -230,18 +248,44 @@ def main() -> None:
                 proc.kill()
     times, streaming = measured["times"], measured["streaming"]
     ms = {name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3} for name, v in times.items()}
-    added = {client: {q: ms[client][q] - ms["direct"][q] for q in ("p50", "p99")} for client in ("gateway", "gateway_httpx")}
-    rows = [[name, len(times[name]), ms[name]["p50"], ms[name]["p99"],
-             added[name]["p50"] if name in added else "—", added[name]["p99"] if name in added else "—"]
-            for name in ("direct", "gateway", "gateway_httpx")]  # fmt: skip
+    added = {
+        client: {q: ms[client][q] - ms["direct"][q] for q in ("p50", "p99")} for client in ("gateway", "gateway_httpx")
+    }
+    rows = [
+        [
+            name,
+            len(times[name]),
+            ms[name]["p50"],
+            ms[name]["p99"],
+            added[name]["p50"] if name in added else "—",
+            added[name]["p99"] if name in added else "—",
+        ]
+        for name in ("direct", "gateway", "gateway_httpx")
+    ]
     print(markdown_table(["path", "requests", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows))
     print()
-    print(markdown_table(["concurrent streams", "errors", "wall s", "chunks", "traffic recorded"],
-                         [[streaming["streams"], streaming["errors"], streaming["wall_s"], streaming["chunks"],
-                           streaming["traffic_recorded"]]]))  # fmt: skip
+    print(
+        markdown_table(
+            ["concurrent streams", "errors", "wall s", "chunks", "traffic recorded"],
+            [
+                [
+                    streaming["streams"],
+                    streaming["errors"],
+                    streaming["wall_s"],
+                    streaming["chunks"],
+                    streaming["traffic_recorded"],
+                ]
+            ],
+        )
+    )
     results = {
-        "config": {"requests": args.requests, "new_tokens": args.new_tokens, "streams": args.streams,
-                   "stream_tokens": args.stream_tokens, "quick": args.quick},
+        "config": {
+            "requests": args.requests,
+            "new_tokens": args.new_tokens,
+            "streams": args.streams,
+            "stream_tokens": args.stream_tokens,
+            "quick": args.quick,
+        },
         "latency_ms": {name: {q: round(v, 3) for q, v in values.items()} for name, values in ms.items()},
         "added_latency_ms": {name: {q: round(v, 3) for q, v in values.items()} for name, values in added.items()},
         "added_p50_ms": round(added["gateway"]["p50"], 3),
@@ -249,7 +293,8 @@ def main() -> None:
         "streaming": streaming,
         "errors": streaming["errors"],
         "targets": {"added_p50_ms_max": 2.0, "errors": 0},
-        "meets_targets": added["gateway"]["p50"] <= 2.0 and streaming["errors"] == 0
+        "meets_targets": added["gateway"]["p50"] <= 2.0
+        and streaming["errors"] == 0
         and streaming["traffic_recorded"] == streaming["streams"] - streaming["errors"],
     }
     path = write_results("gateway", results)

@@ -90,12 +90,19 @@ def main() -> None:
             tps, stats = asyncio.run(engine_tokens_per_s(policy, batch, new_tokens))
             ratio = tps / naive
             rows.append([preset, f"{params_m:.1f}M", batch, tps, naive, f"{ratio:.1f}x"])
-            results.append({
-                "preset": preset, "params": policy.num_parameters(), "batch_size": batch,
-                "new_tokens": new_tokens, "engine_tokens_per_s": round(tps, 1),
-                "naive_tokens_per_s": round(naive, 1), "ratio": round(ratio, 2),
-                "engine_steps": stats["steps"], "mean_batch_occupancy": round(stats["mean_batch_occupancy"], 3),
-            })
+            results.append(
+                {
+                    "preset": preset,
+                    "params": policy.num_parameters(),
+                    "batch_size": batch,
+                    "new_tokens": new_tokens,
+                    "engine_tokens_per_s": round(tps, 1),
+                    "naive_tokens_per_s": round(naive, 1),
+                    "ratio": round(ratio, 2),
+                    "engine_steps": stats["steps"],
+                    "mean_batch_occupancy": round(stats["mean_batch_occupancy"], 3),
+                }
+            )
             print(f"{preset} B={batch}: engine {tps:,.0f} tok/s, naive {naive:,.0f} tok/s ({ratio:.1f}x)", flush=True)
 
     table = markdown_table(["model", "params", "batch", "engine tok/s", "naive tok/s", "ratio"], rows)

@@ -18,7 +18,8 @@ run's ``metrics/*.parquet``: held-out accuracy per domain (decoded as the spec's
 with ``eval_temperature``/``eval_samples``) over wall-clock (eval rows), samples/s trained
 (step rows), the training rollouts' accuracy per domain when RL starts and when it ends (see
 ``rollout_accuracy``) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and
-verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on it
+verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on
+it
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
 The "no signal" column is the share of a domain's groups the learner consumed without a step because all their
@@ -62,14 +63,19 @@ _QUICK = {"actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "check
 VARIANTS = ("async", "sync", "nonorm", "guided", "skipsolved")
 
 
-def variant_overrides(name: str, nonorm: str, *, domains: list[str] | None = None, skip_solved: int = 2
-                      ) -> dict[str, Any]:
+def variant_overrides(
+    name: str, nonorm: str, *, domains: list[str] | None = None, skip_solved: int = 2
+) -> dict[str, Any]:
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}; expected some of: {', '.join(VARIANTS)}")
     if name == "skipsolved":
         return {"domains": {d: {"skip_solved": skip_solved} for d in domains or []}}
-    learner: dict[str, Any] = {"async": {}, "sync": {"mode": "sync"}, "nonorm": {"normalize": nonorm},
-                               "guided": {"failed_groups": "reference"}}[name]
+    learner: dict[str, Any] = {
+        "async": {},
+        "sync": {"mode": "sync"},
+        "nonorm": {"normalize": nonorm},
+        "guided": {"failed_groups": "reference"},
+    }[name]
     return {"actors": {"learner": learner}} if learner else {}
 
 
@@ -114,9 +120,11 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
     ray, local = results.get(variant), results.get(f"{variant} (local)")
     if ray is None or local is None or not local.get("samples_per_s"):
         return None
-    return {"wall_ratio": ray["wall_s"] / local["wall_s"],
-            "first_step_delay_s": ray.get("first_step_s", 0.0) - local.get("first_step_s", 0.0),
-            "samples_per_s_ratio": ray.get("samples_per_s", 0.0) / local["samples_per_s"]}
+    return {
+        "wall_ratio": ray["wall_s"] / local["wall_s"],
+        "first_step_delay_s": ray.get("first_step_s", 0.0) - local.get("first_step_s", 0.0),
+        "samples_per_s_ratio": ray.get("samples_per_s", 0.0) / local["samples_per_s"],
+    }
 
 
 def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
@@ -130,10 +138,12 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
         from actors.learner._metrics import eval_mode
 
         out["eval_mode"] = eval_mode(evals)
-        t0 = float(evals["ts"].cast(float).min())  # type: ignore[arg-type]  # the post-warm-start baseline round: RL time starts here
+        # the post-warm-start baseline round: RL time starts here
+        t0 = float(evals["ts"].cast(float).min())  # type: ignore[arg-type]
         for row in evals.sort("ts").iter_rows(named=True):
             out["curves"].setdefault(row["domain"], []).append(
-                {"t_s": round(float(row["ts"]) - t0, 2), "version": int(row["version"]), "accuracy": row["accuracy"]})
+                {"t_s": round(float(row["ts"]) - t0, 2), "version": int(row["version"]), "accuracy": row["accuracy"]}
+            )
         for domain, curve in out["curves"].items():
             out["baseline"][domain] = curve[0]["accuracy"]
             tail = [p["accuracy"] for p in curve[-3:]]  # mean of the last three rounds: less eval noise
@@ -155,9 +165,10 @@ def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
         if "step_s" in steps.columns:
             out["t_train_s"] = statistics.median(float(s) for s in steps["step_s"] if s is not None)
         if "generate_s_max" in steps.columns:
-            out["t_gen_s"] = statistics.median(float(g or 0.0) + float(v or 0.0)
-                                               for g, v in zip(steps["generate_s_max"], steps["verify_s_max"],
-                                                               strict=True))
+            out["t_gen_s"] = statistics.median(
+                float(g or 0.0) + float(v or 0.0)
+                for g, v in zip(steps["generate_s_max"], steps["verify_s_max"], strict=True)
+            )
         if "iw_mean" in steps.columns:
             out["iw_mean"] = statistics.fmean(float(v) for v in steps["iw_mean"])
         if "staleness_mean" in steps.columns:
@@ -236,8 +247,13 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     for variant, res in results.items():
         for domain, curve in sorted(res["curves"].items()):
             color = colors.setdefault(domain, palette[len(colors) % len(palette)])
-            ax.plot([p["t_s"] for p in curve], [100 * p["accuracy"] for p in curve],
-                    linestyle=_STYLES.get(variant, "-."), color=color, label=f"{domain} ({variant})")
+            ax.plot(
+                [p["t_s"] for p in curve],
+                [100 * p["accuracy"] for p in curve],
+                linestyle=_STYLES.get(variant, "-."),
+                color=color,
+                label=f"{domain} ({variant})",
+            )
     ax.set_xlabel("seconds since the post-warm-start evaluation")
     modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
     ax.set_ylabel(f"held-out accuracy, {' / '.join(modes)} (%)")
@@ -276,13 +292,22 @@ def main() -> None:
                 overrides = _merge(quick, overrides)
             spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)
             # --runtime ray also runs the same work locally first: the Ray runtime's overhead is measured, not guessed
-            runs = [("local", f"{variant} (local)"), ("ray", variant)] if args.runtime == "ray" else [("local", variant)]
+            runs = (
+                [("local", f"{variant} (local)"), ("ray", variant)] if args.runtime == "ray" else [("local", variant)]
+            )
             for runtime_kind, key in runs:
-                print(f"== {key}: {duration:.0f} s of {args.spec} on the {runtime_kind} runtime "
-                      f"(overrides {json.dumps(overrides)})", flush=True)
+                print(
+                    f"== {key}: {duration:.0f} s of {args.spec} on the {runtime_kind} runtime "
+                    f"(overrides {json.dumps(overrides)})",
+                    flush=True,
+                )
                 run_dir, run_started, wall_s = run_topology(spec_file, duration, runtime_kind)
-                results[key] = {"overrides": overrides, "runtime": runtime_kind, "wall_s": wall_s,
-                                **analyse(run_dir, run_started)}
+                results[key] = {
+                    "overrides": overrides,
+                    "runtime": runtime_kind,
+                    "wall_s": wall_s,
+                    **analyse(run_dir, run_started),
+                }
 
     domains = sorted({d for r in results.values() for d in r["curves"]})
     rows = []
@@ -290,23 +315,48 @@ def main() -> None:
         for domain in domains:
             base, final = res["baseline"].get(domain), res["final"].get(domain)
             roll = res.get("rollout", {}).get(domain, {})
-            rows.append([variant, domain, _pct(base), _pct(final),
-                         _pct(None if base is None or final is None else final - base),
-                         _pct(res.get("best", {}).get(domain)),
-                         f"{_pct(roll.get('start'))} → {_pct(roll.get('end'))}" if roll else "-",
-                         _pct(roll["end"] - roll["start"]) if roll else "-",
-                         round(res.get("samples_per_s", 0.0), 1), round(res.get("staleness_mean", 0.0), 2),
-                         _no_signal(res, domain)])
+            rows.append(
+                [
+                    variant,
+                    domain,
+                    _pct(base),
+                    _pct(final),
+                    _pct(None if base is None or final is None else final - base),
+                    _pct(res.get("best", {}).get(domain)),
+                    f"{_pct(roll.get('start'))} → {_pct(roll.get('end'))}" if roll else "-",
+                    _pct(roll["end"] - roll["start"]) if roll else "-",
+                    round(res.get("samples_per_s", 0.0), 1),
+                    round(res.get("staleness_mean", 0.0), 2),
+                    _no_signal(res, domain),
+                ]
+            )
     if not rows:
         logs = ", ".join(f"{v}: {r['run_dir']}/logs" for v, r in results.items())
         raise SystemExit(f"no held-out evaluation came back from any run; see the logs ({logs})")
     modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
     print(f"held-out accuracy: {' / '.join(modes)}")
-    print(markdown_table(["variant", "domain", "post-warm-start %", "final % (last 3 evals)", "Δ pts", "best %",
-                          "rollouts %", "rollouts Δ", "samples/s", "staleness", "no signal % (solved/failed)"],
-                         rows))
-    print(f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
-          "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)")
+    print(
+        markdown_table(
+            [
+                "variant",
+                "domain",
+                "post-warm-start %",
+                "final % (last 3 evals)",
+                "Δ pts",
+                "best %",
+                "rollouts %",
+                "rollouts Δ",
+                "samples/s",
+                "staleness",
+                "no signal % (solved/failed)",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
+        "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)"
+    )
     summary: dict[str, Any] = {}
     if "sync" in results and "async" in results:
         pipe = pipelining(results["sync"])
@@ -316,46 +366,86 @@ def main() -> None:
             # the ideal pipeline trains one batch per max(T_gen, T_train): async's rate against that rate is the
             # fraction of the ceiling that does not depend on how much time sync mode loses to coordination
             ideal = results["sync"].get("batch_samples", 0.0) / max(pipe["t_gen_s"], pipe["t_train_s"])
-            summary = {**pipe, "async_over_sync": ratio, "fraction_of_ceiling": ratio / pipe["ceiling"],
-                       "async_over_ideal_pipeline": async_rate / ideal if ideal > 0 else 0.0}
-            print(f"\nT_gen {pipe['t_gen_s']:.2f} s, T_train {pipe['t_train_s']:.2f} s per batch (sync run; the cycle "
-                  f"also spends {pipe.get('sync_overhead_s', 0.0):.2f} s on coordination) → ceiling "
-                  f"{pipe['ceiling']:.2f}x; async/sync {ratio:.2f}x = {100 * ratio / pipe['ceiling']:.0f} % of the "
-                  f"ceiling; async trains {async_rate:.1f} samples/s = {100 * async_rate / ideal:.0f} % of an ideal "
-                  f"pipeline's {ideal:.1f} (one batch per max(T_gen, T_train))")
+            summary = {
+                **pipe,
+                "async_over_sync": ratio,
+                "fraction_of_ceiling": ratio / pipe["ceiling"],
+                "async_over_ideal_pipeline": async_rate / ideal if ideal > 0 else 0.0,
+            }
+            print(
+                f"\nT_gen {pipe['t_gen_s']:.2f} s, T_train {pipe['t_train_s']:.2f} s per batch (sync run; the cycle "
+                f"also spends {pipe.get('sync_overhead_s', 0.0):.2f} s on coordination) → ceiling "
+                f"{pipe['ceiling']:.2f}x; async/sync {ratio:.2f}x = {100 * ratio / pipe['ceiling']:.0f} % of the "
+                f"ceiling; async trains {async_rate:.1f} samples/s = {100 * async_rate / ideal:.0f} % of an ideal "
+                f"pipeline's {ideal:.1f} (one batch per max(T_gen, T_train))"
+            )
     for variant in variants:
         overhead = runtime_overhead(results, variant)
         if overhead is None:
             continue
         summary.setdefault("ray_overhead", {})[variant] = overhead
         print(f"\nRay runtime vs local on the same work ({variant}):")
-        print(markdown_table(["runtime", "wall s", "first RL step after s", "samples trained", "samples/s"], [
-            [r["runtime"], round(r["wall_s"], 1), round(r.get("first_step_s", 0.0), 1), r.get("samples_trained", 0),
-             round(r.get("samples_per_s", 0.0), 1)] for r in (results[f"{variant} (local)"], results[variant])]))
-        print(f"Ray: {100 * (overhead['wall_ratio'] - 1):+.0f} % wall clock, first RL step "
-              f"{overhead['first_step_delay_s']:+.1f} s later, {100 * (overhead['samples_per_s_ratio'] - 1):+.0f} % "
-              "trained samples/s")
+        print(
+            markdown_table(
+                ["runtime", "wall s", "first RL step after s", "samples trained", "samples/s"],
+                [
+                    [
+                        r["runtime"],
+                        round(r["wall_s"], 1),
+                        round(r.get("first_step_s", 0.0), 1),
+                        r.get("samples_trained", 0),
+                        round(r.get("samples_per_s", 0.0), 1),
+                    ]
+                    for r in (results[f"{variant} (local)"], results[variant])
+                ],
+            )
+        )
+        print(
+            f"Ray: {100 * (overhead['wall_ratio'] - 1):+.0f} % wall clock, first RL step "
+            f"{overhead['first_step_delay_s']:+.1f} s later, {100 * (overhead['samples_per_s_ratio'] - 1):+.0f} % "
+            "trained samples/s"
+        )
     if "nonorm" in results and "async" in results and results["async"]["baseline"]:
         # the hardest domain: lowest accuracy when RL starts, from the rollouts when they are there (less noise)
         start = {d: r["start"] for d, r in results["async"].get("rollout", {}).items()} or results["async"]["baseline"]
         hardest = min(start, key=lambda d: start[d])
-        gains = {v: results[v]["final"].get(hardest, 0.0) - results[v]["baseline"].get(hardest, 0.0)
-                 for v in ("async", "nonorm")}
+        gains = {
+            v: results[v]["final"].get(hardest, 0.0) - results[v]["baseline"].get(hardest, 0.0)
+            for v in ("async", "nonorm")
+        }
         rollout = {v: results[v].get("rollout", {}).get(hardest) for v in ("async", "nonorm")}
         rollout_gains = {v: r["end"] - r["start"] for v, r in rollout.items() if r}
-        summary["hardest_domain"] = {"domain": hardest, "gain_domain_norm": gains["async"],
-                                     "gain_without": gains["nonorm"], "rollout_gain_domain_norm":
-                                     rollout_gains.get("async"), "rollout_gain_without": rollout_gains.get("nonorm")}
-        print(f"hardest domain {hardest}: held-out {100 * gains['async']:+.1f} pts with per-domain normalization, "
-              f"{100 * gains['nonorm']:+.1f} pts with normalize={args.nonorm}"
-              + (f"; rollouts {100 * rollout_gains['async']:+.1f} vs {100 * rollout_gains['nonorm']:+.1f} pts"
-                 if len(rollout_gains) == 2 else ""))
+        summary["hardest_domain"] = {
+            "domain": hardest,
+            "gain_domain_norm": gains["async"],
+            "gain_without": gains["nonorm"],
+            "rollout_gain_domain_norm": rollout_gains.get("async"),
+            "rollout_gain_without": rollout_gains.get("nonorm"),
+        }
+        print(
+            f"hardest domain {hardest}: held-out {100 * gains['async']:+.1f} pts with per-domain normalization, "
+            f"{100 * gains['nonorm']:+.1f} pts with normalize={args.nonorm}"
+            + (
+                f"; rollouts {100 * rollout_gains['async']:+.1f} vs {100 * rollout_gains['nonorm']:+.1f} pts"
+                if len(rollout_gains) == 2
+                else ""
+            )
+        )
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     png = RESULTS_DIR / "learn.png"
     plot(results, png)
-    path = write_results("learn", {"spec": str(args.spec), "duration_s": duration, "quick": args.quick,
-                                   "runtime": args.runtime, "variants": results, "summary": summary,
-                                   "wall_s": round(time.monotonic() - started, 1)})
+    path = write_results(
+        "learn",
+        {
+            "spec": str(args.spec),
+            "duration_s": duration,
+            "quick": args.quick,
+            "runtime": args.runtime,
+            "variants": results,
+            "summary": summary,
+            "wall_s": round(time.monotonic() - started, 1),
+        },
+    )
     print(f"\nwrote {path} and {png} ({time.monotonic() - started:.0f} s)")
 
 

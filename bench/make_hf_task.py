@@ -85,8 +85,9 @@ def rows(rng: random.Random, n: int, digits: int) -> list[dict[str, str]]:
     return out
 
 
-def warm_start_model(init: Path, out: Path, rows: list[dict[str, str]], *, steps: int, stop_at: int, lr: float,
-                     seed: int = 0) -> float:
+def warm_start_model(
+    init: Path, out: Path, rows: list[dict[str, str]], *, steps: int, stop_at: int, lr: float, seed: int = 0
+) -> float:
     """``stop_at`` steps of a ``steps``-step SFT schedule on ``rows``; saves the model (HF layout) to ``out``."""
     import shutil
 
@@ -135,29 +136,40 @@ def main() -> None:
     shape = {"arch": args.arch, "n_layer": 4, "n_embd": 128, "n_head": 4, "max_positions": 64, "bos": True}
     write_tiny_hf_model(out / "init", **shape)
     every = rows(random.Random(0), args.train + args.heldout, args.digits)
-    train, heldout = every[: args.train], every[args.train:]
+    train, heldout = every[: args.train], every[args.train :]
     for name, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
     if args.warm_steps > 0:
-        warm_start_model(out / "init", out / "model", train, steps=max(args.warm_schedule, args.warm_steps),
-                         stop_at=args.warm_steps, lr=args.warm_lr)
+        warm_start_model(
+            out / "init",
+            out / "model",
+            train,
+            steps=max(args.warm_schedule, args.warm_steps),
+            stop_at=args.warm_steps,
+            lr=args.warm_lr,
+        )
     else:
         write_tiny_hf_model(out / "model", **shape)
     (out / "spec.yaml").write_text(SPEC.format())
-    print(f"wrote {out}/model (warm start: {args.warm_steps} steps), init/, train.jsonl ({args.train} rows), "
-          f"heldout.jsonl ({args.heldout}), spec.yaml")
+    print(
+        f"wrote {out}/model (warm start: {args.warm_steps} steps), init/, train.jsonl ({args.train} rows), "
+        f"heldout.jsonl ({args.heldout}), spec.yaml"
+    )
     import transformers
 
     from bench.trl_grpo import heldout_accuracy  # the rule and decoding the TRL comparison evaluates with
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out / "model"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out / "model"))
-    greedy, sampled = (heldout_accuracy(model, tokenizer, heldout, temperature=t, samples=1, max_new_tokens=5)
-                       for t in (0.0, 1.0))
+    greedy, sampled = (
+        heldout_accuracy(model, tokenizer, heldout, temperature=t, samples=1, max_new_tokens=5) for t in (0.0, 1.0)
+    )
     print(f"held-out accuracy of model/: {100 * greedy:.1f} % greedy, {100 * sampled:.1f} % sampled at T=1")
     if sampled < 0.15:
-        print("  warning: little reward for RL to climb from; the jump in this warm start falls at a different step "
-              "on different machines: try more --warm-steps (or a longer --warm-schedule)")
+        print(
+            "  warning: little reward for RL to climb from; the jump in this warm start falls at a different step "
+            "on different machines: try more --warm-steps (or a longer --warm-schedule)"
+        )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,7 @@ def _cold(argv: list[str], jobs: int, parallel: int = 2) -> dict[str, float]:
         batch = min(parallel, jobs - done)
         t = time.perf_counter()
         procs = [
-            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env={})
-            for _ in range(batch)
+            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env={}) for _ in range(batch)
         ]
         for p in procs:
             if p.wait() != 0:
@@ -105,13 +104,13 @@ def main() -> None:
     pool["capacity_2_idle_cores_per_s"] = 2 / cpu_per_job
     python = default_python()
     cold_py = _cold([python, "-c", "pass"], cold_jobs)
-    rows = [["warm pool (" + str(pool["isolation"]) + ")", pool["executions_per_s"], pool["p50_ms"], pool["p99_ms"]],
-            ["cold python -c", cold_py["executions_per_s"], cold_py["p50_ms"], cold_py["p99_ms"]]]  # fmt: skip
+    rows = [
+        ["warm pool (" + str(pool["isolation"]) + ")", pool["executions_per_s"], pool["p50_ms"], pool["p99_ms"]],
+        ["cold python -c", cold_py["executions_per_s"], cold_py["p50_ms"], cold_py["p99_ms"]],
+    ]
     results: dict[str, object] = {"cpus": cpus, "jobs": jobs, "pool": pool, "cold_python": cold_py}
     if pool["isolation"] == "bwrap":
-        bwrap_argv = worker_command(
-            Isolation.BWRAP, python=python, slot=0, job_uid_base=61000, tmp_mb=16
-        ).argv
+        bwrap_argv = worker_command(Isolation.BWRAP, python=python, slot=0, job_uid_base=61000, tmp_mb=16).argv
         bwrap_argv = [*bwrap_argv[: bwrap_argv.index(python) + 1], "-c", "pass"]
         cold_bwrap = _cold(bwrap_argv, cold_jobs)
         rows.append(
@@ -130,12 +129,23 @@ def main() -> None:
     path = write_results("sandbox", results)
     print(markdown_table(["runner (2 cores)", "executions/s", "p50 ms/job", "p99 ms/job"], rows))
     print()
-    print(markdown_table(["target", "value", "met"], [
-        ["≥ 500 isolated executions/s", f"{rate:,.0f}/s", "yes" if targets["executions_per_s>=500"] else "NO"],
-        ["≥ 5× cold subprocess", f"{ratio:.1f}×", "yes" if targets["vs_cold_subprocess>=5x"] else "NO"],
-    ]))  # fmt: skip
-    print(f"\npool CPU per job {pool['cpu_ms_per_job']:.2f} ms (all processes) → capacity on 2 idle cores "
-          f"≈ {pool['capacity_2_idle_cores_per_s']:,.0f}/s; load average during the run: {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        markdown_table(
+            ["target", "value", "met"],
+            [
+                [
+                    "≥ 500 isolated executions/s",
+                    f"{rate:,.0f}/s",
+                    "yes" if targets["executions_per_s>=500"] else "NO",
+                ],
+                ["≥ 5× cold subprocess", f"{ratio:.1f}×", "yes" if targets["vs_cold_subprocess>=5x"] else "NO"],
+            ],
+        )
+    )
+    print(
+        f"\npool CPU per job {pool['cpu_ms_per_job']:.2f} ms (all processes) → capacity on 2 idle cores "
+        f"≈ {pool['capacity_2_idle_cores_per_s']:,.0f}/s; load average during the run: {os.getloadavg()[0]:.1f}"
+    )
     print(f"wrote {path}")
 
 

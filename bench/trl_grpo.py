@@ -48,8 +48,9 @@ def correct(completion: str, answer: str) -> bool:
     return got is not None and want is not None and abs(got - want) <= 1e-9 * max(1.0, abs(want))
 
 
-def heldout_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, str]], *, temperature: float, samples: int,
-                     max_new_tokens: int) -> float:
+def heldout_accuracy(
+    model: Any, tokenizer: Any, rows: list[dict[str, str]], *, temperature: float, samples: int, max_new_tokens: int
+) -> float:
     """Mean correctness over ``samples`` completions of each row (greedy when temperature is 0)."""
     model.eval()
     prompts = [tokenizer.bos_token + r["prompt"] for r in rows for _ in range(samples)]
@@ -58,14 +59,18 @@ def heldout_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, str]], *, 
     good = 0
     with torch.inference_mode():
         for start in range(0, len(prompts), 256):
-            batch = tokenizer(prompts[start:start + 256], return_tensors="pt", padding=True, add_special_tokens=False)
-            kwargs: dict[str, Any] = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens,
-                                      "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+            batch = tokenizer(prompts[start : start + 256], return_tensors="pt", padding=True, add_special_tokens=False)
+            kwargs: dict[str, Any] = {
+                "do_sample": temperature > 0,
+                "max_new_tokens": max_new_tokens,
+                "pad_token_id": tokenizer.pad_token_id,
+                "eos_token_id": tokenizer.eos_token_id,
+            }
             if temperature > 0:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
             out = model.generate(**batch, **kwargs)
-            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-            good += sum(correct(t, a) for t, a in zip(texts, answers[start:start + 256], strict=True))
+            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+            good += sum(correct(t, a) for t, a in zip(texts, answers[start : start + 256], strict=True))
     return good / max(len(prompts), 1)
 
 
@@ -100,10 +105,12 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
     train = [json.loads(line) for line in (args.task / "train.jsonl").read_text().splitlines() if line.strip()]
-    held = [json.loads(line) for line in (args.task / "heldout.jsonl").read_text().splitlines()
-            if line.strip()][: args.eval_size]
-    dataset = datasets.Dataset.from_list([{"prompt": tokenizer.bos_token + r["prompt"], "answer": r["answer"]}
-                                          for r in train])
+    held = [json.loads(line) for line in (args.task / "heldout.jsonl").read_text().splitlines() if line.strip()][
+        : args.eval_size
+    ]
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": tokenizer.bos_token + r["prompt"], "answer": r["answer"]} for r in train]
+    )
 
     def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [1.0 if correct(c, a) else 0.0 for c, a in zip(completions, answer, strict=True)]
@@ -113,14 +120,26 @@ def main() -> None:
 
     def evaluate(step: int) -> None:
         clock["rl_s"] += time.perf_counter() - clock["since"]
-        greedy = heldout_accuracy(model, tokenizer, held, temperature=0.0, samples=1,
-                                  max_new_tokens=args.max_new_tokens)
-        sampled = heldout_accuracy(model, tokenizer, held, temperature=1.0, samples=args.eval_samples,
-                                   max_new_tokens=args.max_new_tokens)
-        rows.append({"rl_s": round(clock["rl_s"], 2), "step": step, "samples": clock["samples"],
-                     "greedy": greedy, "sampled": sampled})
-        print(f"  rl {clock['rl_s']:6.1f} s  step {step:4d}  samples {clock['samples']:6d}  "
-              f"held-out greedy {100 * greedy:5.1f} %  sampled {100 * sampled:5.1f} %", flush=True)
+        greedy = heldout_accuracy(
+            model, tokenizer, held, temperature=0.0, samples=1, max_new_tokens=args.max_new_tokens
+        )
+        sampled = heldout_accuracy(
+            model, tokenizer, held, temperature=1.0, samples=args.eval_samples, max_new_tokens=args.max_new_tokens
+        )
+        rows.append(
+            {
+                "rl_s": round(clock["rl_s"], 2),
+                "step": step,
+                "samples": clock["samples"],
+                "greedy": greedy,
+                "sampled": sampled,
+            }
+        )
+        print(
+            f"  rl {clock['rl_s']:6.1f} s  step {step:4d}  samples {clock['samples']:6d}  "
+            f"held-out greedy {100 * greedy:5.1f} %  sampled {100 * sampled:5.1f} %",
+            flush=True,
+        )
         clock["since"] = time.perf_counter()
 
     class Clock(transformers.TrainerCallback):  # type: ignore[misc]
@@ -137,14 +156,36 @@ def main() -> None:
             return control
 
     config = trl.GRPOConfig(
-        output_dir="/tmp/trl-grpo-out", learning_rate=args.lr, per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-        beta=0.0, num_iterations=1, max_steps=1_000_000, logging_steps=10**9, save_strategy="no", report_to=[],
-        use_cpu=True, bf16=False, disable_dropout=True, dataloader_num_workers=0, seed=0, lr_scheduler_type="constant",
+        output_dir="/tmp/trl-grpo-out",
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        num_iterations=1,
+        max_steps=1_000_000,
+        logging_steps=10**9,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        disable_dropout=True,
+        dataloader_num_workers=0,
+        seed=0,
+        lr_scheduler_type="constant",
         warmup_steps=0,
     )
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[Clock()])
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     clock["since"] = time.perf_counter()
     evaluate(0)
     trainer.train()
@@ -152,13 +193,34 @@ def main() -> None:
         evaluate(trainer.state.global_step)
 
     first = rows[0]
-    print(markdown_table(["RL s", "samples", "greedy %", "sampled %", "Δ sampled pts"],
-                         [[r["rl_s"], r["samples"], round(100 * r["greedy"], 1), round(100 * r["sampled"], 1),
-                           round(100 * (r["sampled"] - first["sampled"]), 1)] for r in rows]))
+    print(
+        markdown_table(
+            ["RL s", "samples", "greedy %", "sampled %", "Δ sampled pts"],
+            [
+                [
+                    r["rl_s"],
+                    r["samples"],
+                    round(100 * r["greedy"], 1),
+                    round(100 * r["sampled"], 1),
+                    round(100 * (r["sampled"] - first["sampled"]), 1),
+                ]
+                for r in rows
+            ],
+        )
+    )
     rate = rows[-1]["samples"] / max(rows[-1]["rl_s"], 1e-9)
     print(f"TRL {trl.__version__}: {rate:.0f} samples/s of RL, lr {args.lr}, {args.prompts} prompts x {args.group}")
-    write_results("trl_grpo", {"trainer": f"trl {trl.__version__}", "lr": args.lr, "prompts": args.prompts,
-                             "group": args.group, "samples_per_s": rate, "evals": rows})
+    write_results(
+        "trl_grpo",
+        {
+            "trainer": f"trl {trl.__version__}",
+            "lr": args.lr,
+            "prompts": args.prompts,
+            "group": args.group,
+            "samples_per_s": rate,
+            "evals": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

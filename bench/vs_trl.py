@@ -43,7 +43,7 @@ def smooth(curve: Curve) -> Curve:
     before any RL, is kept as measured: averaging it with a trained round would credit RL before it ran."""
     out = curve[:1]
     for i in range(1, len(curve)):
-        window = [a for _, a in curve[i - 1:i + 2]]
+        window = [a for _, a in curve[i - 1 : i + 2]]
         out.append((curve[i][0], sum(window) / len(window)))
     return out
 
@@ -71,15 +71,28 @@ def compare(flywheel: Curve, trl: Curve) -> dict[str, Any]:
     for t_trl, target in tr[1:]:
         t_fw = time_to_reach(fw, target)
         # a target at or below flywheel's own start (the two measure the same model: noise) has no speedup
-        rows.append({"trl_s": t_trl, "target": target, "flywheel_s": t_fw,
-                     "speedup": t_trl / t_fw if t_fw is not None and t_fw > 0 else None})
+        rows.append(
+            {
+                "trl_s": t_trl,
+                "target": target,
+                "flywheel_s": t_fw,
+                "speedup": t_trl / t_fw if t_fw is not None and t_fw > 0 else None,
+            }
+        )
     speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
     until = min(flywheel[-1][0], trl[-1][0])
-    return {"rows": rows, "median_speedup": statistics.median(speedups) if speedups else None,
-            "min_speedup": min(speedups) if speedups else None, "flywheel_s": flywheel[-1][0],
-            "not_reached": sum(r["flywheel_s"] is None for r in rows), "common_s": until,
-            "final_flywheel": final_mean(flywheel, until), "final_trl": final_mean(trl, until),
-            "start_flywheel": flywheel[0][1], "start_trl": trl[0][1]}
+    return {
+        "rows": rows,
+        "median_speedup": statistics.median(speedups) if speedups else None,
+        "min_speedup": min(speedups) if speedups else None,
+        "flywheel_s": flywheel[-1][0],
+        "not_reached": sum(r["flywheel_s"] is None for r in rows),
+        "common_s": until,
+        "final_flywheel": final_mean(flywheel, until),
+        "final_trl": final_mean(trl, until),
+        "start_flywheel": flywheel[0][1],
+        "start_trl": trl[0][1],
+    }
 
 
 def load_flywheel(path: Path, variant: str, domain: str | None) -> tuple[str, Curve, float]:
@@ -126,22 +139,47 @@ def main() -> None:
     def pct(value: float) -> str:
         return f"{100 * value:.1f}"
 
-    print(markdown_table(
-        [f"{trainer} s", "its accuracy % (smoothed)", "flywheel s to it", "speedup"],
-        [[round(r["trl_s"]), pct(r["target"]),
-          "not reached" if r["flywheel_s"] is None else "at start" if r["flywheel_s"] == 0 else round(r["flywheel_s"], 1),
-          "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"] for r in result["rows"]]))
+    print(
+        markdown_table(
+            [f"{trainer} s", "its accuracy % (smoothed)", "flywheel s to it", "speedup"],
+            [
+                [
+                    round(r["trl_s"]),
+                    pct(r["target"]),
+                    "not reached"
+                    if r["flywheel_s"] is None
+                    else "at start"
+                    if r["flywheel_s"] == 0
+                    else round(r["flywheel_s"], 1),
+                    "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                ]
+                for r in result["rows"]
+            ],
+        )
+    )
     median = result["median_speedup"]
     low = result["min_speedup"]
-    print(f"\n{domain}: speedup median {'-' if median is None else f'{median:.2f}x'}, lowest "
-          f"{'-' if low is None else f'{low:.2f}x'} over the {len(result['rows']) - result['not_reached']} of "
-          f"{len(result['rows'])} targets flywheel reached in its {result['flywheel_s']:.0f} s; "
-          f"start {pct(result['start_flywheel'])} % (flywheel) vs {pct(result['start_trl'])} % ({trainer}); "
-          f"last 3 rounds within the first {result['common_s']:.0f} s: flywheel {pct(result['final_flywheel'])} %, "
-          f"{trainer} {pct(result['final_trl'])} %; samples/s {fw_rate:.0f} vs {trl_rate:.0f}")
-    path = write_results("vs_trl", {"learn": str(args.learn), "trl": str(args.trl), "variant": args.variant,
-                                    "domain": domain, "trainer": trainer, "flywheel_samples_per_s": fw_rate,
-                                    "trl_samples_per_s": trl_rate, **result})
+    print(
+        f"\n{domain}: speedup median {'-' if median is None else f'{median:.2f}x'}, lowest "
+        f"{'-' if low is None else f'{low:.2f}x'} over the {len(result['rows']) - result['not_reached']} of "
+        f"{len(result['rows'])} targets flywheel reached in its {result['flywheel_s']:.0f} s; "
+        f"start {pct(result['start_flywheel'])} % (flywheel) vs {pct(result['start_trl'])} % ({trainer}); "
+        f"last 3 rounds within the first {result['common_s']:.0f} s: flywheel {pct(result['final_flywheel'])} %, "
+        f"{trainer} {pct(result['final_trl'])} %; samples/s {fw_rate:.0f} vs {trl_rate:.0f}"
+    )
+    path = write_results(
+        "vs_trl",
+        {
+            "learn": str(args.learn),
+            "trl": str(args.trl),
+            "variant": args.variant,
+            "domain": domain,
+            "trainer": trainer,
+            "flywheel_samples_per_s": fw_rate,
+            "trl_samples_per_s": trl_rate,
+            **result,
+        },
+    )
     print(f"wrote {path}")
 
 

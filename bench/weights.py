@@ -104,8 +104,10 @@ async def decode_stall_steps(policy: Policy, state: dict[str, torch.Tensor]) -> 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = args.sizes.split(",")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-    with tempfile.TemporaryDirectory(prefix="fw-weights-") as tmp, \
-            tempfile.TemporaryDirectory(prefix="fw-weights-", dir=shm) as disk_root:
+    with (
+        tempfile.TemporaryDirectory(prefix="fw-weights-") as tmp,
+        tempfile.TemporaryDirectory(prefix="fw-weights-", dir=shm) as disk_root,
+    ):
         server = EmbeddedNats(Path(tmp) / "nats")
         await server.astart()
         workers: list[subprocess.Popen[bytes]] = []
@@ -115,27 +117,49 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
             for rank in range(1, args.generators + 1):
-                workers.append(subprocess.Popen(
-                    [sys.executable, str(ROOT / "bench" / "_weights_worker.py"), "--url", server.url,
-                     "--rank", str(rank), "--sizes", ",".join(sizes), "--disk-root", disk_root], env=env))
+                workers.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(ROOT / "bench" / "_weights_worker.py"),
+                            "--url",
+                            server.url,
+                            "--rank",
+                            str(rank),
+                            "--sizes",
+                            ",".join(sizes),
+                            "--disk-root",
+                            disk_root,
+                        ],
+                        env=env,
+                    )
+                )
             for _ in workers:
                 await asyncio.wait_for(ready.__anext__(), 120)
             broadcaster = WeightBroadcaster("127.0.0.1", _free_port(), world_size=1 + len(workers))
             for rank in range(1, len(workers) + 1):
-                await control.publish_ephemeral(f"bench.cmd.{rank}", {"op": "join", "port": broadcaster.master_port,
-                                                                    "world": broadcaster.world_size})
+                await control.publish_ephemeral(
+                    f"bench.cmd.{rank}",
+                    {"op": "join", "port": broadcaster.master_port, "world": broadcaster.world_size},
+                )
             await asyncio.to_thread(broadcaster.connect)
             rows: list[dict[str, Any]] = []
             for size in sizes:
                 policy = Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0)
                 base = policy.state_dict()
                 nbytes = sum(t.numel() * t.element_size() for t in base.values())
-                row: dict[str, Any] = {"size": size, "params_m": policy.num_parameters() / 1e6,
-                                       "mbytes": nbytes / 1e6, "memcpy_s": memcpy_s(nbytes)}
+                row: dict[str, Any] = {
+                    "size": size,
+                    "params_m": policy.num_parameters() / 1e6,
+                    "mbytes": nbytes / 1e6,
+                    "memcpy_s": memcpy_s(nbytes),
+                }
                 topology = f"bench-{size}"
                 bus = await Bus.connect(server.url, topology=topology, name=f"bench-{size}")
-                transports = {"object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
-                              "disk": SafetensorsDirTransport(disk_root)}
+                transports = {
+                    "object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
+                    "disk": SafetensorsDirTransport(disk_root),
+                }
                 version = 0
                 for name, transport in transports.items():
                     times = []
@@ -153,9 +177,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     names, dtypes, shapes = describe(state)
                     started = time.time()
                     for rank in range(1, len(workers) + 1):
-                        await control.publish_ephemeral(f"bench.cmd.{rank}", {
-                            "op": "recv", "size": size, "version": version, "names": names, "dtypes": dtypes,
-                            "shapes": shapes})
+                        await control.publish_ephemeral(
+                            f"bench.cmd.{rank}",
+                            {
+                                "op": "recv",
+                                "size": size,
+                                "version": version,
+                                "names": names,
+                                "dtypes": dtypes,
+                                "shapes": shapes,
+                            },
+                        )
                     await asyncio.to_thread(broadcaster.broadcast, state)
                     times.append(await wait_swaps(events, size, version, len(workers)) - started)
                 row["broadcast_s"] = min(times)
@@ -191,21 +223,46 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repeat per transport (≤ 60 s)")
-    parser.add_argument("--sizes", default="tiny,small,medium", help="policy presets (tiny≈1M, small≈10M, medium≈100M)")
+    parser.add_argument(
+        "--sizes",
+        default="tiny,small,medium",
+        help="policy presets (tiny≈1M, small≈10M, medium≈100M)",
+    )
     parser.add_argument("--generators", type=int, default=2, help="generator processes that must all swap")
     parser.add_argument("--repeats", type=int, default=None, help="best of N per transport (default 1 quick, 3 full)")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     results = asyncio.run(run(args))
-    headers = ["model", "params", "MB", "memcpy ms", "object-store ms (×memcpy)", "disk/shm ms (×memcpy)",
-               "broadcast ms (×memcpy)", "decode step ms", "stall (steps)"]
+    headers = [
+        "model",
+        "params",
+        "MB",
+        "memcpy ms",
+        "object-store ms (×memcpy)",
+        "disk/shm ms (×memcpy)",
+        "broadcast ms (×memcpy)",
+        "decode step ms",
+        "stall (steps)",
+    ]
     table_rows = []
     for row in results["rows"]:
+
         def cell(key: str, row: dict[str, Any] = row) -> str:
             return f"{1000 * row[key]:.1f} ({row[key] / row['memcpy_s']:.1f}×)"
-        table_rows.append([row["size"], f"{row['params_m']:.1f}M", f"{row['mbytes']:.0f}",
-                           f"{1000 * row['memcpy_s']:.2f}", cell("object-store_s"), cell("disk_s"),
-                           cell("broadcast_s"), f"{1000 * row['median_step_s']:.1f}", f"{row['stall_steps']:.2f}"])
+
+        table_rows.append(
+            [
+                row["size"],
+                f"{row['params_m']:.1f}M",
+                f"{row['mbytes']:.0f}",
+                f"{1000 * row['memcpy_s']:.2f}",
+                cell("object-store_s"),
+                cell("disk_s"),
+                cell("broadcast_s"),
+                f"{1000 * row['median_step_s']:.1f}",
+                f"{row['stall_steps']:.2f}",
+            ]
+        )
     largest = results["rows"][-1]
     results["targets"] = {
         "disk_le_2x_memcpy": largest["disk_s"] <= 2 * largest["memcpy_s"],

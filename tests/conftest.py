@@ -36,8 +36,9 @@ def bus_settings() -> BusSettings:
 
 @pytest.fixture
 async def bus(embedded_nats: EmbeddedNats, bus_settings: BusSettings) -> AsyncIterator[Bus]:
-    async with await Bus.connect(embedded_nats.url, topology=fresh_topology(), name="test",
-                                 settings=bus_settings) as connected:
+    async with await Bus.connect(
+        embedded_nats.url, topology=fresh_topology(), name="test", settings=bus_settings
+    ) as connected:
         yield connected
 
 

@@ -65,10 +65,15 @@ class _Checker:
 
     def error(self, path: KeyPath, message: str, *, at_key: bool = False, severity: str = "error") -> None:
         loc = self.doc.key_loc(path) if at_key else self.doc.value_loc(path)
-        self.issues.append(SpecIssue(loc.file, loc.line, loc.col, format_path(path), message,
-                                     "warning" if severity == "warning" else "error"))
+        self.issues.append(
+            SpecIssue(
+                loc.file, loc.line, loc.col, format_path(path), message, "warning" if severity == "warning" else "error"
+            )
+        )
 
-    def validate(self, model: type[ModelT], data: Any, path: KeyPath, allowed_extra: tuple[str, ...] = ()) -> ModelT | None:
+    def validate(
+        self, model: type[ModelT], data: Any, path: KeyPath, allowed_extra: tuple[str, ...] = ()
+    ) -> ModelT | None:
         try:
             return model.model_validate_json(orjson.dumps(data, default=str), strict=True)
         except ValidationError as exc:
@@ -103,9 +108,13 @@ class _Checker:
         candidate = given if given.is_absolute() else (self.doc.base_dir(("policy", "model")) / given).resolve()
         if (candidate / "config.json").is_file():
             return f"hf:{candidate}"
-        self.error(("policy", "model"), f"expected a Hugging Face model directory with a config.json, but {candidate} "
-                   "is none on this machine: fine for a hub id or a path that exists where the model is served "
-                   "(an HTTP engine's server), an error for the builtin torch engine and the learner", severity="warning")
+        self.error(
+            ("policy", "model"),
+            f"expected a Hugging Face model directory with a config.json, but {candidate} "
+            "is none on this machine: fine for a hub id or a path that exists where the model is served "
+            "(an HTTP engine's server), an error for the builtin torch engine and the learner",
+            severity="warning",
+        )
         return model
 
     def run(self, source_path: Path) -> Spec | None:
@@ -118,7 +127,9 @@ class _Checker:
         for key in _REQUIRED if not self.doc.incomplete else ():
             if key not in data:
                 loc = self.doc.root
-                self.issues.append(SpecIssue(loc.file, loc.line, loc.col, key, f"required top-level key '{key}' is missing"))
+                self.issues.append(
+                    SpecIssue(loc.file, loc.line, loc.col, key, f"required top-level key '{key}' is missing")
+                )
         name = data.get("name")
         if "name" in data and not (isinstance(name, str) and re.match(NAME_PATTERN, name)):
             self.error(("name",), f"expected a topology name matching {NAME_PATTERN}, got {show(name)}")
@@ -153,18 +164,29 @@ class _Checker:
         assert bus is not None and runtime is not None and policy is not None
         run_dir = runtime.run_dir
         if not run_dir.is_absolute():
-            run_dir = (self.doc.base_dir(("runtime", "run_dir")) if "run_dir" in (data.get("runtime") or {})
-                       else source_path.parent) / run_dir
+            run_dir = (
+                self.doc.base_dir(("runtime", "run_dir"))
+                if "run_dir" in (data.get("runtime") or {})
+                else source_path.parent
+            ) / run_dir
         runtime = runtime.model_copy(update={"run_dir": run_dir.resolve()})
         if policy.model.startswith("hf:"):
             policy = policy.model_copy(update={"model": self.check_hf_model(policy.model)})
         if policy.checkpoint and not Path(policy.checkpoint).is_absolute():
             checkpoint = (self.doc.base_dir(("policy", "checkpoint")) / policy.checkpoint).resolve()
             policy = policy.model_copy(update={"checkpoint": str(checkpoint)})
-        spec = Spec(name=name, bus=bus, runtime=runtime, policy=policy, domains=domains,
-                    actors={a.name: a for a in actors.values() if a is not None} if actors else {},
-                    channels=channels, source_path=source_path.resolve(), description=str(description),
-                    data=data)
+        spec = Spec(
+            name=name,
+            bus=bus,
+            runtime=runtime,
+            policy=policy,
+            domains=domains,
+            actors={a.name: a for a in actors.values() if a is not None} if actors else {},
+            channels=channels,
+            source_path=source_path.resolve(),
+            description=str(description),
+            data=data,
+        )
         if runtime.kind == "local":
             for where, message in machine_issues(spec):
                 self.error(where, message, severity="warning")
@@ -177,8 +199,10 @@ class _Checker:
         for gi, group in enumerate(runtime.colocate):
             for ni, name in enumerate(group):
                 if name not in names:
-                    self.error(("runtime", "colocate", gi, ni),
-                               f"expected an actor name ({', '.join(names) or 'none defined'}), got {show(name)}")
+                    self.error(
+                        ("runtime", "colocate", gi, ni),
+                        f"expected an actor name ({', '.join(names) or 'none defined'}), got {show(name)}",
+                    )
 
     def check_domain_files(self, name: str, domain: DomainSpec) -> DomainSpec:
         """Check ``jsonl:`` files exist and the source opens; returns the domain with those paths made absolute."""
@@ -194,8 +218,11 @@ class _Checker:
                     self.error(path, f"expected an existing JSONL file, got {show(value)} ({target} does not exist)")
         module, sep, _ = domain.verifier.partition(":")
         if sep and importlib.util.find_spec(module.split(".")[0]) is None:
-            self.error(("domains", name, "verifier"), f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
-                       severity="warning")
+            self.error(
+                ("domains", name, "verifier"),
+                f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
+                severity="warning",
+            )
         domain = domain.model_copy(update=resolved) if resolved else domain
         if not any(issue.severity == "error" for issue in self.issues[before:]):  # a missing file: said already
             self.check_domain_opens(name, domain)
@@ -235,7 +262,9 @@ class _Checker:
             if block is None:
                 block = {}
             if not isinstance(block, dict):
-                self.error(path, f"expected a mapping of actor settings (kind, replicas, resources, …), got {show(block)}")
+                self.error(
+                    path, f"expected a mapping of actor settings (kind, replicas, resources, …), got {show(block)}"
+                )
                 self.channels_known = False
                 continue
             actors[name] = self.check_actor(name, block, kinds, domain_names)
@@ -254,8 +283,12 @@ class _Checker:
                 known = sorted(kinds)
                 hint = "" if "kind" in block else f" (no kind: given, so the kind is the actor's name '{name}')"
                 where = (*path, "kind") if "kind" in block else path
-                self.error(where, f"unknown actor kind '{kind_name}'{did_you_mean(kind_name, known)}{hint} — known kinds: {', '.join(known)}",
-                           at_key="kind" not in block)
+                self.error(
+                    where,
+                    f"unknown actor kind '{kind_name}'{did_you_mean(kind_name, known)}{hint} "
+                    f"— known kinds: {', '.join(known)}",
+                    at_key="kind" not in block,
+                )
         config_fields = tuple(kind.config.model_fields) if kind is not None else ()
         allowed = (*common_fields, *config_fields)
         for key in block:
@@ -277,8 +310,15 @@ class _Checker:
         self.wiring[name] = (tuple(consumes), tuple(publishes))
         if common is None or config is None:
             return None
-        return ActorSpec(name=name, kind=kind.name, replicas=common.replicas, resources=common.resources,
-                         consumes=tuple(consumes), publishes=tuple(publishes), config=config)
+        return ActorSpec(
+            name=name,
+            kind=kind.name,
+            replicas=common.replicas,
+            resources=common.resources,
+            consumes=tuple(consumes),
+            publishes=tuple(publishes),
+            config=config,
+        )
 
     def check_domain_refs(self, path: KeyPath, kind: ActorKind, config: BaseModel, domain_names: set[str]) -> None:
         defined = ", ".join(sorted(domain_names)) or "none"
@@ -291,11 +331,19 @@ class _Checker:
                 refs = [((*path, field), value)] if value is not None else []
             for ref_path, ref in refs:
                 if ref not in domain_names:
-                    self.error(ref_path, f"unknown domain '{ref}'{did_you_mean(str(ref), domain_names)} — defined domains: {defined}")
+                    self.error(
+                        ref_path,
+                        f"unknown domain '{ref}'{did_you_mean(str(ref), domain_names)} — defined domains: {defined}",
+                    )
 
     # -- channels ------------------------------------------------------------------------------------
-    def check_channels(self, actors: dict[str, ActorSpec | None], overrides: dict[str, ChannelOverride],
-                       raw_overrides: dict[str, Any], topology: str) -> dict[str, ChannelSpec]:
+    def check_channels(
+        self,
+        actors: dict[str, ActorSpec | None],
+        overrides: dict[str, ChannelOverride],
+        raw_overrides: dict[str, Any],
+        topology: str,
+    ) -> dict[str, ChannelSpec]:
         producers: dict[str, list[str]] = {}
         consumers: dict[str, list[str]] = {}
         for name, (consumes, publishes) in self.wiring.items():
@@ -312,20 +360,34 @@ class _Checker:
                     continue
                 where: KeyPath = ("actors", name, "consumes", index) if "consumes" in block else ("actors", name)
                 source = "" if "consumes" in block else f" (a default of kind {kind_name})"
-                self.error(where, f"consumes channel '{channel}'{source} but no actor publishes it — add a producer, "
-                                  f"or declare channels: {{{channel}: {{external: true}}}}", at_key="consumes" not in block)
+                self.error(
+                    where,
+                    f"consumes channel '{channel}'{source} but no actor publishes it — add a producer, "
+                    f"or declare channels: {{{channel}: {{external: true}}}}",
+                    at_key="consumes" not in block,
+                )
         for channel, names in producers.items() if self.channels_known else ():
             if channel not in consumers and channel not in _READ_BY_PEOPLE:
-                self.error(("actors", names[0]), f"publishes channel '{channel}' but no actor consumes it (messages will pile up)",
-                           at_key=True, severity="warning")
+                self.error(
+                    ("actors", names[0]),
+                    f"publishes channel '{channel}' but no actor consumes it (messages will pile up)",
+                    at_key=True,
+                    severity="warning",
+                )
         for channel in overrides:
             if channel not in producers and channel not in consumers:
-                self.error(("channels", channel), f"channel '{channel}' is configured but no actor uses it", at_key=True,
-                           severity="warning")
+                self.error(
+                    ("channels", channel),
+                    f"channel '{channel}' is configured but no actor uses it",
+                    at_key=True,
+                    severity="warning",
+                )
         resolved: dict[str, ChannelSpec] = {}
         for channel in sorted({*producers, *consumers, *overrides}):
             settings = overrides.get(channel, ChannelOverride())
-            resolved[channel] = ChannelSpec(name=channel, subject=subject_for(topology, channel), **settings.model_dump())
+            resolved[channel] = ChannelSpec(
+                name=channel, subject=subject_for(topology, channel), **settings.model_dump()
+            )
         return resolved
 
 
@@ -340,7 +402,9 @@ def _finish(doc: Document, source_path: Path) -> tuple[Spec | None, list[SpecIss
 
 
 def check_spec(path: str | Path, environ: dict[str, str] | None = None) -> tuple[Spec | None, list[SpecIssue]]:
-    """Validate a spec file: ``(spec, issues)``; spec is None when any issue is an error. Never raises for user mistakes."""
+    """Validate a spec file: ``(spec, issues)``; spec is None when any issue is an error.
+
+    Never raises for user mistakes."""
     doc = load_document(path, environ)
     return _finish(doc, Path(path))
 
@@ -359,7 +423,8 @@ def load_spec_text(text: str, filename: str = "<spec>", environ: dict[str, str] 
     if isinstance(doc.data, dict) and "include" in doc.data:
         doc.issue(doc.key_loc(("include",)), ("include",), "include: needs a spec file (use load_spec with a path)")
     elif doc.data is not None and not isinstance(doc.data, dict):
-        doc.issue(doc.root, (), f"expected a mapping at the top of the spec (name:, actors:, …), got {show(doc.data)}")
+        got = show(doc.data)
+        doc.issue(doc.root, (), f"expected a mapping at the top of the spec (name:, actors:, …), got {got}")
     spec, issues = _finish(doc, Path(filename))
     if spec is None:
         raise SpecError(issues)

@@ -84,22 +84,36 @@ class Graph:
         for column in ("actor", "kind", "replicas", "cpus", "gpus", "consumes", "publishes"):
             actors.add_column(column, justify="right" if column in ("replicas", "cpus", "gpus") else "left")
         for node in self.actors:
-            actors.add_row(node.name, node.kind, str(node.replicas), f"{node.resources.num_cpus:g}",
-                           f"{node.resources.num_gpus:g}", ", ".join(node.consumes) or "-", ", ".join(node.publishes) or "-")
+            actors.add_row(
+                node.name,
+                node.kind,
+                str(node.replicas),
+                f"{node.resources.num_cpus:g}",
+                f"{node.resources.num_gpus:g}",
+                ", ".join(node.consumes) or "-",
+                ", ".join(node.publishes) or "-",
+            )
         channels = Table(title="channels", title_justify="left")
         for column in ("channel", "subject", "durable", "producers", "consumers"):
             channels.add_column(column)
         for channel in self.channels:
             producers = ", ".join(channel.producers) or ("(external)" if channel.external else "-")
-            channels.add_row(channel.name, channel.subject, "yes" if channel.durable else "no", producers,
-                             ", ".join(channel.consumers) or "-")
+            channels.add_row(
+                channel.name,
+                channel.subject,
+                "yes" if channel.durable else "no",
+                producers,
+                ", ".join(channel.consumers) or "-",
+            )
         console.print(actors)
         console.print(channels)
         total_cpus = sum(n.resources.num_cpus * n.replicas for n in self.actors)
         total_gpus = sum(n.resources.num_gpus * n.replicas for n in self.actors)
         replicas = sum(n.replicas for n in self.actors)
-        console.print(f"{len(self.actors)} actors, {replicas} replicas, {len(self.channels)} channels; "
-                      f"asks for {total_cpus:g} CPUs and {total_gpus:g} GPUs in total")
+        console.print(
+            f"{len(self.actors)} actors, {replicas} replicas, {len(self.channels)} channels; "
+            f"asks for {total_cpus:g} CPUs and {total_gpus:g} GPUs in total"
+        )
         if self.warnings:
             console.print("warnings:")
             for warning in self.warnings:
@@ -139,14 +153,26 @@ def build_graph(spec: Spec) -> Graph:
     """Resolve a validated spec into its graph."""
     kinds = actor_kinds()
     actors = tuple(
-        ActorNode(name=a.name, kind=a.kind, replicas=a.replicas, resources=a.resources, consumes=a.consumes,
-                  publishes=a.publishes, summary=kinds[a.kind].summary if a.kind in kinds else "")
+        ActorNode(
+            name=a.name,
+            kind=a.kind,
+            replicas=a.replicas,
+            resources=a.resources,
+            consumes=a.consumes,
+            publishes=a.publishes,
+            summary=kinds[a.kind].summary if a.kind in kinds else "",
+        )
         for a in spec.actors.values()
     )
     channels = tuple(
-        ChannelNode(name=c.name, subject=c.subject, durable=c.durable, external=c.external,
-                    producers=tuple(a.name for a in actors if c.name in a.publishes),
-                    consumers=tuple(a.name for a in actors if c.name in a.consumes))
+        ChannelNode(
+            name=c.name,
+            subject=c.subject,
+            durable=c.durable,
+            external=c.external,
+            producers=tuple(a.name for a in actors if c.name in a.publishes),
+            consumers=tuple(a.name for a in actors if c.name in a.consumes),
+        )
         for c in sorted(spec.channels.values(), key=lambda c: c.name)
     )
     return Graph(name=spec.name, actors=actors, channels=channels, warnings=spec.warnings)

@@ -50,17 +50,34 @@ def machine_issues(spec: Spec, *, cpus: int | None = None, gpus: int | None = No
         total_cpus += actor.resources.num_cpus * actor.replicas
         total_gpus += actor.resources.num_gpus * actor.replicas
         if actor.resources.num_cpus > cpus:
-            found.append((("actors", actor.name, "resources", "num_cpus"),
-                          f"one replica asks for {actor.resources.num_cpus:g} CPU(s); this machine has {cpus}"))
+            found.append(
+                (
+                    ("actors", actor.name, "resources", "num_cpus"),
+                    f"one replica asks for {actor.resources.num_cpus:g} CPU(s); this machine has {cpus}",
+                )
+            )
         if actor.resources.num_gpus > gpus:
-            found.append((("actors", actor.name, "resources", "num_gpus"),
-                          f"one replica asks for {actor.resources.num_gpus:g} GPU(s); this machine has {gpus} visible"))
+            found.append(
+                (
+                    ("actors", actor.name, "resources", "num_gpus"),
+                    f"one replica asks for {actor.resources.num_gpus:g} GPU(s); this machine has {gpus} visible",
+                )
+            )
     if total_cpus > cpus:
-        found.append((("actors",), f"actors ask for {total_cpus:g} CPUs in total (num_cpus × replicas); this machine "
-                                   f"has {cpus}, so replicas will share cores"))
+        found.append(
+            (
+                ("actors",),
+                f"actors ask for {total_cpus:g} CPUs in total (num_cpus × replicas); this machine "
+                f"has {cpus}, so replicas will share cores",
+            )
+        )
     if total_gpus > gpus and not any(p[-1] == "num_gpus" for p, _ in found):
-        found.append((("actors",), f"actors ask for {total_gpus:g} GPUs in total (num_gpus × replicas); this machine "
-                                   f"has {gpus} visible"))
+        found.append(
+            (
+                ("actors",),
+                f"actors ask for {total_gpus:g} GPUs in total (num_gpus × replicas); this machine has {gpus} visible",
+            )
+        )
     return found
 
 

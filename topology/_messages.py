@@ -40,8 +40,12 @@ _EXPECTED = {
     "set_type": "expected a list",
     "none_required": "expected null",
 }
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
-           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+_BOUNDS = {
+    "greater_than_equal": ("ge", ">="),
+    "greater_than": ("gt", ">"),
+    "less_than_equal": ("le", "<="),
+    "less_than": ("lt", "<"),
+}
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -161,7 +165,8 @@ def describe(error: Any) -> str:
             return f"expected a non-empty string, got {show(value)}"
         return f"expected at least {ctx.get('min_length')} item(s), got {show(value)}"
     if kind in ("string_too_long", "too_long"):
-        return f"expected at most {ctx.get('max_length')} {'characters' if kind == 'string_too_long' else 'item(s)'}, got {show(value)}"
+        unit = "characters" if kind == "string_too_long" else "item(s)"
+        return f"expected at most {ctx.get('max_length')} {unit}, got {show(value)}"
     if kind in _EXPECTED:
         got = show(value)
         if isinstance(value, str) and kind.startswith("bool"):
@@ -173,8 +178,14 @@ def describe(error: Any) -> str:
     return f"{msg[:1].lower()}{msg[1:]}, got {show(value)}"
 
 
-def issues_from_validation(exc: ValidationError, model: type[BaseModel], data: Any, prefix: KeyPath,
-                           doc: Document, allowed_extra: Iterable[str] = ()) -> list[SpecIssue]:
+def issues_from_validation(
+    exc: ValidationError,
+    model: type[BaseModel],
+    data: Any,
+    prefix: KeyPath,
+    doc: Document,
+    allowed_extra: Iterable[str] = (),
+) -> list[SpecIssue]:
     """One issue per distinct key path in `exc` (errors of a section validated at `prefix`)."""
     issues: list[SpecIssue] = []
     seen: set[KeyPath] = set()

@@ -162,7 +162,9 @@ class RuntimeSpec(SpecModel):
             return self
         for name, value in (("address", self.address), ("placement", self.placement)):
             if value is not None:
-                raise ValueError(f"expected no {name} with kind: {self.kind} ({name} is for kind: ray), got {show(value)}")
+                raise ValueError(
+                    f"expected no {name} with kind: {self.kind} ({name} is for kind: ray), got {show(value)}"
+                )
         if self.colocate:
             raise ValueError(f"expected no colocate with kind: {self.kind} (colocate is for kind: ray), got a list")
         return self

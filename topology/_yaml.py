@@ -81,8 +81,9 @@ class Document:
         return source.parent if source is not None else Path.cwd()
 
     def issue(self, loc: Loc, path: KeyPath, message: str, severity: str = "error") -> SpecIssue:
-        made = SpecIssue(loc.file, loc.line, loc.col, format_path(path), message,
-                         "warning" if severity == "warning" else "error")
+        made = SpecIssue(
+            loc.file, loc.line, loc.col, format_path(path), message, "warning" if severity == "warning" else "error"
+        )
         self.issues.append(made)
         return made
 
@@ -111,7 +112,9 @@ def interpolate(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[
             continue
         end = text.find("}", i + 2)
         if end < 0:
-            problems.append(f"unterminated '${{' in {text!r}; expected ${{NAME}} or ${{NAME:-default}} (write $${{ for a literal)")
+            problems.append(
+                f"unterminated '${{' in {text!r}; expected ${{NAME}} or ${{NAME:-default}} (write $${{ for a literal)"
+            )
             return text, problems
         inner = text[i + 2 : end]
         name, sep, default = inner.partition(":-")
@@ -122,7 +125,9 @@ def interpolate(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[
             if sep and not value:
                 out.append(default)
             elif value is None:
-                problems.append(f"environment variable {name} is not set (write ${{{name}:-default}} to give a default)")
+                problems.append(
+                    f"environment variable {name} is not set (write ${{{name}:-default}} to give a default)"
+                )
             else:
                 out.append(value)
         i = end + 1
@@ -245,7 +250,9 @@ def parse_text(text: str, file: str, environ: dict[str, str] | os._Environ[str] 
         doc.data = builder.build(node, ())
     except yaml.YAMLError as exc:  # a scalar that cannot be constructed (bad !!binary, unknown tag …)
         mark = getattr(exc, "problem_mark", None)
-        doc.issue(_loc(file, mark) if mark is not None else doc.root, (), f"invalid YAML: {getattr(exc, 'problem', exc)}")
+        doc.issue(
+            _loc(file, mark) if mark is not None else doc.root, (), f"invalid YAML: {getattr(exc, 'problem', exc)}"
+        )
     return doc
 
 
@@ -295,14 +302,20 @@ def load_document(path: str | Path, environ: dict[str, str] | None = None) -> Do
     return _load(Path(path), _display(Path(path)), (), None, None, environ)
 
 
-def _load(path: Path, display: str, chain: tuple[Path, ...], parent: Document | None,
-          include_at: KeyPath | None, environ: dict[str, str] | None) -> Document:
+def _load(
+    path: Path,
+    display: str,
+    chain: tuple[Path, ...],
+    parent: Document | None,
+    include_at: KeyPath | None,
+    environ: dict[str, str] | None,
+) -> Document:
     resolved = path.resolve()
     here = Document(data=None, root=Loc(display, 1, 1), sources={display: resolved})
     where = parent.value_loc(include_at) if parent is not None and include_at is not None else here.root
     at: KeyPath = include_at if include_at is not None else ()
     if resolved in chain:
-        names = " → ".join(p.name for p in (*chain[chain.index(resolved):], resolved))
+        names = " → ".join(p.name for p in (*chain[chain.index(resolved) :], resolved))
         here.issue(where, at, f"include cycle: {names}")
         return here
     try:

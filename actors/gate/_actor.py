@@ -48,8 +48,14 @@ class GateActor(Actor[GateConfig]):
         folder = Path(config.recordings)
         self.recordings = folder if folder.is_absolute() else ctx.run_dir / folder
         self.replayer: Replayer | None = None
-        self.decided = max((int(e["version"]) for e in read_decisions(ctx.run_dir)
-                            if e.get("action") in ("promote", "reject", "hold") and "version" in e), default=0)
+        self.decided = max(
+            (
+                int(e["version"])
+                for e in read_decisions(ctx.run_dir)
+                if e.get("action") in ("promote", "reject", "hold") and "version" in e
+            ),
+            default=0,
+        )
         self._transports = weight_transports(ctx)
         self._bucket = weights_bucket(ctx.topology)
 
@@ -83,26 +89,54 @@ class GateActor(Actor[GateConfig]):
         serving = await serving_manifest(self.ctx.bus)
         who = f"{self.ctx.actor}/{self.ctx.replica}"
         if serving is None:
-            decision = decide(None, None, has_serving=False, threshold=self.config.threshold, samples=0,
-                              min_samples=self.config.min_samples)
+            decision = decide(
+                None,
+                None,
+                has_serving=False,
+                threshold=self.config.threshold,
+                samples=0,
+                min_samples=self.config.min_samples,
+            )
             entry = await promote(self.ctx.bus, self.ctx.run_dir, candidate, by=who, reason=decision.reason)
             self._counted(entry)
             return entry
         figures = await self._compare(candidate, serving)
-        decision = decide(figures["candidate_mean_reward"], figures["serving_mean_reward"], has_serving=True,
-                          threshold=self.config.threshold, samples=figures["samples"],
-                          min_samples=self.config.min_samples, without_evidence=self.config.without_evidence)
+        decision = decide(
+            figures["candidate_mean_reward"],
+            figures["serving_mean_reward"],
+            has_serving=True,
+            threshold=self.config.threshold,
+            samples=figures["samples"],
+            min_samples=self.config.min_samples,
+            without_evidence=self.config.without_evidence,
+        )
         if decision.action == "promote":
-            entry = await promote(self.ctx.bus, self.ctx.run_dir, candidate, by=who, reason=decision.reason,
-                                  figures=figures)
+            entry = await promote(
+                self.ctx.bus, self.ctx.run_dir, candidate, by=who, reason=decision.reason, figures=figures
+            )
         else:
-            entry = record(self.ctx.run_dir, {
-                "action": decision.action, "version": candidate.version, "by": who, "reason": decision.reason,
-                "serving": False, "kept": serving.version, "manifest": orjson.loads(candidate.to_json()), **figures})
-            self.ctx.log.warning("gate.rejected" if decision.action == "reject" else "gate.held",
-                                 version=candidate.version, serving=serving.version, reason=decision.reason,
-                                 candidate_mean_reward=figures["candidate_mean_reward"],
-                                 serving_mean_reward=figures["serving_mean_reward"], samples=figures["samples"])
+            entry = record(
+                self.ctx.run_dir,
+                {
+                    "action": decision.action,
+                    "version": candidate.version,
+                    "by": who,
+                    "reason": decision.reason,
+                    "serving": False,
+                    "kept": serving.version,
+                    "manifest": orjson.loads(candidate.to_json()),
+                    **figures,
+                },
+            )
+            self.ctx.log.warning(
+                "gate.rejected" if decision.action == "reject" else "gate.held",
+                version=candidate.version,
+                serving=serving.version,
+                reason=decision.reason,
+                candidate_mean_reward=figures["candidate_mean_reward"],
+                serving_mean_reward=figures["serving_mean_reward"],
+                samples=figures["samples"],
+            )
         self._counted(entry)
         return entry
 
@@ -110,22 +144,41 @@ class GateActor(Actor[GateConfig]):
         assert self.replayer is not None
         replayer = self.replayer
         items = await anyio.to_thread.run_sync(lambda: load_items(self.recordings, since_s=self.config.recent_window_s))
-        items = [item for item in items if replayer.scorable(item)][-self.config.max_samples:]
-        figures: dict[str, Any] = {"samples": len(items), "serving_version": serving.version,
-                                   "candidate_mean_reward": None, "serving_mean_reward": None}
+        items = [item for item in items if replayer.scorable(item)][-self.config.max_samples :]
+        figures: dict[str, Any] = {
+            "samples": len(items),
+            "serving_version": serving.version,
+            "candidate_mean_reward": None,
+            "serving_mean_reward": None,
+        }
         if len(items) < self.config.min_samples:
             return figures
-        options: dict[str, Any] = {"seed": self.config.seed, "concurrency": self.config.concurrency,
-                                   "greedy": self.config.greedy}
-        mine = await replayer.run(items, await self._load(candidate), label=f"v{candidate.version}",
-                                  version=candidate.version, **options)
-        theirs = await replayer.run(items, await self._load(serving), label=f"v{serving.version}",
-                                    version=serving.version, **options)
+        options: dict[str, Any] = {
+            "seed": self.config.seed,
+            "concurrency": self.config.concurrency,
+            "greedy": self.config.greedy,
+        }
+        mine = await replayer.run(
+            items, await self._load(candidate), label=f"v{candidate.version}", version=candidate.version, **options
+        )
+        theirs = await replayer.run(
+            items, await self._load(serving), label=f"v{serving.version}", version=serving.version, **options
+        )
         report = build_report(items, mine, theirs, seed=self.config.seed)
-        figures.update({
-            "candidate_mean_reward": mean_reward(mine), "serving_mean_reward": mean_reward(theirs),
-            "by_domain": {d: {"candidate": r["replayed_mean_reward"], "serving": r["against_mean_reward"],
-                              "samples": r["scored"]} for d, r in report["domains"].items()}})
+        figures.update(
+            {
+                "candidate_mean_reward": mean_reward(mine),
+                "serving_mean_reward": mean_reward(theirs),
+                "by_domain": {
+                    d: {
+                        "candidate": r["replayed_mean_reward"],
+                        "serving": r["against_mean_reward"],
+                        "samples": r["scored"],
+                    }
+                    for d, r in report["domains"].items()
+                },
+            }
+        )
         return figures
 
     async def _load(self, manifest: WeightManifest) -> Any:

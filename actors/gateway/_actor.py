@@ -69,27 +69,43 @@ class GatewayActor(Actor[GatewayConfig]):
         tokenizer = await asyncio.to_thread(load_tokenizer, self.ctx.spec.policy, spec_dir)
         keys = ApiKeys(read_api_keys(self.config, spec_dir))
         if not len(keys):
-            self.ctx.log.warning("gateway.no_api_keys", hint=f"set ${self.config.api_keys_env} or api_keys_file; "
-                                 "/v1/feedback rejects every call until then")  # fmt: skip
-        serving = sum(a.replicas for a in self.ctx.spec.actors.values()
-                      if a.kind == "generator" and getattr(a.config, "serve", False))  # fmt: skip
+            self.ctx.log.warning(
+                "gateway.no_api_keys",
+                hint=f"set ${self.config.api_keys_env} or api_keys_file; /v1/feedback rejects every call until then",
+            )
+        serving = sum(
+            a.replicas
+            for a in self.ctx.spec.actors.values()
+            if a.kind == "generator" and getattr(a.config, "serve", False)
+        )
         self._client = ServeClient(self.ctx.bus.nc, self.ctx.topology, attempts=min(3, max(1, serving)))
         await self._client.start()
-        self.gateway = Gateway(self.config, client=self._client, builder=PromptBuilder(tokenizer), keys=keys,
-                               publish=self._publish, health=self._check_health,
-                               who=f"{self.ctx.actor}/{self.ctx.replica}")  # fmt: skip
+        self.gateway = Gateway(
+            self.config,
+            client=self._client,
+            builder=PromptBuilder(tokenizer),
+            keys=keys,
+            publish=self._publish,
+            health=self._check_health,
+            who=f"{self.ctx.actor}/{self.ctx.replica}",
+        )
         self._socket = _bind(self.config.host, self.config.port)
         port = self._socket.getsockname()[1]
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-        self.ctx.log.info("gateway.listening", url=self.url, model=self.config.model_name,
-                          serving_generators=serving)  # fmt: skip
+        self.ctx.log.info("gateway.listening", url=self.url, model=self.config.model_name, serving_generators=serving)
 
     async def run(self) -> None:
         assert self.gateway is not None and self._socket is not None
-        config = uvicorn.Config(self.gateway.app(), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=int(self.config.request_timeout_s) + 1,
-                                timeout_keep_alive=30, backlog=4096)  # fmt: skip
+        config = uvicorn.Config(
+            self.gateway.app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(self.config.request_timeout_s) + 1,
+            timeout_keep_alive=30,
+            backlog=4096,
+        )
         server = _Uvicorn(config)
 
         async def serve_http() -> None:
@@ -130,8 +146,12 @@ class GatewayActor(Actor[GatewayConfig]):
         try:
             reply = await self.ctx.bus.nc.request(ping_subject(self.ctx.topology), b"{}", timeout=2.0)
             pong = orjson.loads(reply.data)
-            report = {"ok": True, "generators": "available", "answered_by": pong.get("generator"),
-                      "version": pong.get("version")}  # fmt: skip
+            report = {
+                "ok": True,
+                "generators": "available",
+                "answered_by": pong.get("generator"),
+                "version": pong.get("version"),
+            }
         except Exception as exc:  # no responders, timeout, bus down: the gateway cannot serve
             report = {"ok": False, "generators": "unavailable", "reason": type(exc).__name__}
         self._health = (loop.time(), report)

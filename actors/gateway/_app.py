@@ -49,14 +49,27 @@ from actors.generator._serve import params_to_wire
 
 __all__ = ["ApiError", "ApiKeys", "Gateway"]
 
-_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
-           "/v1/feedback": "feedback", "/metrics": "metrics", "/healthz": "healthz"}  # fmt: skip
+_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/v1/feedback": "feedback",
+    "/metrics": "metrics",
+    "/healthz": "healthz",
+}
 _JSON = "application/json"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code = status, message, type, code
         self.headers = dict(headers or {})
@@ -79,8 +92,12 @@ class ApiKeys:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+            raise ApiError(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>'",
+                code="missing_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         given = key.strip().encode()
         if not any(hmac.compare_digest(given, known) for known in self._keys):
             raise ApiError(403, "invalid API key", code="invalid_api_key")
@@ -114,9 +131,17 @@ class _Served:
 class Gateway:
     """Request handling; :meth:`app` builds the ASGI app. One instance per gateway replica."""
 
-    def __init__(self, config: GatewayConfig, *, client: ServeClient, builder: PromptBuilder, keys: ApiKeys,
-                 publish: Callable[[str, str, dict[str, Any], str], Awaitable[Any]],
-                 health: Callable[[], Awaitable[dict[str, Any]]], who: str = "gateway") -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        client: ServeClient,
+        builder: PromptBuilder,
+        keys: ApiKeys,
+        publish: Callable[[str, str, dict[str, Any], str], Awaitable[Any]],
+        health: Callable[[], Awaitable[dict[str, Any]]],
+        who: str = "gateway",
+    ) -> None:
         self.config = config
         self.client = client
         self.builder = builder
@@ -181,8 +206,9 @@ class Gateway:
             score = FEEDBACK_LABELS[label]
         if not 0.0 <= score <= 1.0:
             raise ApiError(400, f"score must be between 0 and 1, got {score}")
-        msg = FeedbackMsg(request_id=body.request_id, score=score, label=label, comment=body.comment,
-                          ts=time.time(), key_id=key_id)  # fmt: skip
+        msg = FeedbackMsg(
+            request_id=body.request_id, score=score, label=label, comment=body.comment, ts=time.time(), key_id=key_id
+        )
         digest = hashlib.sha256(orjson.dumps([body.request_id, score, label, body.comment])).hexdigest()[:32]
         try:
             await self.publish("feedback", "feedback", msg.model_dump(mode="json"), f"fb-{digest}")
@@ -221,8 +247,9 @@ class Gateway:
             call = await self._call(served, params, stream)
             if stream:
                 handed_over = True
-                return StreamingResponse(self._sse(call, served), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+                return StreamingResponse(
+                    self._sse(call, served), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+                )
             try:
                 final: dict[str, Any] = {}
                 async for message in call.messages(self.config.request_timeout_s):
@@ -252,8 +279,11 @@ class Gateway:
             raise _unknown_model(body.model, self.config.model_name)
         wanted = body.wanted_tokens(self.config.default_max_tokens)
         if wanted > self.config.max_tokens:
-            raise ApiError(400, f"max_tokens {wanted} is above this gateway's limit of {self.config.max_tokens}",
-                           code="max_tokens_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"max_tokens {wanted} is above this gateway's limit of {self.config.max_tokens}",
+                code="max_tokens_exceeded",
+            )
         messages: list[dict[str, Any]] = []
         if isinstance(body, ChatRequest):
             prompt = self.builder.chat_text(body.messages)
@@ -261,20 +291,37 @@ class Gateway:
         else:
             prompt = body.text()
         domain = request.headers.get("x-flywheel-domain") or self.config.default_domain
-        served = _Served(request_id=request.scope["flywheel.request_id"], route=route, ts=ts, started=started,
-                         request=body, prompt=prompt, prompt_ids=self.builder.encode(prompt), max_tokens=wanted,
-                         domain=domain, messages=messages)  # fmt: skip
+        served = _Served(
+            request_id=request.scope["flywheel.request_id"],
+            route=route,
+            ts=ts,
+            started=started,
+            request=body,
+            prompt=prompt,
+            prompt_ids=self.builder.encode(prompt),
+            max_tokens=wanted,
+            domain=domain,
+            messages=messages,
+        )
         return served, body.stream
 
     async def _call(self, served: _Served, params: dict[str, Any], stream: bool) -> ServeCall:
         try:
-            return await self.client.call(served.request_id, served.prompt_ids, params, stream=stream,
-                                          timeout_s=self.config.request_timeout_s)  # fmt: skip
+            return await self.client.call(
+                served.request_id, served.prompt_ids, params, stream=stream, timeout_s=self.config.request_timeout_s
+            )
         except GeneratorsBusy as exc:
-            raise _busy("every generator is at capacity", max(self.config.retry_after_s, round(exc.retry_after_s))) from None
+            raise _busy(
+                "every generator is at capacity", max(self.config.retry_after_s, round(exc.retry_after_s))
+            ) from None
         except NoGenerators as exc:
-            raise ApiError(503, str(exc), type="server_error", code="no_generators",
-                           headers={"Retry-After": str(self.config.retry_after_s)}) from None  # fmt: skip
+            raise ApiError(
+                503,
+                str(exc),
+                type="server_error",
+                code="no_generators",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            ) from None
         except GenerationError as exc:
             raise _generation_error(exc) from None
         except TimeoutError:
@@ -287,7 +334,9 @@ class Gateway:
             if not declared.isdigit():
                 raise ApiError(400, "invalid Content-Length header")
             if int(declared) > limit:
-                raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
+                raise ApiError(
+                    413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large"
+                )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
@@ -302,13 +351,28 @@ class Gateway:
         """Publish the traffic record; a bus failure is counted and logged, the user is still answered."""
         body = served.request
         msg = TrafficMsg(
-            request_id=served.request_id, ts=served.ts, model=body.model, route=served.route,  # type: ignore[arg-type]
-            domain=served.domain, prompt=served.prompt, messages=served.messages, prompt_ids=served.prompt_ids,
-            completion=CompletionRecord(text=final["text"], token_ids=final["token_ids"], logprobs=final["logprobs"],
-                                        versions=final["versions"], finish_reason=final["finish_reason"]),
-            temperature=body.temperature, top_p=body.top_p, max_tokens=served.max_tokens, stream=stream,
-            generator=str(final.get("generator", "")), latency_s=time.perf_counter() - served.started,
-        )  # fmt: skip
+            request_id=served.request_id,
+            ts=served.ts,
+            model=body.model,
+            route=served.route,  # type: ignore[arg-type]
+            domain=served.domain,
+            prompt=served.prompt,
+            messages=served.messages,
+            prompt_ids=served.prompt_ids,
+            completion=CompletionRecord(
+                text=final["text"],
+                token_ids=final["token_ids"],
+                logprobs=final["logprobs"],
+                versions=final["versions"],
+                finish_reason=final["finish_reason"],
+            ),
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_tokens=served.max_tokens,
+            stream=stream,
+            generator=str(final.get("generator", "")),
+            latency_s=time.perf_counter() - served.started,
+        )
         self.metrics.tokens += len(final["token_ids"])
         try:
             await self.publish("traffic", "traffic", msg.model_dump(mode="json"), served.request_id)
@@ -320,14 +384,24 @@ class Gateway:
         reason = _finish_reason(final["finish_reason"])
         usage = _usage(served, final)
         if served.route == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": final["text"]},
-                                      "logprobs": None, "finish_reason": reason}  # fmt: skip
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": final["text"]},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
             kind = "chat.completion"
         else:
             choice = {"index": 0, "text": final["text"], "logprobs": None, "finish_reason": reason}
             kind = "text_completion"
-        return {"id": served.request_id, "object": kind, "created": int(served.ts), "model": served.request.model,
-                "choices": [choice], "usage": usage}  # fmt: skip
+        return {
+            "id": served.request_id,
+            "object": kind,
+            "created": int(served.ts),
+            "model": served.request.model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
     # ------------------------------------------------------------------ streaming
     def _chunk(self, served: _Served, text: str | None, reason: str | None, *, role: bool = False) -> bytes:
@@ -340,8 +414,13 @@ class Gateway:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
             kind = "text_completion"
-        doc = {"id": served.request_id, "object": kind, "created": int(served.ts), "model": served.request.model,
-               "choices": [choice]}  # fmt: skip
+        doc = {
+            "id": served.request_id,
+            "object": kind,
+            "created": int(served.ts),
+            "model": served.request.model,
+            "choices": [choice],
+        }
         return b"data: " + orjson.dumps(doc) + b"\n\n"
 
     async def _sse(self, call: ServeCall, served: _Served) -> AsyncIterator[bytes]:
@@ -358,23 +437,32 @@ class Gateway:
                     if text.endswith("\ufffd") or not text.startswith(sent):
                         continue  # an incomplete multi-byte character: wait for the next token
                     if len(text) > len(sent):
-                        yield self._chunk(served, text[len(sent):], None)
+                        yield self._chunk(served, text[len(sent) :], None)
                         sent = text
                 elif message.get("type") == "final":
                     await self._record(served, message, stream=True)
-                    rest = message["text"][len(sent):] if message["text"].startswith(sent) else ""
+                    rest = message["text"][len(sent) :] if message["text"].startswith(sent) else ""
                     if rest:
                         yield self._chunk(served, rest, None)
                     yield self._chunk(served, None, _finish_reason(message["finish_reason"]))
                     if (served.request.stream_options or {}).get("include_usage"):
-                        usage = {"id": served.request_id, "object": "chat.completion.chunk", "created": int(served.ts),
-                                 "model": served.request.model, "choices": [], "usage": _usage(served, message)}  # fmt: skip
+                        usage = {
+                            "id": served.request_id,
+                            "object": "chat.completion.chunk",
+                            "created": int(served.ts),
+                            "model": served.request.model,
+                            "choices": [],
+                            "usage": _usage(served, message),
+                        }
                         yield b"data: " + orjson.dumps(usage) + b"\n\n"
                     yield b"data: [DONE]\n\n"
         except (GenerationError, TimeoutError) as exc:
             error = _generation_error(exc) if isinstance(exc, GenerationError) else _timeout()
-            yield b"data: " + orjson.dumps({"error": {"message": error.message, "type": error.type,
-                                                      "code": error.code}}) + b"\n\n"  # fmt: skip
+            yield (
+                b"data: "
+                + orjson.dumps({"error": {"message": error.message, "type": error.type, "code": error.code}})
+                + b"\n\n"
+            )
         finally:
             call.close()
             self.metrics.streams_open -= 1
@@ -421,8 +509,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 def _busy(message: str, retry_after_s: int) -> ApiError:
-    return ApiError(429, f"{message}; retry after {retry_after_s}s", type="rate_limit_error", code="busy",
-                    headers={"Retry-After": str(retry_after_s)})  # fmt: skip
+    return ApiError(
+        429,
+        f"{message}; retry after {retry_after_s}s",
+        type="rate_limit_error",
+        code="busy",
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def _timeout() -> ApiError:
@@ -431,8 +524,9 @@ def _timeout() -> ApiError:
 
 def _generation_error(exc: GenerationError) -> ApiError:
     status = exc.status if 400 <= exc.status < 600 else 502
-    return ApiError(status, str(exc), type="invalid_request_error" if status < 500 else "server_error",
-                    code="generation_failed")  # fmt: skip
+    return ApiError(
+        status, str(exc), type="invalid_request_error" if status < 500 else "server_error", code="generation_failed"
+    )
 
 
 def _unknown_model(model: str, served: str) -> ApiError:
@@ -452,4 +546,3 @@ def _finish_reason(reason: str) -> str:
 def _usage(served: _Served, final: Mapping[str, Any]) -> dict[str, int]:
     prompt, completion = len(served.prompt_ids), len(final["token_ids"])
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-

@@ -99,12 +99,22 @@ class ServeClient:
             payload = orjson.loads(msg.data)
         except orjson.JSONDecodeError:
             payload = {"type": "error", "status": 502, "message": "undecodable reply from a generator"}
-        queue.put_nowait(payload if isinstance(payload, dict) else {"type": "error", "status": 502, "message": "bad reply"})
+        queue.put_nowait(
+            payload if isinstance(payload, dict) else {"type": "error", "status": 502, "message": "bad reply"}
+        )
 
-    async def call(self, request_id: str, prompt_ids: list[int], params: Mapping[str, Any], *, stream: bool,
-                   timeout_s: float) -> ServeCall:  # fmt: skip
-        data = orjson.dumps({"v": SERVE_PROTOCOL_VERSION, "request_id": request_id, "prompt_ids": prompt_ids,
-                             "params": params, "stream": stream})  # fmt: skip
+    async def call(
+        self, request_id: str, prompt_ids: list[int], params: Mapping[str, Any], *, stream: bool, timeout_s: float
+    ) -> ServeCall:
+        data = orjson.dumps(
+            {
+                "v": SERVE_PROTOCOL_VERSION,
+                "request_id": request_id,
+                "prompt_ids": prompt_ids,
+                "params": params,
+                "stream": stream,
+            }
+        )
         retry_after = 1.0
         for _ in range(self.attempts):
             token = str(next(self._ids))

@@ -43,7 +43,9 @@ class GatewayConfig(SpecModel):
     @model_validator(mode="after")
     def _default_within_cap(self) -> GatewayConfig:
         if self.default_max_tokens > self.max_tokens:
-            raise ValueError(f"expected default_max_tokens <= max_tokens ({self.max_tokens}), got {self.default_max_tokens}")
+            raise ValueError(
+                f"expected default_max_tokens <= max_tokens ({self.max_tokens}), got {self.default_max_tokens}"
+            )
         return self
 
 

@@ -67,8 +67,10 @@ class Metrics:
                 lines.append(f'{name}_bucket{{route="{route}",le="{shown}"}} {cumulative}')
             lines.append(f'{name}_sum{{route="{route}"}} {hist.sum:.6f}')
             lines.append(f'{name}_count{{route="{route}"}} {cumulative}')
-        gauges = (("in_flight", "Inference requests in flight.", self.in_flight),
-                  ("streams_open", "Streaming responses open.", self.streams_open))  # fmt: skip
+        gauges = (
+            ("in_flight", "Inference requests in flight.", self.in_flight),
+            ("streams_open", "Streaming responses open.", self.streams_open),
+        )
         for short, help_text, value in gauges:
             lines.append(f"{family(short, 'gauge', help_text)} {value}")
         counters = (

@@ -62,8 +62,9 @@ class _Request(BaseModel):
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop=stop, seed=self.seed)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed
+        )
 
 
 class ChatMessage(BaseModel):
@@ -108,11 +109,12 @@ class PromptBuilder:
 
     def chat_text(self, messages: list[ChatMessage]) -> str:
         if self._hf is not None:
-            rendered = self._hf.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages],
-                                                    tokenize=False, add_generation_prompt=True)  # fmt: skip
+            rendered = self._hf.apply_chat_template(
+                [{"role": m.role, "content": m.text()} for m in messages], tokenize=False, add_generation_prompt=True
+            )
             bos = getattr(self._hf, "bos_token", None)
             text = str(rendered)
-            return text[len(bos):] if bos and text.startswith(bos) else text
+            return text[len(bos) :] if bos and text.startswith(bos) else text
         return "".join(f"{m.role}: {m.text()}\n" for m in messages) + "assistant: "
 
     def encode(self, text: str) -> list[int]:

@@ -73,21 +73,34 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def start(self) -> None:
         self.engine, self._tokenizer = await self._build_engine()
         self._subscriber = WeightSubscriber(
-            self.ctx.bus, self.ctx.topology, self.engine, weight_transports(self.ctx), key=self.config.follow,
+            self.ctx.bus,
+            self.ctx.topology,
+            self.engine,
+            weight_transports(self.ctx),
+            key=self.config.follow,
             log=self.ctx.log,
             on_event=lambda event, fields: self.ctx.counters.inc(event),
             served_key=served_key(self.ctx.actor, self.ctx.replica),
         )
-        self.ctx.log.info("generator.ready", engine=self.engine.name, max_batch_size=self.config.max_batch_size,
-                          waits_for_weights=self._has_learner)
+        self.ctx.log.info(
+            "generator.ready",
+            engine=self.engine.name,
+            max_batch_size=self.config.max_batch_size,
+            waits_for_weights=self._has_learner,
+        )
 
     async def _build_engine(self) -> tuple[Engine, Any]:
         if self.config.engine == "torch":
             from actors.generator._torch_engine import TorchEngine
 
             threads = max(1, int(self.ctx.spec.actors[self.ctx.actor].resources.num_cpus or 1))
-            engine = await asyncio.to_thread(TorchEngine.from_config, self.ctx.spec.policy, self.config,
-                                             num_threads=threads, seed=1000 + self.ctx.replica)
+            engine = await asyncio.to_thread(
+                TorchEngine.from_config,
+                self.ctx.spec.policy,
+                self.config,
+                num_threads=threads,
+                seed=1000 + self.ctx.replica,
+            )
             return engine, engine.tokenizer
         tokenizer = await asyncio.to_thread(_load_tokenizer, self.ctx.spec.policy)
         url = self.config.url or ""
@@ -113,15 +126,19 @@ class GeneratorActor(Actor[GeneratorConfig]):
             if self.config.serve:  # [gateway] answer gateway requests over NATS (actors.generator._serve)
                 from actors.generator._serve import default_max_in_flight, serve
 
-                tg.start_soon(partial(serve, self.ctx, self.engine,
-                                      max_in_flight=default_max_in_flight(self.config.max_batch_size)))
+                tg.start_soon(
+                    partial(
+                        serve, self.ctx, self.engine, max_in_flight=default_max_in_flight(self.config.max_batch_size)
+                    )
+                )
             if self._has_learner:
                 await self._wait_for_first_weights()
             # the work group closes before the consumer does, so every accepted prompt is acked (or nak'ed)
             # (and the outbox sends what they queued before the consumer closes)
             async with (
-                self.ctx.bus.consume(channel_in, self.ctx.actor, model=PromptMsg,
-                                     batch=self.config.max_batch_size) as prompts,
+                self.ctx.bus.consume(
+                    channel_in, self.ctx.actor, model=PromptMsg, batch=self.config.max_batch_size
+                ) as prompts,
                 Outbox(self.ctx.bus, source=self._who()) as outbox,
                 anyio.create_task_group() as work,
             ):
@@ -165,8 +182,13 @@ class GeneratorActor(Actor[GeneratorConfig]):
             started = time.perf_counter()
             completions = await self.engine.generate(self._requests(delivery.id, msg))
             rollout = self._rollout(msg, completions, time.perf_counter() - started)
-            await outbox.send(self._out_channel(), "rollout", rollout.model_dump(mode="json"),
-                              id=f"{delivery.id}.r", delivery=delivery)
+            await outbox.send(
+                self._out_channel(),
+                "rollout",
+                rollout.model_dump(mode="json"),
+                id=f"{delivery.id}.r",
+                delivery=delivery,
+            )
             self.ctx.counters.inc("prompts")
             self.ctx.counters.inc("completions", len(completions))
             generated = sum(len(c.token_ids) for c in completions)
@@ -210,8 +232,13 @@ class GeneratorActor(Actor[GeneratorConfig]):
             generate_s=generate_s,
             reference=msg.reference,
             completions=[
-                CompletionRecord(text=c.text, token_ids=list(c.token_ids), logprobs=list(c.logprobs),
-                                 versions=list(c.versions), finish_reason=c.finish_reason)
+                CompletionRecord(
+                    text=c.text,
+                    token_ids=list(c.token_ids),
+                    logprobs=list(c.logprobs),
+                    versions=list(c.versions),
+                    finish_reason=c.finish_reason,
+                )
                 for c in completions
             ],
         )
@@ -239,8 +266,15 @@ class GeneratorActor(Actor[GeneratorConfig]):
                 if callable(stats):
                     engine_stats = stats()
                     # cache_rebuilds and prefill_tokens (rebuilds included) vs tokens: what weight swaps cost
-                    for key in ("mean_batch_occupancy", "steps_per_call", "queue_depth", "running",
-                                "weight_updates_rejected", "cache_rebuilds", "prefill_tokens"):
+                    for key in (
+                        "mean_batch_occupancy",
+                        "steps_per_call",
+                        "queue_depth",
+                        "running",
+                        "weight_updates_rejected",
+                        "cache_rebuilds",
+                        "prefill_tokens",
+                    ):
                         if key in engine_stats:
                             self.ctx.counters.set(key, float(engine_stats[key]))
 

@@ -53,11 +53,11 @@ class GeneratorConfig(SpecModel):
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// url, got {show(self.url)}")
         if self.engine != "torch" and self.kv_cache_on_update != "recompute":
-            raise ValueError(f"expected kv_cache_on_update: recompute with engine: {self.engine} (the server manages "
-                             f"its own cache; keep is for engine: torch), got {show(self.kv_cache_on_update)}")
+            raise ValueError(
+                f"expected kv_cache_on_update: recompute with engine: {self.engine} (the server manages "
+                f"its own cache; keep is for engine: torch), got {show(self.kv_cache_on_update)}"
+            )
         return self
-
-
 
 
 register_actor_kind(

@@ -23,9 +23,7 @@ __all__ = ["EngineHTTPError", "HTTPCaller"]
 class EngineHTTPError(RuntimeError):
     """A call to an inference server failed; names the server, the call, the status and the reason."""
 
-    def __init__(
-        self, engine: str, url: str, method: str, path: str, status: int | None, message: str
-    ) -> None:
+    def __init__(self, engine: str, url: str, method: str, path: str, status: int | None, message: str) -> None:
         self.engine = engine
         self.url = url
         self.method = method
@@ -102,9 +100,7 @@ class HTTPCaller:
         every attempt failed to get a response.
         """
         attempts = 1 + (self.retries if retries is None else retries)
-        timeout = (
-            httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s, connect=timeout_s)
-        )
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s, connect=timeout_s)
         last_failure = ""
         started = time.monotonic()
         for attempt in range(attempts):

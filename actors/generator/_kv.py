@@ -19,7 +19,10 @@ def merge(cache_a: KVCache, mask_a: Tensor, cache_b: KVCache, mask_b: Tensor) ->
     """Stack batch ``b``'s rows under batch ``a``'s, left-padding the shorter one to a common length."""
     width = max(mask_a.shape[1], mask_b.shape[1])
     cache = [
-        (torch.cat((_left_pad(ka, width), _left_pad(kb, width))), torch.cat((_left_pad(va, width), _left_pad(vb, width))))
+        (
+            torch.cat((_left_pad(ka, width), _left_pad(kb, width))),
+            torch.cat((_left_pad(va, width), _left_pad(vb, width))),
+        )
         for (ka, va), (kb, vb) in zip(cache_a, cache_b, strict=True)
     ]
     return cache, torch.cat((_left_pad(mask_a, width), _left_pad(mask_b, width)))

@@ -69,8 +69,7 @@ def default_max_in_flight(max_batch_size: int) -> int:
 
 
 def params_to_wire(params: SamplingParams) -> dict[str, Any]:
-    return {name: list(value) if name in _TUPLE_FIELDS else value
-            for name, value in dataclasses.asdict(params).items()}  # fmt: skip
+    return {name: list(value) if name in _TUPLE_FIELDS else value for name, value in dataclasses.asdict(params).items()}
 
 
 def params_from_wire(raw: Mapping[str, Any]) -> SamplingParams:
@@ -127,8 +126,16 @@ class _Server:
 
     async def on_ping(self, msg: Any) -> None:
         if msg.reply:
-            await self._send(msg.reply, {"type": "pong", "generator": self.who, "version": self.engine.version,
-                                         "in_flight": self.in_flight, "max_in_flight": self.max_in_flight})
+            await self._send(
+                msg.reply,
+                {
+                    "type": "pong",
+                    "generator": self.who,
+                    "version": self.engine.version,
+                    "in_flight": self.in_flight,
+                    "max_in_flight": self.max_in_flight,
+                },
+            )
 
     def _engine_full(self) -> bool:
         stats = getattr(self.engine, "stats", None)
@@ -147,11 +154,18 @@ class _Server:
             completion = await self._generate(reply, request, stream)
             self.ctx.counters.inc("serve_requests")
             self.ctx.counters.inc("serve_tokens", len(completion.token_ids))
-            await self._send(reply, {
-                "type": "final", "token_ids": list(completion.token_ids), "logprobs": list(completion.logprobs),
-                "versions": list(completion.versions), "text": completion.text,
-                "finish_reason": completion.finish_reason, "generator": self.who,
-            })  # fmt: skip
+            await self._send(
+                reply,
+                {
+                    "type": "final",
+                    "token_ids": list(completion.token_ids),
+                    "logprobs": list(completion.logprobs),
+                    "versions": list(completion.versions),
+                    "text": completion.text,
+                    "finish_reason": completion.finish_reason,
+                    "generator": self.who,
+                },
+            )
         except ValueError as exc:  # the engine rejected the request (token ids, context length)
             await self._send(reply, {"type": "error", "status": 400, "message": str(exc)})
         except Exception as exc:

@@ -178,7 +178,11 @@ class TorchEngine:
         actor)."""
         policy = Policy.from_spec(policy_spec, dtype=config.dtype, device=config.device)
         return cls(
-            policy, max_batch_size=config.max_batch_size, num_threads=num_threads, version=version, seed=seed,
+            policy,
+            max_batch_size=config.max_batch_size,
+            num_threads=num_threads,
+            version=version,
+            seed=seed,
             recompute_cache_on_update=getattr(config, "kv_cache_on_update", "recompute") == "recompute",
         )
 
@@ -385,8 +389,15 @@ class TorchEngine:
             if seq.on_token is None or len(seq.tokens) <= seq.reported:
                 continue
             start, seq.reported = seq.reported, len(seq.tokens)
-            seq.on_token(TokenDelta(seq.request.request_id, seq.index, tuple(seq.tokens[start:]),
-                                    tuple(seq.logprobs[start:]), tuple(seq.versions[start:])))
+            seq.on_token(
+                TokenDelta(
+                    seq.request.request_id,
+                    seq.index,
+                    tuple(seq.tokens[start:]),
+                    tuple(seq.logprobs[start:]),
+                    tuple(seq.versions[start:]),
+                )
+            )
 
     def _admit(self) -> list[_Seq]:
         admit: list[_Seq] = []
@@ -537,4 +548,3 @@ class TorchEngine:
         if len(seq.request.prompt_ids) + len(seq.tokens) >= self.policy.max_context:
             return "length"
         return None
-

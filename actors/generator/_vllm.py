@@ -105,9 +105,7 @@ class VLLMEngine:
             try:
                 self.model = str(models["data"][0]["id"])
             except (KeyError, IndexError, TypeError):
-                raise EngineHTTPError(
-                    self.name, self.url, "GET", "/v1/models", 200, "no served model listed"
-                ) from None
+                raise EngineHTTPError(self.name, self.url, "GET", "/v1/models", 200, "no served model listed") from None
         await self.refresh_version()
 
     async def wait_healthy(self, *, timeout_s: float = 60.0) -> None:
@@ -250,9 +248,7 @@ class VLLMEngine:
 
     async def _set_server_version(self, version: int) -> None:
         try:
-            await self._http.call(
-                "POST", "/update_weight_version", json={"new_version": str(version)}, retries=0
-            )
+            await self._http.call("POST", "/update_weight_version", json={"new_version": str(version)}, retries=0)
         except EngineHTTPError as exc:
             if exc.status != 404:  # older servers: the client-side version is all there is
                 raise
@@ -277,9 +273,7 @@ class VLLMEngine:
             await asyncio.gather(init, asyncio.to_thread(broadcaster.connect))
             self._group_joined = broadcaster
         names, dtypes, shapes = describe(source.tensors)
-        await self._http.call(
-            "POST", "/start_weight_update", json={"is_checkpoint_format": True}, idempotent=False
-        )
+        await self._http.call("POST", "/start_weight_update", json={"is_checkpoint_format": True}, idempotent=False)
         receive = self._http.call(
             "POST",
             "/update_weights",
@@ -288,9 +282,7 @@ class VLLMEngine:
             timeout_s=self.update_timeout_s,
         )
         await asyncio.gather(receive, asyncio.to_thread(broadcaster.broadcast, source.tensors))
-        await self._http.call(
-            "POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False
-        )
+        await self._http.call("POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False)
 
     async def close(self) -> None:
         await self._http.aclose()

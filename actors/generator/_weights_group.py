@@ -76,9 +76,7 @@ class WeightGroup:
         self.rank = rank
         self.world_size = world_size
         self.backend: Backend = backend
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        )
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         timeout = datetime.timedelta(seconds=timeout_s)
         # Blocks until all `world_size` ranks reached the store (rank 0 hosts it), or `timeout` passes.
         self._store = TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout)
@@ -116,9 +114,7 @@ class WeightBroadcaster:
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
-            raise ValueError(
-                f"world_size must be >= 2 (the trainer plus >= 1 server rank), got {self.world_size}"
-            )
+            raise ValueError(f"world_size must be >= 2 (the trainer plus >= 1 server rank), got {self.world_size}")
         self._group: WeightGroup | None = None
         self._lock = threading.Lock()
 
@@ -196,9 +192,7 @@ def receive_weights(
     engine's dtype.
     """
     if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(
-            f"names/dtypes/shapes have different lengths ({len(names)}/{len(dtypes)}/{len(shapes)})"
-        )
+        raise ValueError(f"names/dtypes/shapes have different lengths ({len(names)}/{len(dtypes)}/{len(shapes)})")
     problems: list[str] = []
     staged: dict[str, torch.Tensor] = {}
     with torch.no_grad():

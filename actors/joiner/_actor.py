@@ -56,12 +56,17 @@ def joined_sample(traffic: TrafficMsg, feedback: FeedbackMsg, *, source: str, do
     completion = traffic.completion
     verdict = f"feedback:{feedback.label}" if feedback.label else f"feedback:{reward:g}"
     return ScoredMsg(
-        task_id=traffic.request_id, domain=domain or traffic.domain or "feedback", prompt=traffic.prompt,
-        prompt_ids=traffic.prompt_ids, temperature=traffic.temperature,
-        origin="review" if source == REVIEW_SOURCE else "feedback", generator=traffic.generator,
+        task_id=traffic.request_id,
+        domain=domain or traffic.domain or "feedback",
+        prompt=traffic.prompt,
+        prompt_ids=traffic.prompt_ids,
+        temperature=traffic.temperature,
+        origin="review" if source == REVIEW_SOURCE else "feedback",
+        generator=traffic.generator,
         generate_s=traffic.latency_s,
-        completions=[ScoredCompletion(**completion.model_dump(), reward=reward, verdict=verdict,
-                                      detail=feedback.comment[:200])],
+        completions=[
+            ScoredCompletion(**completion.model_dump(), reward=reward, verdict=verdict, detail=feedback.comment[:200])
+        ],
     )
 
 
@@ -87,8 +92,12 @@ class JoinerActor(Actor[JoinerConfig]):
             tg.start_soon(self._consume, self._in["traffic"], TrafficMsg, self._on_traffic)
             tg.start_soon(self._consume, self._in["feedback"], FeedbackMsg, self._on_feedback)
 
-    async def _consume(self, channel: str, model: type[Any], handler: Callable[[Delivery[Any]], Awaitable[None]],
-                       ) -> None:
+    async def _consume(
+        self,
+        channel: str,
+        model: type[Any],
+        handler: Callable[[Delivery[Any]], Awaitable[None]],
+    ) -> None:
         async with self.ctx.bus.consume(channel, self.ctx.actor, model=model, batch=64) as deliveries:
             async for delivery in iterate_until(deliveries, self.ctx.stopping):
                 try:
@@ -111,8 +120,9 @@ class JoinerActor(Actor[JoinerConfig]):
         await self.state.put("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
         self.ctx.counters.inc("traffic.stored")
         if selected_for_review(rid, self.config.review_fraction):
-            await self.ctx.bus.publish(self._review, "review", traffic.model_dump(mode="json"), id=f"review.{rid}",
-                                       source=self._who())
+            await self.ctx.bus.publish(
+                self._review, "review", traffic.model_dump(mode="json"), id=f"review.{rid}", source=self._who()
+            )
             self.ctx.counters.inc("review.queued")
         pending = await self.state.get("feedback_pending", rid)
         if pending is not None and await self.state.get("feedback_applied", rid) is None:
@@ -153,8 +163,9 @@ class JoinerActor(Actor[JoinerConfig]):
             self.ctx.log.info("joiner.expired", request_id=rid, late_s=round(feedback.ts - traffic.ts, 1))
             return
         sample = joined_sample(traffic, feedback, source=source, domain=self.config.domain)
-        await self.ctx.bus.publish(self._out, "scored", sample.model_dump(mode="json"), id=f"joined.{rid}",
-                                   source=self._who())
+        await self.ctx.bus.publish(
+            self._out, "scored", sample.model_dump(mode="json"), id=f"joined.{rid}", source=self._who()
+        )
         applied = orjson.dumps({"feedback": feedback.model_dump(mode="json"), "source": source})
         await self.state.put("feedback_applied", rid, applied)
         self.ctx.counters.inc("feedback.joined")

@@ -106,11 +106,17 @@ class LearnerActor(Actor[LearnerConfig]):
         self.domain_names = names
         # the source draws prompts by weight, each bringing group_size completions: batches take each domain's
         # completions in that proportion, or a domain with smaller groups would be owed credit it never fills
-        weights = {n: float(ctx.spec.domains[n].weight) * ctx.spec.domains[n].group_size
-                   for n in names if n in ctx.spec.domains}
+        weights = {
+            n: float(ctx.spec.domains[n].weight) * ctx.spec.domains[n].group_size
+            for n in names
+            if n in ctx.spec.domains
+        }
         self.batcher: DomainBatcher[_Held] = DomainBatcher(
-            weights, config.batch_size, fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
-            buffer_size=config.buffer_size)
+            weights,
+            config.batch_size,
+            fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
+            buffer_size=config.buffer_size,
+        )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet
         self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
         self._rewards: dict[str, deque[tuple[float, float]]] = {}
@@ -140,8 +146,13 @@ class LearnerActor(Actor[LearnerConfig]):
         window = config.buffer_size + config.batch_size * (config.checkpoint_every_steps + 1)
         max_ack_pending = max(window, self.ctx.spec.bus.max_ack_pending)
         async with (
-            self.ctx.bus.consume(channel, self.ctx.actor, model=ScoredMsg, batch=min(256, config.batch_size),
-                                 max_ack_pending=max_ack_pending) as scored,
+            self.ctx.bus.consume(
+                channel,
+                self.ctx.actor,
+                model=ScoredMsg,
+                batch=min(256, config.batch_size),
+                max_ack_pending=max_ack_pending,
+            ) as scored,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(self._consume, scored)
@@ -158,8 +169,11 @@ class LearnerActor(Actor[LearnerConfig]):
 
         self.metrics.flush()
         await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
-        await anyio.to_thread.run_sync(lambda: export_safetensors(
-            self.policy, self.ctx.run_dir / "export", extra={"step": self.step, "version": self.version}))
+        await anyio.to_thread.run_sync(
+            lambda: export_safetensors(
+                self.policy, self.ctx.run_dir / "export", extra={"step": self.step, "version": self.version}
+            )
+        )
         self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self._held))
 
     async def stop(self) -> None:
@@ -169,11 +183,19 @@ class LearnerActor(Actor[LearnerConfig]):
 
     def report(self) -> dict[str, Any]:
         counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
-        counters.update(phase=self.phase, step=self.step, version=self.version, buffered=self.batcher.completions,
-                        buffered_groups=len(self._held), eval_out=self._eval_out,
-                        unacked=len(self._unacked))
+        counters.update(
+            phase=self.phase,
+            step=self.step,
+            version=self.version,
+            buffered=self.batcher.completions,
+            buffered_groups=len(self._held),
+            eval_out=self._eval_out,
+            unacked=len(self._unacked),
+        )
         if len(self._steps_t) >= 2:
-            counters["steps_per_s"] = round((len(self._steps_t) - 1) / max(self._steps_t[-1] - self._steps_t[0], 1e-9), 3)
+            counters["steps_per_s"] = round(
+                (len(self._steps_t) - 1) / max(self._steps_t[-1] - self._steps_t[0], 1e-9), 3
+            )
         return counters
 
     # ------------------------------------------------------------------ consuming
@@ -191,13 +213,27 @@ class LearnerActor(Actor[LearnerConfig]):
             result = self.evals.record(mid, msg)
             if result is not None:
                 counters.set(f"heldout_acc.{result.domain}", round(result.accuracy, 4))
-                self.metrics.add("eval", {"ts": time.time(), "step": self.step, "version": result.version,
-                                          "domain": result.domain, "n": result.n, "accuracy": result.accuracy,
-                                          "reward_mean": result.reward_mean,
-                                          "temperature": self.config.eval_temperature,
-                                          "samples": result.n // max(self.evals.expected(result.domain), 1)})
-                self.ctx.log.info("learner.heldout", domain=result.domain, version=result.version,
-                                  accuracy=round(result.accuracy, 4), n=result.n)
+                self.metrics.add(
+                    "eval",
+                    {
+                        "ts": time.time(),
+                        "step": self.step,
+                        "version": result.version,
+                        "domain": result.domain,
+                        "n": result.n,
+                        "accuracy": result.accuracy,
+                        "reward_mean": result.reward_mean,
+                        "temperature": self.config.eval_temperature,
+                        "samples": result.n // max(self.evals.expected(result.domain), 1),
+                    },
+                )
+                self.ctx.log.info(
+                    "learner.heldout",
+                    domain=result.domain,
+                    version=result.version,
+                    accuracy=round(result.accuracy, 4),
+                    n=result.n,
+                )
             await delivery.ack()
             self._eval_scored(1)
             return
@@ -358,7 +394,13 @@ class LearnerActor(Actor[LearnerConfig]):
         "Does it learn?")."""
         domain = self.ctx.spec.domains.get(msg.domain)
         mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
-        if mode != "reference" or len(rewards) < 2 or max(rewards) >= CORRECT or not msg.reference or msg.origin != "domain":
+        if (
+            mode != "reference"
+            or len(rewards) < 2
+            or max(rewards) >= CORRECT
+            or not msg.reference
+            or msg.origin != "domain"
+        ):
             return None
         return encode_completion(self.policy.tokenizer, msg.reference)
 
@@ -366,7 +408,9 @@ class LearnerActor(Actor[LearnerConfig]):
         """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`, the groups a domain's
         `skip_solved` avoids), all zero (`no_signal_failed`), or another shared reward (`no_signal_other`)."""
         rewards = [c.reward for c in msg.completions]
-        kind = "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
+        kind = (
+            "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
+        )
         self.ctx.counters.inc(f"no_signal_{kind}.{msg.domain}")
 
     def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
@@ -377,9 +421,19 @@ class LearnerActor(Actor[LearnerConfig]):
         now = time.time()
         for held, how in [*((h, "applied") for h in applied), *((h, "consumed") for h in consumed)]:
             rewards = [c.reward for c in held.msg.completions]
-            self.metrics.add("applied", {"ts": now, "step": self.step, "message_id": held.delivery.id,
-                                         "domain": held.msg.domain, "completions": held.size, "how": how,
-                                         "reward": sum(rewards) / len(rewards), "task_id": held.msg.task_id})
+            self.metrics.add(
+                "applied",
+                {
+                    "ts": now,
+                    "step": self.step,
+                    "message_id": held.delivery.id,
+                    "domain": held.msg.domain,
+                    "completions": held.size,
+                    "how": how,
+                    "reward": sum(rewards) / len(rewards),
+                    "task_id": held.msg.task_id,
+                },
+            )
         self.ctx.counters.inc("samples_applied", sum(h.size for h in applied))
         self.ctx.counters.inc("groups_applied", len(applied))
 
@@ -390,15 +444,21 @@ class LearnerActor(Actor[LearnerConfig]):
         mean_staleness = sum(self._staleness_last) / max(len(self._staleness_last), 1)
         groups = max(len(applied), 1)
         # step_s: the optimizer step alone; generate_s / verify_s: mean per applied group (one prompt's rollout)
-        row: dict[str, Any] = {"ts": time.time(), "step": self.step, "version": self.version,
-                               "staleness_mean": mean_staleness, "groups": len(applied), "step_s": step_s,
-                               "generate_s": sum(h.msg.generate_s or 0.0 for h in applied) / groups,
-                               "verify_s": sum(h.msg.verify_s or 0.0 for h in applied) / groups,
-                               # the slowest group: in sync mode a batch's groups are generated (and verified)
-                               # together, so these are the batch's generate and verify times (bench/learn.py)
-                               "generate_s_max": max((h.msg.generate_s or 0.0 for h in applied), default=0.0),
-                               "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
-                               **{k: getattr(stats, k) for k in stats.__dataclass_fields__}}
+        row: dict[str, Any] = {
+            "ts": time.time(),
+            "step": self.step,
+            "version": self.version,
+            "staleness_mean": mean_staleness,
+            "groups": len(applied),
+            "step_s": step_s,
+            "generate_s": sum(h.msg.generate_s or 0.0 for h in applied) / groups,
+            "verify_s": sum(h.msg.verify_s or 0.0 for h in applied) / groups,
+            # the slowest group: in sync mode a batch's groups are generated (and verified)
+            # together, so these are the batch's generate and verify times (bench/learn.py)
+            "generate_s_max": max((h.msg.generate_s or 0.0 for h in applied), default=0.0),
+            "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
+            **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
+        }
         for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
             counters.set(name, round(float(getattr(stats, name)), 5))
         counters.set("staleness_mean", round(mean_staleness, 3))
@@ -415,8 +475,10 @@ class LearnerActor(Actor[LearnerConfig]):
     # ------------------------------------------------------------------ weights, checkpoints, evals
     def _publish_due(self) -> bool:
         """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version."""
-        return (self.step - self._published_step >= self.publish_every
-                and time.monotonic() - self._published_at >= self.publish_floor_s)
+        return (
+            self.step - self._published_step >= self.publish_every
+            and time.monotonic() - self._published_at >= self.publish_floor_s
+        )
 
     async def publish_weights(self) -> None:
         state = {name: t.detach().to("cpu").clone() for name, t in self.policy.state_dict().items()}
@@ -438,8 +500,9 @@ class LearnerActor(Actor[LearnerConfig]):
         started = time.perf_counter()
         await anyio.to_thread.run_sync(self.checkpointer.save, self.step, state)
         self._last_checkpoint_step = self.step
-        self.metrics.add("lifecycle", {"ts": time.time(), "event": "checkpoint", "step": self.step,
-                                       "version": self.version})
+        self.metrics.add(
+            "lifecycle", {"ts": time.time(), "event": "checkpoint", "step": self.step, "version": self.version}
+        )
         self.ctx.counters.set("checkpoint_s", round(time.perf_counter() - started, 3))
         self.ctx.counters.set("last_checkpoint_step", self.step)
         pending, self._unacked = self._unacked, {}
@@ -454,8 +517,10 @@ class LearnerActor(Actor[LearnerConfig]):
         items = []
         for tasks in self.evals.tasks.values():
             for task in tasks:
-                payload = {**task.payload(group_size=samples or self.config.eval_samples, heldout=True),
-                           "temperature": self.config.eval_temperature}
+                payload = {
+                    **task.payload(group_size=samples or self.config.eval_samples, heldout=True),
+                    "temperature": self.config.eval_temperature,
+                }
                 items.append(("prompt", payload, eval_message_id(self.version, task)))
         self._eval_scored(0)
         self._eval_out += len(items)
@@ -473,17 +538,33 @@ class LearnerActor(Actor[LearnerConfig]):
         if scored:
             self._eval_out, self._eval_heard = max(0, self._eval_out - scored), now
         elif self._eval_out and now - self._eval_heard > _EVAL_LOST_S:
-            self.ctx.log.warning("learner.eval_prompts_lost", prompts=self._eval_out,
-                                 waited_s=round(now - self._eval_heard))
+            self.ctx.log.warning(
+                "learner.eval_prompts_lost", prompts=self._eval_out, waited_s=round(now - self._eval_heard)
+            )
             self.ctx.counters.inc("eval_prompts_lost", self._eval_out)
             self._eval_out = 0
 
     def meta(self) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "phase": self.phase,
-                "estimator": self.estimator.state_dict(),
-                "counters": {k: v for k, v in self.ctx.counters.snapshot().items()
-                             if k.startswith(("dropped_stale", "staleness.", "samples_applied", "groups_applied",
-                                              "duplicates_skipped", "eval_rounds"))}}
+        return {
+            "step": self.step,
+            "version": self.version,
+            "phase": self.phase,
+            "estimator": self.estimator.state_dict(),
+            "counters": {
+                k: v
+                for k, v in self.ctx.counters.snapshot().items()
+                if k.startswith(
+                    (
+                        "dropped_stale",
+                        "staleness.",
+                        "samples_applied",
+                        "groups_applied",
+                        "duplicates_skipped",
+                        "eval_rounds",
+                    )
+                )
+            },
+        }
 
     def load_meta(self, text: str) -> None:
         meta = json.loads(text)

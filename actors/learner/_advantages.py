@@ -52,7 +52,9 @@ class RunningStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunningStats:
-        return cls(decay=float(data["decay"]), mean=float(data["mean"]), var=float(data["var"]), count=int(data["count"]))
+        return cls(
+            decay=float(data["decay"]), mean=float(data["mean"]), var=float(data["var"]), count=int(data["count"])
+        )
 
 
 @dataclass

@@ -40,8 +40,15 @@ class _Queued(Generic[T]):
 class DomainBatcher(Generic[T]):
     """Per-domain FIFO queues of groups and the credit scheme above."""
 
-    def __init__(self, weights: Mapping[str, float], batch_size: int, *, fill_wait_s: float = 2.0,
-                 buffer_size: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        batch_size: int,
+        *,
+        fill_wait_s: float = 2.0,
+        buffer_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
         for name, weight in weights.items():

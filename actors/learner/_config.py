@@ -3,7 +3,8 @@
 The learner trains the policy off-policy from `scored` (decoupled PPO with truncated importance weights,
 GRPO group advantages, per-domain baselines; see reference/ALGORITHMS.md) and publishes new weights. It also
 triggers the held-out evaluation: every `eval_every_steps` it publishes held-out prompts to `prompts`
-(greedy unless `eval_temperature` > 0, `heldout: true`) and reads their scores back from `scored` — it never trains on them.
+(greedy unless `eval_temperature` > 0, `heldout: true`) and reads their scores back from `scored` — it never trains on
+them.
 
 `mode: sync` is the synchronous baseline (what the async loop is measured against): staleness is forced to 0,
 the learner trains on exactly one batch per weights version, and the source publishes one batch of prompts per
@@ -28,7 +29,9 @@ class LearnerConfig(SpecModel):
     #   task of bench/make_hf_task.py): 3e-5 barely moved in 4 minutes; 2e-4 no faster, 3e-4 and above collapsed
     weight_decay: float = Field(default=0.0, ge=0)  # AdamW weight decay of the RL optimizer
     batch_size: int = Field(default=64, ge=1)  # completions per optimizer step
-    ppo_epochs: int = Field(default=1, ge=1)  # passes over each batch (ratio current/proximal moves off 1 after the first)
+    ppo_epochs: int = Field(
+        default=1, ge=1
+    )  # passes over each batch (ratio current/proximal moves off 1 after the first)
     minibatches: int = Field(default=1, ge=1)  # optimizer steps per pass (the batch split by completions)
     max_staleness: int = Field(default=4, ge=0)  # drop samples older than this many versions; 0 = synchronous
     publish_every_steps: int = Field(default=1, ge=1)  # publish new weights every K optimizer steps...
@@ -75,11 +78,15 @@ class LearnerConfig(SpecModel):
         if self.buffer_size < self.batch_size:
             raise ValueError(f"expected buffer_size >= batch_size ({self.batch_size}), got {self.buffer_size}")
         if self.eval_samples > 1 and self.eval_temperature == 0:
-            raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt are all "
-                             f"the same), got eval_samples {self.eval_samples} with eval_temperature 0")
+            raise ValueError(
+                "eval_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt are all "
+                f"the same), got eval_samples {self.eval_samples} with eval_temperature 0"
+            )
         if (self.eval_baseline_samples or 1) > 1 and self.eval_temperature == 0:
-            raise ValueError("eval_baseline_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt "
-                             f"are all the same), got {self.eval_baseline_samples} with eval_temperature 0")
+            raise ValueError(
+                "eval_baseline_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt "
+                f"are all the same), got {self.eval_baseline_samples} with eval_temperature 0"
+            )
         if self.minibatches > self.batch_size:
             raise ValueError(f"expected minibatches <= batch_size ({self.batch_size}), got {self.minibatches}")
         return self

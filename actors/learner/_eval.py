@@ -3,7 +3,8 @@
 The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
 the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
 (``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message
-id ``eval-<version>-<task id>`` (retries of a round dedupe on the bus). Their scores come back on ``scored`` with ``heldout: true``; the generator and verifier derive their ids from
+id ``eval-<version>-<task id>`` (retries of a round dedupe on the bus). Their scores come back on ``scored`` with
+``heldout: true``; the generator and verifier derive their ids from
 the prompt's (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version
 when an id has another shape (e.g. a custom generator).
 
@@ -58,10 +59,7 @@ class EvalTracker:
     def record(self, message_id: str, msg: ScoredMsg) -> EvalResult | None:
         """Account one held-out score; returns the round's result when this score completes it."""
         match = _ID.match(message_id)
-        if match:
-            version = int(match.group(1))
-        else:
-            version = min((v for c in msg.completions for v in c.versions), default=0)
+        version = int(match.group(1)) if match else min((v for c in msg.completions for v in c.versions), default=0)
         key = (version, msg.domain)
         seen = self._seen.setdefault(key, set())
         if message_id in seen:  # a redelivery of a score already counted
@@ -73,9 +71,13 @@ class EvalTracker:
         if len(seen) < max(self.expected(msg.domain), 1):
             return None
         del self._rounds[key]
-        return EvalResult(version=version, domain=msg.domain, n=len(rewards),
-                          accuracy=sum(r >= CORRECT for r in rewards) / len(rewards),
-                          reward_mean=sum(rewards) / len(rewards))
+        return EvalResult(
+            version=version,
+            domain=msg.domain,
+            n=len(rewards),
+            accuracy=sum(r >= CORRECT for r in rewards) / len(rewards),
+            reward_mean=sum(rewards) / len(rewards),
+        )
 
     def _forget_old(self) -> None:
         versions = sorted({v for v, _ in self._seen})

@@ -55,8 +55,8 @@ def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) ->
     prompt_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for g, prompt in enumerate(prompts):
-        prompt_ids[g, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[g, width - len(prompt):] = 1
+        prompt_ids[g, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[g, width - len(prompt) :] = 1
     length = max(1, max(len(c) for _, c, *_ in rows))
     completion_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     loss_mask = torch.zeros((len(rows), length))
@@ -71,9 +71,12 @@ def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) ->
             else:  # no behavior policy sampled it: importance weight 1 (see _loss.importance_weights)
                 behavior[r, :n] = float("nan")
     return PrefixPacked(
-        prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device),
+        prompt_ids=prompt_ids.to(device),
+        prompt_mask=prompt_mask.to(device),
         row_prompt=torch.tensor(row_prompt, dtype=torch.long, device=device),
-        completion_ids=completion_ids.to(device), loss_mask=loss_mask.to(device), behavior=behavior.to(device),
+        completion_ids=completion_ids.to(device),
+        loss_mask=loss_mask.to(device),
+        behavior=behavior.to(device),
         advantages=torch.tensor([r[3] for r in rows], dtype=torch.float32, device=device),
         temperatures=torch.tensor([r[4] if r[4] > 0 else 1.0 for r in rows], dtype=torch.float32, device=device),
     )
@@ -82,8 +85,9 @@ def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) ->
 def shared_logprobs(policy: Policy, packed: PrefixPacked) -> torch.Tensor:
     """``[N, C]``: log-probability of each completion token at its row's temperature (0 on padding)."""
     width = packed.prompt_ids.shape[1]
-    prompt_logits, cache = policy.forward(packed.prompt_ids, packed.prompt_mask,
-                                          positions_from_mask(packed.prompt_mask, width), None, use_cache=True)
+    prompt_logits, cache = policy.forward(
+        packed.prompt_ids, packed.prompt_mask, positions_from_mask(packed.prompt_mask, width), None, use_cache=True
+    )
     assert cache is not None
     index = packed.row_prompt
     logits = prompt_logits[:, -1:].index_select(0, index)  # [N, 1, V]: scores completion token 0
@@ -91,8 +95,9 @@ def shared_logprobs(policy: Policy, packed: PrefixPacked) -> torch.Tensor:
     if steps > 0:
         rows_cache = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
         mask = torch.cat((packed.prompt_mask.index_select(0, index), packed.loss_mask[:, :steps].long()), dim=1)
-        tail, _ = policy.forward(packed.completion_ids[:, :steps], mask, positions_from_mask(mask, steps),
-                                 rows_cache, use_cache=False)
+        tail, _ = policy.forward(
+            packed.completion_ids[:, :steps], mask, positions_from_mask(mask, steps), rows_cache, use_cache=False
+        )
         logits = torch.cat((logits, tail), dim=1)
     logp = F.log_softmax(logits.float() / packed.temperatures.view(-1, 1, 1), dim=-1)
     picked = logp.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1)

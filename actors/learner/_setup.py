@@ -64,10 +64,20 @@ async def setup_learner(actor: LearnerActor) -> None:
     policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(ctx.spec.policy, device=device))
     actor.policy = policy
     actor.trainer = Trainer(
-        policy, lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-        ppo=PPOConfig(clip_low=config.clip_low, clip_high=config.clip_high, iw_cap=config.iw_cap,
-                      kl_coef=config.kl_beta, aggregate=config.loss_aggregation),
-        ppo_epochs=config.ppo_epochs, minibatches=config.minibatches, with_reference=config.kl_beta > 0,
+        policy,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        grad_clip=config.grad_clip,
+        ppo=PPOConfig(
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            iw_cap=config.iw_cap,
+            kl_coef=config.kl_beta,
+            aggregate=config.loss_aggregation,
+        ),
+        ppo_epochs=config.ppo_epochs,
+        minibatches=config.minibatches,
+        with_reference=config.kl_beta > 0,
     )
     actor.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
     actor.metrics = MetricsWriter(ctx.run_dir, actor.incarnation)
@@ -80,10 +90,19 @@ async def setup_learner(actor: LearnerActor) -> None:
     if latest is not None:
         actor.phase = "restore"
         await anyio.to_thread.run_sync(_restore, actor, latest)
-        actor.metrics.add("lifecycle", {"ts": time.time(), "event": "resume", "step": actor.step,
-                                        "version": actor.version, "checkpoint": latest.name})
-        ctx.log.info("learner.resumed", checkpoint=str(latest), step=actor.step, version=actor.version,
-                     ledger=len(actor.ledger))
+        actor.metrics.add(
+            "lifecycle",
+            {
+                "ts": time.time(),
+                "event": "resume",
+                "step": actor.step,
+                "version": actor.version,
+                "checkpoint": latest.name,
+            },
+        )
+        ctx.log.info(
+            "learner.resumed", checkpoint=str(latest), step=actor.step, version=actor.version, ledger=len(actor.ledger)
+        )
     else:
         actor.metrics.add("lifecycle", {"ts": time.time(), "event": "start", "step": 0, "version": 0})
         warm = ctx.spec.policy.warm_start
@@ -97,10 +116,18 @@ async def setup_learner(actor: LearnerActor) -> None:
     await actor.publish_weights()
     if fresh and config.eval_every_steps > 0:
         await actor.publish_eval(config.baseline_samples)  # the warm-start baseline, read more closely
-    ctx.log.info("learner.ready", version=actor.version, step=actor.step, params=policy.num_parameters(),
-                 device=str(policy.device), torch_threads=threads, mode=config.mode,
-                 normalize=config.normalize, max_staleness=actor.max_staleness,
-                 weight_transport=config.transport_name(ctx.spec.runtime.kind))
+    ctx.log.info(
+        "learner.ready",
+        version=actor.version,
+        step=actor.step,
+        params=policy.num_parameters(),
+        device=str(policy.device),
+        torch_threads=threads,
+        mode=config.mode,
+        normalize=config.normalize,
+        max_staleness=actor.max_staleness,
+        weight_transport=config.transport_name(ctx.spec.runtime.kind),
+    )
 
 
 def _transport(actor: LearnerActor) -> WeightTransport:
@@ -134,14 +161,27 @@ async def _warm_start(actor: LearnerActor, domains: Any, steps: int, lr: float, 
         if step == 1 or step % config.warm_start_log_every == 0 or step == steps:
             ctx.log.info("learner.warmstart", step=step, of=steps, loss=round(loss, 4))
 
-    result = await anyio.to_thread.run_sync(lambda: warm_start(
-        actor.trainer, domains, steps=steps, lr=lr, batch_size=batch_size, seed=0, on_step=on_step))
+    result = await anyio.to_thread.run_sync(
+        lambda: warm_start(actor.trainer, domains, steps=steps, lr=lr, batch_size=batch_size, seed=0, on_step=on_step)
+    )
     if result.skipped_reason:
         ctx.log.warning("learner.warmstart_skipped", reason=result.skipped_reason, steps_done=result.steps)
-    actor.metrics.add("lifecycle", {"ts": time.time(), "event": "warmstart", "step": 0, "version": 0,
-                                    "warmstart_steps": result.steps,
-                                    "warmstart_loss": result.losses[-1] if result.losses else None,
-                                    "seconds": time.perf_counter() - started})
-    ctx.log.info("learner.warmstart_done", steps=result.steps, seconds=round(time.perf_counter() - started, 2),
-                 first_loss=round(result.losses[0], 4) if result.losses else None,
-                 last_loss=round(result.losses[-1], 4) if result.losses else None)
+    actor.metrics.add(
+        "lifecycle",
+        {
+            "ts": time.time(),
+            "event": "warmstart",
+            "step": 0,
+            "version": 0,
+            "warmstart_steps": result.steps,
+            "warmstart_loss": result.losses[-1] if result.losses else None,
+            "seconds": time.perf_counter() - started,
+        },
+    )
+    ctx.log.info(
+        "learner.warmstart_done",
+        steps=result.steps,
+        seconds=round(time.perf_counter() - started, 2),
+        first_loss=round(result.losses[0], 4) if result.losses else None,
+        last_loss=round(result.losses[-1], 4) if result.losses else None,
+    )

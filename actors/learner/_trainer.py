@@ -4,11 +4,13 @@ Contract:
 - Packing (supervised step, :func:`pack`): each completion becomes one row ``prompt_ids + token_ids``, left-padded
   to the batch's longest row; the RL step packs whole groups with the prompt computed once per group
   (:mod:`actors.learner._prefix`, the same numbers). Positions come from the attention mask
-  (``Policy.token_logprobs``), so a row scores exactly the tokens the generator sampled whatever its padding (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
+  (``Policy.token_logprobs``), so a row scores exactly the tokens the generator sampled whatever its padding
+  (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
   at the right end; the loss mask covers exactly them.
 - RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
   on the decoupled PPO loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when
-  ``kl_beta > 0``), with global gradient-norm clipping. Proximal logprobs are the policy's before the step's first update:
+  ``kl_beta > 0``), with global gradient-norm clipping. Proximal logprobs are the policy's before the step's first
+  update:
   for the first minibatch they are the detached logprobs of its own first forward (the weights have not moved yet;
   the same numbers, one forward pass fewer per step), for later minibatches one forward pass without grad at the
   start of the step. Rows are packed in length buckets, each bucket's loss weighted by
@@ -82,8 +84,11 @@ class Packed:
     temperatures: torch.Tensor  # [B]
 
 
-def pack(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | None, float, float]],
-         pad_id: int, device: torch.device) -> Packed:
+def pack(
+    rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | None, float, float]],
+    pad_id: int,
+    device: torch.device,
+) -> Packed:
     """Rows of ``(prompt_ids, completion_ids, behavior_logprobs | None, advantage, temperature)``."""
     length = max(len(p) + len(c) for p, c, _, _, _ in rows)
     batch = len(rows)
@@ -93,14 +98,16 @@ def pack(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float] | No
     behavior = torch.zeros((batch, max(length - 1, 1)))
     for b, (prompt, completion, logprobs, _, _) in enumerate(rows):
         seq = [*prompt, *completion]
-        ids[b, length - len(seq):] = torch.tensor(seq, dtype=torch.long)
-        attn[b, length - len(seq):] = 1
+        ids[b, length - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        attn[b, length - len(seq) :] = 1
         if completion:
-            loss_mask[b, length - 1 - len(completion):] = 1.0
+            loss_mask[b, length - 1 - len(completion) :] = 1.0
             if logprobs is not None:
-                behavior[b, length - 1 - len(completion):] = torch.tensor(list(logprobs), dtype=torch.float32)
+                behavior[b, length - 1 - len(completion) :] = torch.tensor(list(logprobs), dtype=torch.float32)
     return Packed(
-        input_ids=ids.to(device), attention_mask=attn.to(device), loss_mask=loss_mask.to(device),
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        loss_mask=loss_mask.to(device),
         behavior=behavior.to(device),
         advantages=torch.tensor([r[3] for r in rows], dtype=torch.float32, device=device),
         temperatures=torch.tensor([r[4] for r in rows], dtype=torch.float32),
@@ -120,8 +127,18 @@ def adamw(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> 
 class Trainer:
     """Owns the RL optimizer (and the frozen reference when KL is on) for one policy."""
 
-    def __init__(self, policy: Policy, *, lr: float, ppo: PPOConfig, grad_clip: float, weight_decay: float = 0.0,
-                 ppo_epochs: int = 1, minibatches: int = 1, with_reference: bool = False) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        lr: float,
+        ppo: PPOConfig,
+        grad_clip: float,
+        weight_decay: float = 0.0,
+        ppo_epochs: int = 1,
+        minibatches: int = 1,
+        with_reference: bool = False,
+    ) -> None:
         self.policy = policy
         self.ppo = ppo
         self.grad_clip = grad_clip
@@ -149,7 +166,8 @@ class Trainer:
         Each minibatch is packed in length buckets of whole groups, each group's prompt computed once for all its
         rows (:mod:`actors.learner._prefix`): short arithmetic rows are not padded to the longest extraction row,
         and 8 completions of a prompt do not pay for it 8 times; each bucket's loss is weighted by its share of
-        the minibatch's tokens (or completions, for seq-mean), so the gradient equals the whole minibatch's. The first minibatch's first
+        the minibatch's tokens (or completions, for seq-mean), so the gradient equals the whole minibatch's. The first
+        minibatch's first
         forward runs before any update, so its detached logprobs *are* the proximal policy's: kept for the later
         epochs, they save the no-grad proximal pass (half the passes of a single update; a third fewer forwards
         at ``ppo_epochs: 2``). Later minibatches get theirs from a no-grad pass before the first update.
@@ -157,15 +175,23 @@ class Trainer:
         if not samples:
             return StepStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         rows = torch.arange(len(samples))
-        minibatches = [self._packed_buckets([samples[int(i)] for i in chunk])
-                       for chunk in torch.chunk(rows, self.minibatches) if len(chunk)]
+        minibatches = [
+            self._packed_buckets([samples[int(i)] for i in chunk])
+            for chunk in torch.chunk(rows, self.minibatches)
+            if len(chunk)
+        ]
         ref_policy = self.reference if self.ppo.kl_coef > 0 else None
-        with torch.no_grad():  # proximal logprobs of the later minibatches (the first's come from its forward), reference
+        with (
+            torch.no_grad()
+        ):  # proximal logprobs of the later minibatches (the first's come from its forward), reference
             proximal: list[list[torch.Tensor | None]] = [
                 [None if m == 0 else self._logprobs(self.policy, packed) for packed in buckets]
-                for m, buckets in enumerate(minibatches)]
-            reference = [[None if ref_policy is None else self._logprobs(ref_policy, packed) for packed in buckets]
-                         for buckets in minibatches]
+                for m, buckets in enumerate(minibatches)
+            ]
+            reference = [
+                [None if ref_policy is None else self._logprobs(ref_policy, packed) for packed in buckets]
+                for buckets in minibatches
+            ]
         totals: dict[str, float] = dict.fromkeys(("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio"), 0.0)
         tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
         for _ in range(self.ppo_epochs):
@@ -179,14 +205,25 @@ class Trainer:
                     prox = prox_logprobs[b]
                     assert prox is not None
                     loss, stats = decoupled_ppo_loss(
-                        current, prox, packed.behavior, packed.advantages, packed.loss_mask, self.ppo,
-                        ref_logprobs=ref_logprobs[b])
+                        current,
+                        prox,
+                        packed.behavior,
+                        packed.advantages,
+                        packed.loss_mask,
+                        self.ppo,
+                        ref_logprobs=ref_logprobs[b],
+                    )
                     (loss * (self._weight(packed) / weight_total)).backward()  # type: ignore[no-untyped-call]
                     n = stats.tokens
                     tokens_seen += n
-                    for key, value in (("loss", stats.loss), ("iw_mean", stats.iw_mean),
-                                       ("iw_trunc", stats.iw_truncated_frac), ("clipped", stats.clipped_frac),
-                                       ("kl", stats.kl), ("ratio", stats.ratio_mean)):
+                    for key, value in (
+                        ("loss", stats.loss),
+                        ("iw_mean", stats.iw_mean),
+                        ("iw_trunc", stats.iw_truncated_frac),
+                        ("clipped", stats.clipped_frac),
+                        ("kl", stats.kl),
+                        ("ratio", stats.ratio_mean),
+                    ):
                         totals[key] += value * n
                     iw_max = max(iw_max, stats.iw_max)
                 norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
@@ -195,9 +232,15 @@ class Trainer:
                     self.optimizer.step()
         denom = max(tokens_seen, 1)
         return StepStats(
-            samples=len(samples), tokens=tokens_seen // self.ppo_epochs, loss=totals["loss"] / denom,
-            iw_mean=totals["iw_mean"] / denom, iw_max=iw_max, iw_truncated_frac=totals["iw_trunc"] / denom,
-            clipped_frac=totals["clipped"] / denom, kl=totals["kl"] / denom, ratio_mean=totals["ratio"] / denom,
+            samples=len(samples),
+            tokens=tokens_seen // self.ppo_epochs,
+            loss=totals["loss"] / denom,
+            iw_mean=totals["iw_mean"] / denom,
+            iw_max=iw_max,
+            iw_truncated_frac=totals["iw_trunc"] / denom,
+            clipped_frac=totals["clipped"] / denom,
+            kl=totals["kl"] / denom,
+            ratio_mean=totals["ratio"] / denom,
             grad_norm=grad_norm,
         )
 
@@ -218,8 +261,10 @@ class Trainer:
     # ------------------------------------------------------------------ supervised
     def sft_rows(self, pairs: Sequence[tuple[str, str]]) -> Packed:
         tok = self.policy.tokenizer
-        rows = [(encode_prompt(tok, prompt), encode_completion(tok, reference), None, 0.0, 1.0)
-                for prompt, reference in pairs]
+        rows = [
+            (encode_prompt(tok, prompt), encode_completion(tok, reference), None, 0.0, 1.0)
+            for prompt, reference in pairs
+        ]
         return pack(rows, self._pad(), self.policy.device)
 
     def sft_loss(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
@@ -236,8 +281,10 @@ class Trainer:
         tokens): a batch mixing 10-token and 70-token rows then costs far less than padding them all to 70.
         """
         tok = self.policy.tokenizer
-        rows = sorted(((encode_prompt(tok, p), encode_completion(tok, r)) for p, r in pairs),
-                      key=lambda row: len(row[0]) + len(row[1]))
+        rows = sorted(
+            ((encode_prompt(tok, p), encode_completion(tok, r)) for p, r in pairs),
+            key=lambda row: len(row[0]) + len(row[1]),
+        )
         total = float(sum(len(c) for _, c in rows)) or 1.0
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -260,7 +307,9 @@ def _length_buckets(rows: Sequence[_Row], waste: float = 1.3, min_rows: int = 4)
     for i in range(1, len(rows) + 1):
         if i == len(rows):
             buckets.append(rows[start:i])
-        elif i - start >= min_rows and len(rows[i][0]) + len(rows[i][1]) > waste * (len(rows[start][0]) + len(rows[start][1])):
+        elif i - start >= min_rows and len(rows[i][0]) + len(rows[i][1]) > waste * (
+            len(rows[start][0]) + len(rows[start][1])
+        ):
             buckets.append(rows[start:i])
             start = i
     return buckets

@@ -63,8 +63,16 @@ def reference_pairs(sampler: DomainSampler, count: int, max_len: int | None = No
     return pairs
 
 
-def warm_start(trainer: Trainer, domains: Mapping[str, Domain], *, steps: int, lr: float, batch_size: int,
-               seed: int = 0, on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
+def warm_start(
+    trainer: Trainer,
+    domains: Mapping[str, Domain],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> WarmStartResult:
     """Run ``steps`` supervised steps; ``on_step(step, loss)`` after each (1-based)."""
     result = WarmStartResult()
     if steps <= 0:

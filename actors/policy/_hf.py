@@ -55,9 +55,7 @@ class HFCausalLM(nn.Module):
         length = input_ids.shape[1]
         if attention_mask is None:
             past = 0 if cache is None else cache[0][0].shape[2]
-            attention_mask = torch.ones(
-                input_ids.shape[0], past + length, dtype=torch.long, device=input_ids.device
-            )
+            attention_mask = torch.ones(input_ids.shape[0], past + length, dtype=torch.long, device=input_ids.device)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, length)
         if self.native_unsupported is None and not self.hf.training:  # the native forward has no dropout

@@ -63,9 +63,7 @@ class Policy:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def tiny_gpt(
-        cls, config: GPTConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32
-    ) -> Policy:
+    def tiny_gpt(cls, config: GPTConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
         config = config or GPTConfig(**PRESETS["tiny"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -222,7 +220,9 @@ class Policy:
             if not isinstance(value, Tensor):
                 raise StateDictError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
             if value.shape != live.shape:
-                raise StateDictError(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(live.shape)}")
+                raise StateDictError(
+                    f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(live.shape)}"
+                )
             if value.dtype != live.dtype:
                 raise StateDictError(f"{name}: dtype {value.dtype} does not match the model's {live.dtype}")
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):

@@ -47,22 +47,36 @@ def write_tiny_hf_model(
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>",
-                                                     **({"bos_token": "<bos>"} if bos else {}))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", **({"bos_token": "<bos>"} if bos else {})
+    )
     bos_id = 2 if bos else 1
     tokenizer.save_pretrained(str(directory))
 
     config: Any
     if arch == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=len(vocab), n_positions=max_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-            bos_token_id=bos_id, eos_token_id=1, pad_token_id=0,
+            vocab_size=len(vocab),
+            n_positions=max_positions,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            bos_token_id=bos_id,
+            eos_token_id=1,
+            pad_token_id=0,
         )
     else:
         config = transformers.LlamaConfig(
-            vocab_size=len(vocab), hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
-            num_attention_heads=n_head, num_key_value_heads=max(1, n_head // 2),
-            max_position_embeddings=max_positions, bos_token_id=bos_id, eos_token_id=1, pad_token_id=0,
+            vocab_size=len(vocab),
+            hidden_size=n_embd,
+            intermediate_size=4 * n_embd,
+            num_hidden_layers=n_layer,
+            num_attention_heads=n_head,
+            num_key_value_heads=max(1, n_head // 2),
+            max_position_embeddings=max_positions,
+            bos_token_id=bos_id,
+            eos_token_id=1,
+            pad_token_id=0,
             tie_word_embeddings=False,
         )
     with torch.random.fork_rng(devices=[]):

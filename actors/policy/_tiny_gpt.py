@@ -44,9 +44,7 @@ class GPTConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"policy.config.{name}: expected an integer >= 1, got {value!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"policy.config.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}"
-            )
+            raise ValueError(f"policy.config.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}")
         if (self.n_embd // self.n_head) % 2:
             raise ValueError(
                 f"policy.config: head size n_embd/n_head = {self.n_embd // self.n_head} must be even for RoPE"

@@ -58,15 +58,21 @@ class RecorderActor(Actor[RecorderConfig]):
         self.channels = [c for c in spec_actor.consumes]
         unknown = [c for c in self.channels if c not in CHANNEL_MODELS]
         if unknown:
-            raise ValueError(f"recorder {ctx.actor!r}: no recorded schema for channel(s) {', '.join(unknown)} "
-                             f"(recordable: {', '.join(sorted(CHANNEL_MODELS))})")
+            raise ValueError(
+                f"recorder {ctx.actor!r}: no recorded schema for channel(s) {', '.join(unknown)} "
+                f"(recordable: {', '.join(sorted(CHANNEL_MODELS))})"
+            )
         if spec_actor.replicas != 1:
-            raise ValueError(f"recorder {ctx.actor!r}: expected replicas: 1 (one writer per recordings "
-                             f"directory), got {spec_actor.replicas}")
+            raise ValueError(
+                f"recorder {ctx.actor!r}: expected replicas: 1 (one writer per recordings "
+                f"directory), got {spec_actor.replicas}"
+            )
         directory = Path(config.directory)
         self.root = directory if directory.is_absolute() else ctx.run_dir / directory
-        self.writers = {c: ChannelWriter(self.root, c, partition=config.partition, compression=config.compression)
-                        for c in self.channels}
+        self.writers = {
+            c: ChannelWriter(self.root, c, partition=config.partition, compression=config.compression)
+            for c in self.channels
+        }
         self._buffers: dict[str, dict[int, _Buffered]] = {c: {} for c in self.channels}
         self._rows: dict[str, int] = dict.fromkeys(self.channels, 0)
         self._locks = {c: anyio.Lock() for c in self.channels}
@@ -116,6 +122,7 @@ class RecorderActor(Actor[RecorderConfig]):
         while not self.ctx.stopping.is_set():
             with anyio.move_on_after(self.flush_every_s):
                 async with anyio.create_task_group() as wake:
+
                     async def on(event: anyio.Event) -> None:
                         await event.wait()
                         wake.cancel_scope.cancel()

@@ -43,25 +43,59 @@ _FLOATS = pl.List(pl.Float64())
 
 _SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "traffic": {
-        "request_id": pl.Utf8(), "ts": pl.Float64(), "model": pl.Utf8(), "route": pl.Utf8(), "domain": pl.Utf8(),
-        "prompt": pl.Utf8(), "messages": pl.Utf8(), "prompt_ids": _INTS, "text": pl.Utf8(), "token_ids": _INTS,
-        "logprobs": _FLOATS, "versions": _INTS, "finish_reason": pl.Utf8(), "temperature": pl.Float64(),
-        "top_p": pl.Float64(), "max_tokens": pl.Int64(), "stream": pl.Boolean(), "generator": pl.Utf8(),
-        "latency_s": pl.Float64(), "version": pl.Int64(),
+        "request_id": pl.Utf8(),
+        "ts": pl.Float64(),
+        "model": pl.Utf8(),
+        "route": pl.Utf8(),
+        "domain": pl.Utf8(),
+        "prompt": pl.Utf8(),
+        "messages": pl.Utf8(),
+        "prompt_ids": _INTS,
+        "text": pl.Utf8(),
+        "token_ids": _INTS,
+        "logprobs": _FLOATS,
+        "versions": _INTS,
+        "finish_reason": pl.Utf8(),
+        "temperature": pl.Float64(),
+        "top_p": pl.Float64(),
+        "max_tokens": pl.Int64(),
+        "stream": pl.Boolean(),
+        "generator": pl.Utf8(),
+        "latency_s": pl.Float64(),
+        "version": pl.Int64(),
     },
     "feedback": {
-        "request_id": pl.Utf8(), "score": pl.Float64(), "label": pl.Utf8(), "comment": pl.Utf8(), "ts": pl.Float64(),
+        "request_id": pl.Utf8(),
+        "score": pl.Float64(),
+        "label": pl.Utf8(),
+        "comment": pl.Utf8(),
+        "ts": pl.Float64(),
         "key_id": pl.Utf8(),
     },
     "scored": {
-        "task_id": pl.Utf8(), "domain": pl.Utf8(), "prompt": pl.Utf8(), "prompt_ids": _INTS,
-        "verifier_fields": pl.Utf8(), "heldout": pl.Boolean(), "temperature": pl.Float64(), "origin": pl.Utf8(),
-        "generator": pl.Utf8(), "generate_s": pl.Float64(), "verify_s": pl.Float64(),
-        "completion_index": pl.Int64(), "text": pl.Utf8(), "token_ids": _INTS, "logprobs": _FLOATS,
-        "versions": _INTS, "finish_reason": pl.Utf8(), "reward": pl.Float64(), "verdict": pl.Utf8(),
-        "detail": pl.Utf8(), "version": pl.Int64(),
+        "task_id": pl.Utf8(),
+        "domain": pl.Utf8(),
+        "prompt": pl.Utf8(),
+        "prompt_ids": _INTS,
+        "verifier_fields": pl.Utf8(),
+        "heldout": pl.Boolean(),
+        "temperature": pl.Float64(),
+        "origin": pl.Utf8(),
+        "generator": pl.Utf8(),
+        "generate_s": pl.Float64(),
+        "verify_s": pl.Float64(),
+        "completion_index": pl.Int64(),
+        "text": pl.Utf8(),
+        "token_ids": _INTS,
+        "logprobs": _FLOATS,
+        "versions": _INTS,
+        "finish_reason": pl.Utf8(),
+        "reward": pl.Float64(),
+        "verdict": pl.Utf8(),
+        "detail": pl.Utf8(),
+        "version": pl.Int64(),
     },
-}  # fmt: skip
+}
 
 CHANNEL_MODELS: dict[str, type[BaseModel]] = {"traffic": TrafficMsg, "feedback": FeedbackMsg, "scored": ScoredMsg}
 
@@ -75,8 +109,9 @@ def schema(channel: str | None = None) -> dict[str, Any]:
     return {**_COMMON, **_SCHEMAS[channel]}
 
 
-def rows_of(channel: str, payload: BaseModel | Mapping[str, Any], *, seq: int, id: str, ts: float,
-            source: str) -> list[dict[str, Any]]:
+def rows_of(
+    channel: str, payload: BaseModel | Mapping[str, Any], *, seq: int, id: str, ts: float, source: str
+) -> list[dict[str, Any]]:
     """The rows one message contributes to ``channel``'s table."""
     common = {"_seq": seq, "_id": id, "_ts": ts, "_source": source}
     if not isinstance(payload, BaseModel):  # validate, so defaults are filled as a consumer would see them
@@ -105,8 +140,18 @@ def rows_of(channel: str, payload: BaseModel | Mapping[str, Any], *, seq: int, i
 
 
 _COMPLETION_FIELDS = ("text", "token_ids", "logprobs", "versions", "finish_reason")
-_PER_COMPLETION = {"completion_index", "text", "token_ids", "logprobs", "versions", "finish_reason", "reward",
-                   "verdict", "detail", "version"}
+_PER_COMPLETION = {
+    "completion_index",
+    "text",
+    "token_ids",
+    "logprobs",
+    "versions",
+    "finish_reason",
+    "reward",
+    "verdict",
+    "detail",
+    "version",
+}
 
 
 def frame(channel: str, rows: list[dict[str, Any]]) -> pl.DataFrame:

@@ -46,7 +46,7 @@ def parse_range(name: str) -> tuple[int, int] | None:
     """``(first, last)`` of a ``part-<first>-<last>.parquet`` name; None for anything else."""
     if not (name.startswith("part-") and name.endswith(".parquet")):
         return None
-    first, sep, last = name[len("part-"):-len(".parquet")].partition("-")
+    first, sep, last = name[len("part-") : -len(".parquet")].partition("-")
     if not sep or not first.isdigit() or not last.isdigit():
         return None
     return int(first), int(last)
@@ -55,13 +55,20 @@ def parse_range(name: str) -> tuple[int, int] | None:
 class ChannelWriter:
     """Files of one channel under ``root/<channel>``; see the module docstring."""
 
-    def __init__(self, root: Path, channel: str, *, partition: Literal["hour", "day"] = "hour",
-                 compression: Literal["zstd", "snappy", "lz4", "none"] = "zstd") -> None:
+    def __init__(
+        self,
+        root: Path,
+        channel: str,
+        *,
+        partition: Literal["hour", "day"] = "hour",
+        compression: Literal["zstd", "snappy", "lz4", "none"] = "zstd",
+    ) -> None:
         self.channel = channel
         self.directory = root / channel
         self.partition: Literal["hour", "day"] = partition
         self.compression: Literal["zstd", "snappy", "lz4", "uncompressed"] = (
-            "uncompressed" if compression == "none" else compression)
+            "uncompressed" if compression == "none" else compression
+        )
         self._index: set[int] = set()  # sequences above the pruned floor that are in a visible file
         self._pruned_below = 0
         self._ranges: list[tuple[int, int, Path]] = []  # (first, last, file) of every visible file

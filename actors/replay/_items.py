@@ -44,12 +44,15 @@ class ReplayItem:
     ts: float = 0.0
 
 
-def load_items(recordings: str | Path, *, limit: int | None = None, since_s: float | None = None,
-               now: float | None = None) -> list[ReplayItem]:
+def load_items(
+    recordings: str | Path, *, limit: int | None = None, since_s: float | None = None, now: float | None = None
+) -> list[ReplayItem]:
     """Recorded samples under ``recordings``, oldest first; the newest ``limit`` of those younger than
     ``since_s`` seconds when given."""
-    items = [*_from_scored(read_recordings(recordings, "scored")),
-             *_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback"))]
+    items = [
+        *_from_scored(read_recordings(recordings, "scored")),
+        *_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback")),
+    ]
     if since_s is not None:
         horizon = (time.time() if now is None else now) - since_s
         items = [item for item in items if item.ts >= horizon]
@@ -65,14 +68,22 @@ def _from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
     frame = frame.filter(pl.col("origin") == "domain")
     out: list[ReplayItem] = []
     for row in frame.iter_rows(named=True):
-        out.append(ReplayItem(
-            key=f"{row['task_id']}.{row['_seq']}.{row['completion_index']}", source="scored",
-            domain=row["domain"] or "", prompt=row["prompt"] or "", prompt_ids=tuple(row["prompt_ids"] or ()),
-            temperature=float(row["temperature"] or 0.0),
-            verifier_fields=orjson.loads(row["verifier_fields"] or "{}"), recorded_text=row["text"] or "",
-            recorded_reward=row["reward"], recorded_verdict=row["verdict"] or "",
-            recorded_version=int(row["version"] if row["version"] is not None else -1), ts=float(row["_ts"]),
-        ))  # fmt: skip
+        out.append(
+            ReplayItem(
+                key=f"{row['task_id']}.{row['_seq']}.{row['completion_index']}",
+                source="scored",
+                domain=row["domain"] or "",
+                prompt=row["prompt"] or "",
+                prompt_ids=tuple(row["prompt_ids"] or ()),
+                temperature=float(row["temperature"] or 0.0),
+                verifier_fields=orjson.loads(row["verifier_fields"] or "{}"),
+                recorded_text=row["text"] or "",
+                recorded_reward=row["reward"],
+                recorded_verdict=row["verdict"] or "",
+                recorded_version=int(row["version"] if row["version"] is not None else -1),
+                ts=float(row["_ts"]),
+            )
+        )
     return out
 
 
@@ -90,11 +101,19 @@ def _from_traffic(traffic: pl.DataFrame, feedback: pl.DataFrame) -> list[ReplayI
         if rid in seen:
             continue
         seen.add(rid)
-        out.append(ReplayItem(
-            key=rid, source="traffic", domain=row["domain"] or "", prompt=row["prompt"] or "",
-            prompt_ids=tuple(row["prompt_ids"] or ()), temperature=float(row["temperature"] or 0.0),
-            recorded_text=row["text"] or "", recorded_reward=first_score.get(rid),
-            recorded_verdict="feedback" if rid in first_score else "",
-            recorded_version=int(row["version"] if row["version"] is not None else -1), ts=float(row["_ts"]),
-        ))  # fmt: skip
+        out.append(
+            ReplayItem(
+                key=rid,
+                source="traffic",
+                domain=row["domain"] or "",
+                prompt=row["prompt"] or "",
+                prompt_ids=tuple(row["prompt_ids"] or ()),
+                temperature=float(row["temperature"] or 0.0),
+                recorded_text=row["text"] or "",
+                recorded_reward=first_score.get(rid),
+                recorded_verdict="feedback" if rid in first_score else "",
+                recorded_version=int(row["version"] if row["version"] is not None else -1),
+                ts=float(row["_ts"]),
+            )
+        )
     return out

@@ -30,8 +30,16 @@ import orjson
 from actors.weights import SERVING, WeightManifest, weights_bucket
 from topology.bus import Bus
 
-__all__ = ["Decision", "decide", "decisions_path", "promote", "read_decisions", "record", "rollback",
-           "serving_manifest"]
+__all__ = [
+    "Decision",
+    "decide",
+    "decisions_path",
+    "promote",
+    "read_decisions",
+    "record",
+    "rollback",
+    "serving_manifest",
+]
 
 KEEP_PINNED = 4
 
@@ -42,8 +50,16 @@ class Decision:
     reason: str
 
 
-def decide(candidate: float | None, serving: float | None, *, has_serving: bool, threshold: float, samples: int,
-           min_samples: int, without_evidence: Literal["hold", "promote"] = "hold") -> Decision:
+def decide(
+    candidate: float | None,
+    serving: float | None,
+    *,
+    has_serving: bool,
+    threshold: float,
+    samples: int,
+    min_samples: int,
+    without_evidence: Literal["hold", "promote"] = "hold",
+) -> Decision:
     if not has_serving:
         return Decision("promote", "first version: promoted unconditionally")
     if samples < min_samples or candidate is None or serving is None:
@@ -106,8 +122,15 @@ async def _pin(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManif
         location = str(final)
     else:
         raise ValueError(f"cannot pin v{manifest.version}: transport {manifest.transport!r} keeps no copy")
-    return WeightManifest(manifest.version, manifest.transport, location, manifest.tensors, manifest.nbytes,
-                          manifest.digest, manifest.published_at)
+    return WeightManifest(
+        manifest.version,
+        manifest.transport,
+        location,
+        manifest.tensors,
+        manifest.nbytes,
+        manifest.digest,
+        manifest.published_at,
+    )
 
 
 async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
@@ -122,16 +145,26 @@ async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
             pass
 
 
-async def promote(bus: Bus, run_dir: Path, manifest: WeightManifest, *, by: str, reason: str,
-                  figures: dict[str, Any] | None = None) -> dict[str, Any]:
+async def promote(
+    bus: Bus, run_dir: Path, manifest: WeightManifest, *, by: str, reason: str, figures: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Pin ``manifest``, point ``serving`` at it, log the decision; returns the log entry."""
     previous = await serving_manifest(bus)
     pinned = await _pin(bus, run_dir, manifest)
     await bus.kv_put(weights_bucket(bus.topology), SERVING, pinned.to_json())
-    entry = record(run_dir, {
-        "action": "promote", "version": manifest.version, "by": by, "reason": reason, "serving": True,
-        "previous": previous.version if previous is not None else None,
-        "manifest": orjson.loads(pinned.to_json()), **(figures or {})})
+    entry = record(
+        run_dir,
+        {
+            "action": "promote",
+            "version": manifest.version,
+            "by": by,
+            "reason": reason,
+            "serving": True,
+            "previous": previous.version if previous is not None else None,
+            "manifest": orjson.loads(pinned.to_json()),
+            **(figures or {}),
+        },
+    )
     await _unpin_old(bus, run_dir, keep={manifest.version} | ({previous.version} if previous else set()))
     return entry
 
@@ -151,6 +184,15 @@ async def rollback(bus: Bus, run_dir: Path, *, by: str) -> dict[str, Any]:
         raise ValueError(f"no earlier serving version than v{current.version} in {decisions_path(run_dir)}")
     target = WeightManifest.from_json(orjson.dumps(earlier[-1]["manifest"]))
     await bus.kv_put(weights_bucket(bus.topology), SERVING, target.to_json())
-    return record(run_dir, {"action": "rollback", "version": target.version, "by": by, "serving": True,
-                            "reason": f"rolled back from v{current.version}", "previous": current.version,
-                            "manifest": orjson.loads(target.to_json())})
+    return record(
+        run_dir,
+        {
+            "action": "rollback",
+            "version": target.version,
+            "by": by,
+            "serving": True,
+            "reason": f"rolled back from v{current.version}",
+            "previous": current.version,
+            "manifest": orjson.loads(target.to_json()),
+        },
+    )

@@ -35,15 +35,32 @@ def _passed(verdict: str, reward: float | None) -> bool:
     return verdict == "pass" or (reward is not None and reward >= 1.0)
 
 
-def build_report(items: Sequence[ReplayItem], replayed: ReplayRun, against: ReplayRun | None = None, *,
-                 seed: int, raw: tuple[int, float] | None = None) -> dict[str, Any]:
+def build_report(
+    items: Sequence[ReplayItem],
+    replayed: ReplayRun,
+    against: ReplayRun | None = None,
+    *,
+    seed: int,
+    raw: tuple[int, float] | None = None,
+) -> dict[str, Any]:
     by_key = {o.key: o for o in replayed.outcomes}
     other = {o.key: o for o in against.outcomes} if against is not None else {}
     domains: dict[str, dict[str, Any]] = {}
     for item in items:
-        row = domains.setdefault(item.domain or "(none)", {
-            "samples": 0, "scored": 0, "recorded": [], "replayed": [], "against": [], "agree": 0, "text_match": 0,
-            "changed_vs_against": 0, "text_only": 0})
+        row = domains.setdefault(
+            item.domain or "(none)",
+            {
+                "samples": 0,
+                "scored": 0,
+                "recorded": [],
+                "replayed": [],
+                "against": [],
+                "agree": 0,
+                "text_match": 0,
+                "changed_vs_against": 0,
+                "text_only": 0,
+            },
+        )
         mine: Outcome | None = by_key.get(item.key)
         if mine is None:
             continue
@@ -58,8 +75,9 @@ def build_report(items: Sequence[ReplayItem], replayed: ReplayRun, against: Repl
         row["replayed"].append(mine.reward)
         if item.recorded_reward is not None:
             row["recorded"].append(item.recorded_reward)
-            row["agree"] += int(_passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict,
-                                                                             item.recorded_reward))
+            row["agree"] += int(
+                _passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict, item.recorded_reward)
+            )
         theirs = other.get(item.key)
         if theirs is not None and theirs.reward is not None:
             row["against"].append(theirs.reward)
@@ -68,32 +86,47 @@ def build_report(items: Sequence[ReplayItem], replayed: ReplayRun, against: Repl
     for domain, row in sorted(domains.items()):
         scored = row["scored"]
         table[domain] = {
-            "samples": row["samples"], "scored": scored,
-            "recorded_mean_reward": _mean(row["recorded"]), "replayed_mean_reward": _mean(row["replayed"]),
+            "samples": row["samples"],
+            "scored": scored,
+            "recorded_mean_reward": _mean(row["recorded"]),
+            "replayed_mean_reward": _mean(row["replayed"]),
             "against_mean_reward": _mean(row["against"]) if against is not None else None,
             "agreement": round(row["agree"] / scored, 4) if scored else None,
             "text_match": round(row["text_match"] / row["samples"], 4) if row["samples"] else None,
             "changed_vs_against": row["changed_vs_against"] if against is not None else None,
             "note": "no verifier: compared by text only" if row["text_only"] and not scored else "",
-        }  # fmt: skip
+        }
     report: dict[str, Any] = {
-        "seed": seed, "samples": len(items),
+        "seed": seed,
+        "samples": len(items),
         "weights": {"label": replayed.label, "version": replayed.version, "mean_reward": mean_reward(replayed)},
-        "against": ({"label": against.label, "version": against.version, "mean_reward": mean_reward(against)}
-                    if against is not None else None),
+        "against": (
+            {"label": against.label, "version": against.version, "mean_reward": mean_reward(against)}
+            if against is not None
+            else None
+        ),
         "domains": table,
-        "throughput": {"replay_tokens": replayed.tokens, "replay_s": round(replayed.wall_s, 4),
-                       "replay_tokens_per_s": round(replayed.tokens_per_s, 1)},
-        "outcomes": [{"key": o.key, "domain": o.domain, "reward": o.reward, "verdict": o.verdict, "text": o.text}
-                     for o in replayed.outcomes],
-    }  # fmt: skip
+        "throughput": {
+            "replay_tokens": replayed.tokens,
+            "replay_s": round(replayed.wall_s, 4),
+            "replay_tokens_per_s": round(replayed.tokens_per_s, 1),
+        },
+        "outcomes": [
+            {"key": o.key, "domain": o.domain, "reward": o.reward, "verdict": o.verdict, "text": o.text}
+            for o in replayed.outcomes
+        ],
+    }
     if raw is not None:
         tokens, seconds = raw
         engine_tps = tokens / seconds if seconds > 0 else 0.0
-        report["throughput"].update({"engine_tokens": tokens, "engine_s": round(seconds, 4),
-                                     "engine_tokens_per_s": round(engine_tps, 1),
-                                     "replay_vs_engine": round(replayed.tokens_per_s / engine_tps, 3)
-                                     if engine_tps else None})
+        report["throughput"].update(
+            {
+                "engine_tokens": tokens,
+                "engine_s": round(seconds, 4),
+                "engine_tokens_per_s": round(engine_tps, 1),
+                "replay_vs_engine": round(replayed.tokens_per_s / engine_tps, 3) if engine_tps else None,
+            }
+        )
     return report
 
 
@@ -105,21 +138,48 @@ def _fmt(value: Any) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     w, a = report["weights"], report["against"]
-    lines = [f"# Replay of {report['samples']} recorded samples", "",
-             f"weights **{w['label']}** (mean reward {_fmt(w['mean_reward'])})"
-             + (f" against **{a['label']}** (mean reward {_fmt(a['mean_reward'])})" if a else "")
-             + f", seed {report['seed']}", "",
-             "| domain | samples | scored | recorded | replayed | against | agreement | text match | changed | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Replay of {report['samples']} recorded samples",
+        "",
+        f"weights **{w['label']}** (mean reward {_fmt(w['mean_reward'])})"
+        + (f" against **{a['label']}** (mean reward {_fmt(a['mean_reward'])})" if a else "")
+        + f", seed {report['seed']}",
+        "",
+        "| domain | samples | scored | recorded | replayed | against | agreement | text match | changed | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for domain, row in report["domains"].items():
-        lines.append("| " + " | ".join(_fmt(v) for v in (
-            domain, row["samples"], row["scored"], row["recorded_mean_reward"], row["replayed_mean_reward"],
-            row["against_mean_reward"], row["agreement"], row["text_match"], row["changed_vs_against"],
-            row["note"])) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _fmt(v)
+                for v in (
+                    domain,
+                    row["samples"],
+                    row["scored"],
+                    row["recorded_mean_reward"],
+                    row["replayed_mean_reward"],
+                    row["against_mean_reward"],
+                    row["agreement"],
+                    row["text_match"],
+                    row["changed_vs_against"],
+                    row["note"],
+                )
+            )
+            + " |"
+        )
     t = report["throughput"]
-    lines += ["", f"Throughput: replay {t['replay_tokens_per_s']} tokens/s"
-              + (f", bare engine {t['engine_tokens_per_s']} tokens/s on the same prompts "
-                 f"({_fmt(t['replay_vs_engine'])} of it)" if "engine_tokens_per_s" in t else ""), ""]
+    lines += [
+        "",
+        f"Throughput: replay {t['replay_tokens_per_s']} tokens/s"
+        + (
+            f", bare engine {t['engine_tokens_per_s']} tokens/s on the same prompts "
+            f"({_fmt(t['replay_vs_engine'])} of it)"
+            if "engine_tokens_per_s" in t
+            else ""
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 

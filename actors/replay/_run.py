@@ -74,8 +74,9 @@ class Replayer:
         self.policy = Policy.from_spec(spec.policy, device=device)
         self._initial = {name: t.detach().clone() for name, t in self.policy.state_dict().items()}
         self._num_threads = num_threads
-        self._domains: dict[str, DomainVerifier] = {name: DomainVerifier(d.verifier, dict(d.verifier_config))
-                                                    for name, d in spec.domains.items()}
+        self._domains: dict[str, DomainVerifier] = {
+            name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in spec.domains.items()
+        }
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None
         gen = next((a.config for a in spec.actors.values() if a.kind == "generator"), None)
@@ -102,8 +103,11 @@ class Replayer:
 
     def request(self, item: ReplayItem, *, seed: int, greedy: bool) -> GenerationRequest:
         params = SamplingParams(
-            max_new_tokens=self.max_new_tokens(item.domain), temperature=0.0 if greedy else item.temperature,
-            top_p=self._top_p, top_k=self._top_k, seed=request_seed(seed, item.key),
+            max_new_tokens=self.max_new_tokens(item.domain),
+            temperature=0.0 if greedy else item.temperature,
+            top_p=self._top_p,
+            top_k=self._top_k,
+            seed=request_seed(seed, item.key),
         )
         return GenerationRequest(item.key, item.prompt_ids, params)
 
@@ -113,12 +117,21 @@ class Replayer:
     # -- running --------------------------------------------------------------------------------------
     def engine(self, weights: Mapping[str, torch.Tensor] | None, *, version: int, concurrency: int) -> TorchEngine:
         self.policy.load_state_dict(weights if weights is not None else self._initial)
-        return TorchEngine(self.policy, max_batch_size=concurrency, num_threads=self._num_threads,
-                           version=max(0, version))
+        return TorchEngine(
+            self.policy, max_batch_size=concurrency, num_threads=self._num_threads, version=max(0, version)
+        )
 
-    async def run(self, items: Sequence[ReplayItem], weights: Mapping[str, torch.Tensor] | None, *,
-                  label: str, version: int, seed: int = 0, concurrency: int = 16, greedy: bool = False,
-                  ) -> ReplayRun:
+    async def run(
+        self,
+        items: Sequence[ReplayItem],
+        weights: Mapping[str, torch.Tensor] | None,
+        *,
+        label: str,
+        version: int,
+        seed: int = 0,
+        concurrency: int = 16,
+        greedy: bool = False,
+    ) -> ReplayRun:
         assert self._scorer is not None, "use `async with Replayer(spec) as replayer`"
         engine = self.engine(weights, version=version, concurrency=concurrency)
         outcomes: list[Outcome | None] = [None] * len(items)
@@ -133,8 +146,9 @@ class Replayer:
             if self.scorable(item):
                 result = await self._scorer.score(item.domain, completion.text, item.verifier_fields)
                 reward, verdict = result.reward, str(result.verdict)
-            outcomes[index] = Outcome(item.key, item.domain, completion.text, len(completion.token_ids), reward,
-                                      verdict)
+            outcomes[index] = Outcome(
+                item.key, item.domain, completion.text, len(completion.token_ids), reward, verdict
+            )
 
         started = time.perf_counter()
         try:
@@ -147,9 +161,16 @@ class Replayer:
         done = [o for o in outcomes if o is not None]
         return ReplayRun(label, version, done, sum(o.tokens for o in done), wall)
 
-    async def raw_throughput(self, items: Sequence[ReplayItem], weights: Mapping[str, torch.Tensor] | None, *,
-                             version: int, seed: int = 0, concurrency: int = 16, greedy: bool = False,
-                             ) -> tuple[int, float]:
+    async def raw_throughput(
+        self,
+        items: Sequence[ReplayItem],
+        weights: Mapping[str, torch.Tensor] | None,
+        *,
+        version: int,
+        seed: int = 0,
+        concurrency: int = 16,
+        greedy: bool = False,
+    ) -> tuple[int, float]:
         """(tokens, seconds) of the bare engine on the same requests, all submitted at once."""
         engine = self.engine(weights, version=version, concurrency=concurrency)
         requests = [self.request(item, seed=seed, greedy=greedy) for item in items]

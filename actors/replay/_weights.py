@@ -67,8 +67,10 @@ def _local(ref: str, run_dir: Path | None) -> tuple[ResolvedWeights | None, list
     if match is None:
         path = Path(ref).expanduser()
         if not path.exists():
-            raise WeightsNotFound(f"no weights at {ref!r}: expected a version (v3), 'initial', or a path to a "
-                                  ".safetensors file or directory")
+            raise WeightsNotFound(
+                f"no weights at {ref!r}: expected a version (v3), 'initial', or a path to a "
+                ".safetensors file or directory"
+            )
         try:
             return ResolvedWeights(str(path), -1, read_safetensors(path)), []
         except StateDictError as exc:

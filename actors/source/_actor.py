@@ -128,7 +128,9 @@ class SourceActor(Actor[SourceConfig]):
         while grew:
             grew = False
             for name, a in actors.items():
-                if name not in reaching and any(ch in actors[other].consumes for ch in a.publishes for other in reaching):
+                if name not in reaching and any(
+                    ch in actors[other].consumes for ch in a.publishes for other in reaching
+                ):
                     reaching.add(name)
                     grew = True
         found: list[tuple[str, str, bool]] = []
@@ -222,8 +224,12 @@ class SourceActor(Actor[SourceConfig]):
         from actors.generator._config import served_key
 
         bucket = self._weights_bucket()
-        keys = [served_key(name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "generator"
-                for i in range(a.replicas)]
+        keys = [
+            served_key(name, i)
+            for name, a in self.ctx.spec.actors.items()
+            if a.kind == "generator"
+            for i in range(a.replicas)
+        ]
         with anyio.move_on_after(timeout_s) as scope:
             while not self.ctx.stopping.is_set():
                 served = [await self.ctx.bus.kv_get(bucket, key) for key in keys]
@@ -300,9 +306,13 @@ class SourceActor(Actor[SourceConfig]):
                 if blocked_since is None:
                     blocked_since = time.monotonic()
                 elif time.monotonic() - blocked_since > _STALL_LOG_S:
-                    ctx.log.info("source waiting for downstream", backlog=backlog, max_pending=config.max_pending,
-                                 in_flight=ctx.counters.snapshot().get("in_flight"),
-                                 max_in_flight=self.max_in_flight)
+                    ctx.log.info(
+                        "source waiting for downstream",
+                        backlog=backlog,
+                        max_pending=config.max_pending,
+                        in_flight=ctx.counters.snapshot().get("in_flight"),
+                        max_in_flight=self.max_in_flight,
+                    )
                     blocked_since = float("inf")  # once per stall
                 with anyio.move_on_after(_POLL_S):
                     await ctx.stopping.wait()

@@ -14,7 +14,8 @@ Contract:
   wrong types and out-of-range values raise `SourceError` naming the option and what was expected.
 
 Non-goals: enumerating a task space exhaustively; if the held-out bucket of a small task space cannot yield
-`heldout` distinct tasks (it stops after a long run of draws brings nothing new), construction fails with a message saying how many it found.
+`heldout` distinct tasks (it stops after a long run of draws brings nothing new), construction fails with a message
+saying how many it found.
 """
 
 from __future__ import annotations

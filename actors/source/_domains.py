@@ -224,8 +224,9 @@ class DomainSampler:
         self.rng = rng
         self._names = list(self.domains)
         self._cum_weights = list(_accumulate([self.domains[n].weight for n in self._names]))
-        self._solved: dict[str, OrderedDict[str, int]] = {n: OrderedDict() for n, d in self.domains.items()
-                                                          if d.skip_solved > 0}  # task id → draws to pass over
+        self._solved: dict[str, OrderedDict[str, int]] = {
+            n: OrderedDict() for n, d in self.domains.items() if d.skip_solved > 0
+        }  # task id → draws to pass over
         self.passed_over: Counter[str] = Counter()  # draws passed over, by domain
 
     @property

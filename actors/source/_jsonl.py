@@ -70,33 +70,35 @@ def _read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
 
 def _row_task(row: Any, where: str, domain: str) -> Task:
     if not isinstance(row, dict):
-        raise SourceError(f"{where}: expected a JSON object with a \"prompt\", got {type(row).__name__}")
+        raise SourceError(f'{where}: expected a JSON object with a "prompt", got {type(row).__name__}')
     unknown = sorted(set(row) - set(_ALLOWED))
     if unknown:
         raise SourceError(
             f"{where}: unknown key {unknown[0]!r}; expected only {', '.join(_ALLOWED)} "
-            "(verifier inputs go under \"verifier_fields\", e.g. {\"verifier_fields\": {\"answer\": \"42\"}})"
+            '(verifier inputs go under "verifier_fields", e.g. {"verifier_fields": {"answer": "42"}})'
         )
     prompt = row.get("prompt")
     if not isinstance(prompt, str) or not prompt:
-        raise SourceError(f"{where}: \"prompt\": expected a non-empty string, got {prompt!r}")
+        raise SourceError(f'{where}: "prompt": expected a non-empty string, got {prompt!r}')
     key = row.get("id", prompt)
     if not isinstance(key, str) or not key:
-        raise SourceError(f"{where}: \"id\": expected a non-empty string, got {key!r}")
+        raise SourceError(f'{where}: "id": expected a non-empty string, got {key!r}')
     reference = row.get("reference")
     if reference is not None and not isinstance(reference, str):
-        raise SourceError(f"{where}: \"reference\": expected a string, got {reference!r}")
+        raise SourceError(f'{where}: "reference": expected a string, got {reference!r}')
     fields = row.get("verifier_fields", {})
     if not isinstance(fields, dict):
-        raise SourceError(f"{where}: \"verifier_fields\": expected a JSON object, got {fields!r}")
+        raise SourceError(f'{where}: "verifier_fields": expected a JSON object, got {fields!r}')
     if "answer" in row:
         answer = row["answer"]
         if isinstance(answer, bool) or not isinstance(answer, str | int | float) or answer == "":
-            raise SourceError(f"{where}: \"answer\": expected a non-empty string or a number, got {answer!r}")
+            raise SourceError(f'{where}: "answer": expected a non-empty string or a number, got {answer!r}')
         answer = str(answer)
         if "answer" in fields and str(fields["answer"]) != answer:
-            raise SourceError(f"{where}: \"answer\" {answer!r} disagrees with verifier_fields.answer "
-                              f"{fields['answer']!r}; give one of them")
+            raise SourceError(
+                f'{where}: "answer" {answer!r} disagrees with verifier_fields.answer '
+                f"{fields['answer']!r}; give one of them"
+            )
         fields = {**fields, "answer": answer}
         reference = answer if reference is None else reference
     return Task(
@@ -121,7 +123,9 @@ class JsonlSource:
             train = [t for t in tasks if t.key not in keys and t.prompt not in keys]
         else:
             if heldout < 0:
-                raise SourceError(f"{self.source}: held-out size: expected an integer >= 0, got {heldout}", key="heldout")
+                raise SourceError(
+                    f"{self.source}: held-out size: expected an integer >= 0, got {heldout}", key="heldout"
+                )
             if heldout >= len(tasks):
                 raise SourceError(
                     f"{self.source}: held-out size {heldout} leaves no training tasks ({len(tasks)} rows); "

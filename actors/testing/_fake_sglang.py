@@ -74,9 +74,7 @@ def _response(completion: Completion, engine_version: int, return_logprob: bool)
 class FakeSGLangServer(AppServer):
     """``async with FakeSGLangServer(engine) as server: SGLangEngine(server.url)``."""
 
-    def __init__(
-        self, engine: TorchEngine, *, model_path: str = "fake/tiny-gpt", port: int | None = None
-    ) -> None:
+    def __init__(self, engine: TorchEngine, *, model_path: str = "fake/tiny-gpt", port: int | None = None) -> None:
         self.host = EngineHost(engine)
         self.model_path = model_path
         super().__init__(self._build(), port=port)
@@ -176,9 +174,7 @@ class FakeSGLangServer(AppServer):
             if not isinstance(path, str) or not await asyncio.to_thread(Path(path).exists):
                 return _fail(f"model_path {path!r} does not exist")
             if body.get("load_format") not in (None, "auto", "safetensors"):
-                return _fail(
-                    f"unsupported load_format {body.get('load_format')!r} (the fake reads safetensors)"
-                )
+                return _fail(f"unsupported load_format {body.get('load_format')!r} (the fake reads safetensors)")
             if body.get("abort_all_requests"):
                 host.abort_all()
             version = host.next_version(body.get("weight_version"))
@@ -207,9 +203,7 @@ class FakeSGLangServer(AppServer):
         @app.post("/update_weights_from_distributed")
         async def from_group(body: dict[str, Any]) -> Any:
             version = host.next_version(body.get("weight_version"))
-            await host.receive_from_group(
-                list(body["names"]), list(body["dtypes"]), list(body["shapes"]), version
-            )
+            await host.receive_from_group(list(body["names"]), list(body["dtypes"]), list(body["shapes"]), version)
             return {"success": True, "message": f"received {len(body['names'])} tensors as version {version}"}
 
         @app.post("/destroy_weights_update_group")

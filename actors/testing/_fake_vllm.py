@@ -162,7 +162,8 @@ class FakeVLLMServer(AppServer):
         async def collective_rpc(body: dict[str, Any]) -> Any:
             if body.get("method") != "reload_weights":
                 return _error(
-                    f"the fake server only implements collective_rpc method 'reload_weights', got {body.get('method')!r}"
+                    "the fake server only implements collective_rpc method 'reload_weights', "
+                    f"got {body.get('method')!r}"
                 )
             kwargs = body.get("kwargs") or {}
             path = kwargs.get("weights_path") or (body.get("args") or [None])[0]

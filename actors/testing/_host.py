@@ -133,13 +133,9 @@ class EngineHost:
         if self.group is None:
             raise WeightUpdateError("no weight update group: call the group-init route first")
         try:
-            staged = await asyncio.to_thread(
-                receive_weights, self.group, names, dtypes, shapes, self.expected()
-            )
+            staged = await asyncio.to_thread(receive_weights, self.group, names, dtypes, shapes, self.expected())
         except ValueError as exc:
-            raise WeightUpdateError(
-                f"version {version} rejected, still serving {self.engine.version}: {exc}"
-            ) from None
+            raise WeightUpdateError(f"version {version} rejected, still serving {self.engine.version}: {exc}") from None
         merged: Mapping[str, torch.Tensor] = {**self.engine.policy.state_dict(), **staged}
         await self.engine.update_weights(version, merged)
 

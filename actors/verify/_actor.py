@@ -49,8 +49,9 @@ class VerifyActor(Actor[VerifyConfig]):
         await self._pool.start()
         verifiers = {name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in self._domains.items()}
         self._scorer = Scorer(verifiers, pool=self._pool)
-        self.ctx.log.info("verify.ready", isolation=str(self._pool.statistics().isolation),
-                          domains=sorted(self._domains))
+        self.ctx.log.info(
+            "verify.ready", isolation=str(self._pool.statistics().isolation), domains=sorted(self._domains)
+        )
 
     async def run(self) -> None:
         channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
@@ -58,8 +59,9 @@ class VerifyActor(Actor[VerifyConfig]):
         # the work group closes before the consumer does, so every accepted rollout is acked (or nak'ed)
         # (and the outbox sends what they queued before the consumer closes)
         async with (
-            self.ctx.bus.consume(channel_in, self.ctx.actor, model=RolloutMsg,
-                                 batch=min(64, self.config.max_in_flight)) as rollouts,
+            self.ctx.bus.consume(
+                channel_in, self.ctx.actor, model=RolloutMsg, batch=min(64, self.config.max_in_flight)
+            ) as rollouts,
             Outbox(self.ctx.bus, source=f"{self.ctx.actor}/{self.ctx.replica}") as outbox,
             anyio.create_task_group() as work,
         ):
@@ -116,21 +118,44 @@ class VerifyActor(Actor[VerifyConfig]):
                     for index, completion in enumerate(rollout.completions):
                         group.start_soon(one, index, completion.text)
             for completion, result in zip(rollout.completions, results, strict=True):
-                scored.append(ScoredCompletion(**completion.model_dump(), reward=result.reward,
-                                               verdict=str(result.verdict), detail=result.detail[:200]))
+                scored.append(
+                    ScoredCompletion(
+                        **completion.model_dump(),
+                        reward=result.reward,
+                        verdict=str(result.verdict),
+                        detail=result.detail[:200],
+                    )
+                )
                 self.ctx.counters.inc(f"verdict.{result.verdict}")
             message = ScoredMsg(
-                task_id=rollout.task_id, domain=rollout.domain, prompt_ids=rollout.prompt_ids,
-                prompt=rollout.prompt, verifier_fields=rollout.verifier_fields,
-                heldout=rollout.heldout, temperature=rollout.temperature, origin="domain",
-                generator=rollout.generator, generate_s=rollout.generate_s,
-                verify_s=time.perf_counter() - started, completions=scored, reference=rollout.reference,
+                task_id=rollout.task_id,
+                domain=rollout.domain,
+                prompt_ids=rollout.prompt_ids,
+                prompt=rollout.prompt,
+                verifier_fields=rollout.verifier_fields,
+                heldout=rollout.heldout,
+                temperature=rollout.temperature,
+                origin="domain",
+                generator=rollout.generator,
+                generate_s=rollout.generate_s,
+                verify_s=time.perf_counter() - started,
+                completions=scored,
+                reference=rollout.reference,
             )
             out = self.ctx.spec.actors[self.ctx.actor].publishes
-            await outbox.send(out[0] if out else "scored", "scored", message.model_dump(mode="json"),
-                              id=f"{delivery.id}.s", delivery=delivery)
-            if (rollout.domain in self._announce and not rollout.heldout and scored
-                    and all(c.reward >= 1.0 for c in scored)):
+            await outbox.send(
+                out[0] if out else "scored",
+                "scored",
+                message.model_dump(mode="json"),
+                id=f"{delivery.id}.s",
+                delivery=delivery,
+            )
+            if (
+                rollout.domain in self._announce
+                and not rollout.heldout
+                and scored
+                and all(c.reward >= 1.0 for c in scored)
+            ):
                 await self._announce_solved(rollout)
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))

@@ -97,9 +97,7 @@ def run(
         sys.exit(3)
     except Exception as exc:
         click.echo(
-            json.dumps(
-                {"verdict": str(Verdict.INTERNAL_ERROR), "reward": 0.0, "detail": f"sandbox failed: {exc}"}
-            )
+            json.dumps({"verdict": str(Verdict.INTERNAL_ERROR), "reward": 0.0, "detail": f"sandbox failed: {exc}"})
         )
         sys.exit(2)
     out = result.as_dict()

@@ -47,9 +47,7 @@ class Isolation(IntEnum):
         try:
             return cls[name.strip().upper()]
         except KeyError:
-            raise ValueError(
-                f"unknown isolation level {name!r}; expected one of bwrap, unshare, rlimits"
-            ) from None
+            raise ValueError(f"unknown isolation level {name!r}; expected one of bwrap, unshare, rlimits") from None
 
 
 class IsolationRefused(RuntimeError):
@@ -99,9 +97,7 @@ def worker_command(
         bwrap = shutil.which("bwrap") or "bwrap"
         if IS_ROOT:
             ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-            caps = ["--cap-drop", "ALL"] + [
-                a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")
-            ]
+            caps = ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         else:
             ns, caps = ["--unshare-all"], []
         prefix = python_prefix(python)
@@ -109,11 +105,27 @@ def worker_command(
         if not prefix.startswith("/usr/"):
             binds += ["--ro-bind", prefix, prefix]
         argv = [
-            bwrap, *ns, "--die-with-parent", "--new-session", "--clearenv", *binds,
-            "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
-            *caps, "--chdir", "/tmp", "--",
-        ]  # fmt: skip
+            bwrap,
+            *ns,
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            *binds,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(tmp_mb << 20),
+            "--tmpfs",
+            "/tmp",
+            *caps,
+            "--chdir",
+            "/tmp",
+            "--",
+        ]
         settings = {"job_uid": job_uid, "tmp_dir": "/tmp", "pid_namespace": True}
         tmp_dir = "/tmp"
     elif level is Isolation.UNSHARE:
@@ -144,9 +156,7 @@ def worker_command(
 _probe_cache: dict[str, tuple[Isolation, list[str]]] = {}
 
 
-def probe_isolation(
-    python: str, *, job_uid_base: int = 61000, tmp_mb: int = 16
-) -> tuple[Isolation, list[str]]:
+def probe_isolation(python: str, *, job_uid_base: int = 61000, tmp_mb: int = 16) -> tuple[Isolation, list[str]]:
     """The strongest level that actually starts here, and why each stronger one did not (cached)."""
     key = os.path.realpath(python)
     if key in _probe_cache:

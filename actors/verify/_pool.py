@@ -192,9 +192,7 @@ class SandboxPool:
 
     async def start(self) -> None:
         if self._wanted == "auto":
-            level, reasons = await asyncio.to_thread(
-                probe_isolation, self.python, job_uid_base=self._uid_base
-            )
+            level, reasons = await asyncio.to_thread(probe_isolation, self.python, job_uid_base=self._uid_base)
         else:
             level, reasons = Isolation.parse(self._wanted), []
         if level < self._min:
@@ -202,8 +200,12 @@ class SandboxPool:
                 f"sandbox isolation {self._min} is required but only {level} is available here ({'; '.join(reasons)})"
             )
         if level < Isolation.BWRAP:
-            _log.warning("sandbox_isolation_degraded", isolation=str(level), reasons=reasons,
-                         hint="install bubblewrap (apt-get install bubblewrap) for full isolation")  # fmt: skip
+            _log.warning(
+                "sandbox_isolation_degraded",
+                isolation=str(level),
+                reasons=reasons,
+                hint="install bubblewrap (apt-get install bubblewrap) for full isolation",
+            )
         if not IS_ROOT and level < Isolation.UNSHARE:
             _log.warning(
                 "sandbox_no_private_uid",
@@ -228,9 +230,7 @@ class SandboxPool:
         while not self._queue.empty():
             job = self._queue.get_nowait()
             if not job.future.done():
-                job.future.set_result(
-                    SandboxResult(Verdict.INTERNAL_ERROR, "sandbox pool closed", str(self.isolation))
-                )
+                job.future.set_result(SandboxResult(Verdict.INTERNAL_ERROR, "sandbox pool closed", str(self.isolation)))
         if self._host_tmp:
             shutil.rmtree(self._host_tmp, ignore_errors=True)
             self._host_tmp = None
@@ -286,9 +286,13 @@ class SandboxPool:
     async def _spawn(self, slot: int) -> _Worker:
         assert self.isolation is not None
         cmd = worker_command(
-            self.isolation, python=self.python, slot=slot, job_uid_base=self._uid_base,
-            tmp_mb=self._tmp_mb, host_tmp=self._host_tmp,
-        )  # fmt: skip
+            self.isolation,
+            python=self.python,
+            slot=slot,
+            job_uid_base=self._uid_base,
+            tmp_mb=self._tmp_mb,
+            host_tmp=self._host_tmp,
+        )
         proc = await asyncio.create_subprocess_exec(
             *cmd.argv,
             stdin=asyncio.subprocess.PIPE,
@@ -317,9 +321,16 @@ class SandboxPool:
             return
         uid = self._uid_base + slot
         proc = await asyncio.create_subprocess_exec(
-            self.python, "-I", "-S", "-c", "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
-            user=uid, group=uid, extra_groups=[], env={},
-        )  # fmt: skip
+            self.python,
+            "-I",
+            "-S",
+            "-c",
+            "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+        )
         await proc.wait()
 
     async def _slot(self, slot: int, worker: _Worker | None) -> None:
@@ -332,9 +343,7 @@ class SandboxPool:
                     try:
                         worker = await self._spawn(slot)
                     except Exception as exc:
-                        self._finish(
-                            job, SandboxResult(Verdict.INTERNAL_ERROR, str(exc), str(self.isolation))
-                        )
+                        self._finish(job, SandboxResult(Verdict.INTERNAL_ERROR, str(exc), str(self.isolation)))
                         await asyncio.sleep(0.5)
                         continue
                 result, healthy = await self._one(worker, job)
@@ -379,13 +388,21 @@ class SandboxPool:
             await worker.send(job.frame)
             report = await asyncio.wait_for(worker.read_frame(), job.timeout_s + _GRACE_S)
         except TimeoutError:
-            return SandboxResult(Verdict.TIMEOUT, f"worker did not answer within {job.timeout_s + _GRACE_S:g} s", iso,
-                                 time.monotonic() - started), False  # fmt: skip
+            return SandboxResult(
+                Verdict.TIMEOUT,
+                f"worker did not answer within {job.timeout_s + _GRACE_S:g} s",
+                iso,
+                time.monotonic() - started,
+            ), False
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, ValueError) as exc:
             # The worker died mid-job (e.g. killed by its own job, or its namespace's init was killed).
             elapsed = time.monotonic() - started
-            return SandboxResult(Verdict.CRASHED, f"sandbox worker died during the job ({type(exc).__name__}; "
-                                 f"{await worker.exit_status()})", iso, elapsed), False  # fmt: skip
+            return SandboxResult(
+                Verdict.CRASHED,
+                f"sandbox worker died during the job ({type(exc).__name__}; {await worker.exit_status()})",
+                iso,
+                elapsed,
+            ), False
         if report.get("id") != job.frame["id"]:
             return SandboxResult(Verdict.INTERNAL_ERROR, "worker answered out of order", iso), False
         verdict, detail = classify(report, file_limit_bytes=job.file_limit, timeout_s=job.timeout_s)

@@ -71,7 +71,5 @@ async def score(completion_text: str, task: Mapping[str, Any], *, verifier: Veri
         result = VerifyResult(0.0, "internal_error", f"reward {result.reward!r} outside [0, 1]")
     elapsed = time.monotonic() - started
     if result.verdict != "pass":
-        _log.debug(
-            "verify_verdict", verifier=verifier.name, verdict=result.verdict, detail=result.detail[:200]
-        )
+        _log.debug("verify_verdict", verifier=verifier.name, verdict=result.verdict, detail=result.detail[:200])
     return VerifyResult(result.reward, result.verdict, result.detail, result.elapsed_s or elapsed)

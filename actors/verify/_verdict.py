@@ -68,19 +68,14 @@ def _signal_name(number: int) -> str:
 def classify(report: dict[str, Any], *, file_limit_bytes: int, timeout_s: float) -> tuple[Verdict, str]:
     """Map the worker's raw report of one job to a verdict and a one-line detail."""
     if "internal_error" in report:
-        return Verdict.INTERNAL_ERROR, "worker error: " + str(report["internal_error"]).strip().splitlines()[
-            -1
-        ]
+        return Verdict.INTERNAL_ERROR, "worker error: " + str(report["internal_error"]).strip().splitlines()[-1]
     sig = report.get("signal")
     if report.get("timed_out"):
         return Verdict.TIMEOUT, f"wall-clock limit of {timeout_s:g} s exceeded"
     if sig in (signal.SIGXCPU, signal.SIGKILL) and not report.get("passed"):
         # SIGKILL without our timeout is the hard RLIMIT_CPU (soft + 1 s) or the kernel's OOM killer.
         return Verdict.TIMEOUT, f"CPU-time limit exceeded ({_signal_name(sig)})"
-    if (
-        sig == signal.SIGXFSZ
-        or max(report.get("stdout_bytes", 0), report.get("stderr_bytes", 0)) >= file_limit_bytes
-    ):
+    if sig == signal.SIGXFSZ or max(report.get("stdout_bytes", 0), report.get("stderr_bytes", 0)) >= file_limit_bytes:
         return Verdict.OUTPUT_LIMIT, f"output or file-size limit of {file_limit_bytes} bytes reached"
     if report.get("memory_error"):
         return Verdict.MEMORY_LIMIT, str(report.get("detail") or "address-space limit reached")

@@ -145,9 +145,7 @@ def _harness(job: dict[str, Any], nonce_fd: int, result_fd: int) -> None:
     report("P", nonce)
 
 
-def _child(
-    job: dict[str, Any], job_dir: str, out_fd: int, err_fd: int, nonce_fd: int, result_fd: int
-) -> None:
+def _child(job: dict[str, Any], job_dir: str, out_fd: int, err_fd: int, nonce_fd: int, result_fd: int) -> None:
     try:
         os.setsid()
         null_fd = os.open("/dev/null", os.O_RDONLY)
@@ -381,9 +379,10 @@ def _kill_everything_else() -> int:
     if _PID_NAMESPACE:
         me = os.getpid()
         stray = [
-            int(name) for name in os.listdir("/proc")
+            int(name)
+            for name in os.listdir("/proc")
             if name.isdigit() and int(name) not in (1, me) and int(name) not in _pending
-        ]  # fmt: skip
+        ]
         if stray:
             _kill_all_visible()
         return len(stray)
@@ -430,11 +429,14 @@ def main() -> None:
     os.close(null_fd)
     # These live for the worker's lifetime and are inherited by every job child: no context manager.
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", closefd=False, buffering=1 << 16, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+    sys.stdout = open(  # noqa: SIM115
+        1, "w", closefd=False, buffering=1 << 16, encoding="utf-8", errors="backslashreplace"
+    )
     sys.stderr = open(2, "w", closefd=False, buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
     # Each page a job child writes costs a copy-on-write fault; keeping the collector from walking
     # the warm heap in every child is most of the per-job cost we can remove.
-    builtins.exit = builtins.quit = _exit_builtin  # type: ignore[assignment]  # -S skips site, which normally installs them
+    # -S skips site, which normally installs them
+    builtins.exit = builtins.quit = _exit_builtin  # type: ignore[assignment]
     gc.freeze()
     gc.disable()
     _send({"ready": True, "pid": os.getpid(), "uid": os.getuid()})

@@ -113,8 +113,10 @@ class DistributedTransport:
 
     # ------------------------------------------------------------------ sender (the learner, rank 0)
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
-        raise RuntimeError("the distributed transport announces before it sends: publish through "
-                           "WeightPublisher.publish (it calls put_announced)")
+        raise RuntimeError(
+            "the distributed transport announces before it sends: publish through "
+            "WeightPublisher.publish (it calls put_announced)"
+        )
 
     async def put_announced(self, version: int, state_dict: StateDict, announce: Announce) -> WeightManifest:
         if self._previous is not None:  # one broadcast at a time; bounded by the join timeout
@@ -127,10 +129,21 @@ class DistributedTransport:
         address = advertise_address(str(getattr(self.ctx.bus, "url", "") or ""))
         port = _free_port(address)
         ranks = {f"{a}.{r}": i + 1 for i, (a, r) in enumerate(alive)}
-        location = {"address": address, "port": port, "backend": backend, "group": f"fw-{self.ctx.topology}-v{version}",
-                    "ranks": ranks, "join_by": time.time() + self.join_timeout_s}  # fmt: skip
-        manifest = WeightManifest(version, self.name, orjson.dumps(location).decode(), describe(tensors),
-                                  sum(t.numel() * t.element_size() for t in tensors.values()))
+        location = {
+            "address": address,
+            "port": port,
+            "backend": backend,
+            "group": f"fw-{self.ctx.topology}-v{version}",
+            "ranks": ranks,
+            "join_by": time.time() + self.join_timeout_s,
+        }
+        manifest = WeightManifest(
+            version,
+            self.name,
+            orjson.dumps(location).decode(),
+            describe(tensors),
+            sum(t.numel() * t.element_size() for t in tensors.values()),
+        )
         await announce(manifest)
         if not ranks:
             self.ctx.log.info("weights.no_receivers", version=version, members=len(self.members))
@@ -153,9 +166,14 @@ class DistributedTransport:
     def _send(self, location: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         from actors.generator._weights_group import WeightBroadcaster
 
-        broadcaster = WeightBroadcaster(location["address"], location["port"], len(location["ranks"]) + 1,
-                                        backend=location["backend"], group_name=location["group"],
-                                        timeout_s=self.join_timeout_s)  # fmt: skip
+        broadcaster = WeightBroadcaster(
+            location["address"],
+            location["port"],
+            len(location["ranks"]) + 1,
+            backend=location["backend"],
+            group_name=location["group"],
+            timeout_s=self.join_timeout_s,
+        )
         try:
             broadcaster.connect()
             broadcaster.broadcast(tensors)
@@ -165,8 +183,10 @@ class DistributedTransport:
     def _sent(self, done: asyncio.Future[None], version: int, members: list[str], error: str) -> None:
         if error:
             self.failures += 1
-            self.last_error = (f"v{version}: weight broadcast to {', '.join(members)} failed within "
-                               f"{self.join_timeout_s:g}s ({error}); they keep their weights until the next version")
+            self.last_error = (
+                f"v{version}: weight broadcast to {', '.join(members)} failed within "
+                f"{self.join_timeout_s:g}s ({error}); they keep their weights until the next version"
+            )
             self.ctx.log.warning("weights.broadcast_failed", version=version, error=self.last_error)
             self.ctx.counters.inc("weights.broadcast_failed")
         else:
@@ -198,16 +218,20 @@ class DistributedTransport:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise WeightPayloadError(f"v{manifest.version}: unreadable rendezvous in the manifest: {exc}") from exc
         if self.key not in ranks:
-            raise WeightPayloadError(f"v{manifest.version}: {self.key} is not in this version's broadcast group "
-                                     "(it was not running when the learner published); waiting for the next version")
+            raise WeightPayloadError(
+                f"v{manifest.version}: {self.key} is not in this version's broadcast group "
+                "(it was not running when the learner published); waiting for the next version"
+            )
         left = join_by - time.time()
         if left <= 0:
-            raise WeightPayloadError(f"v{manifest.version}: its broadcast window closed {-left:.1f}s ago; "
-                                     "waiting for the next version")
+            raise WeightPayloadError(
+                f"v{manifest.version}: its broadcast window closed {-left:.1f}s ago; waiting for the next version"
+            )
         return await asyncio.to_thread(self._receive, manifest, location, ranks[self.key], left)
 
-    def _receive(self, manifest: WeightManifest, location: dict[str, Any], rank: int,
-                 timeout_s: float) -> dict[str, torch.Tensor]:
+    def _receive(
+        self, manifest: WeightManifest, location: dict[str, Any], rank: int, timeout_s: float
+    ) -> dict[str, torch.Tensor]:
         from actors.generator._weights_group import WeightGroup, parse_dtype, receive_weights
 
         names = sorted(manifest.tensors)
@@ -215,11 +239,20 @@ class DistributedTransport:
         shapes = [list(manifest.tensors[n].shape) for n in names]
         expected = {n: (manifest.tensors[n].shape, parse_dtype(manifest.tensors[n].dtype)) for n in names}
         try:
-            group = WeightGroup(location["address"], int(location["port"]), len(location["ranks"]) + 1, rank,
-                                backend=location["backend"], group_name=location["group"], timeout_s=timeout_s)
+            group = WeightGroup(
+                location["address"],
+                int(location["port"]),
+                len(location["ranks"]) + 1,
+                rank,
+                backend=location["backend"],
+                group_name=location["group"],
+                timeout_s=timeout_s,
+            )
         except Exception as exc:  # TCPStore/gloo raise RuntimeError subclasses with long messages
-            raise WeightPayloadError(f"v{manifest.version}: could not join the broadcast group at "
-                                     f"{location['address']}:{location['port']}: {_first_line(exc)}") from exc
+            raise WeightPayloadError(
+                f"v{manifest.version}: could not join the broadcast group at "
+                f"{location['address']}:{location['port']}: {_first_line(exc)}"
+            ) from exc
         try:
             staged = receive_weights(group, names, dtypes, shapes, expected)
         except Exception as exc:

@@ -79,10 +79,19 @@ class WeightPublisher:
 class WeightSubscriber:
     """Watches one KV key and swaps every new version into ``engine`` between its decode steps."""
 
-    def __init__(self, bus: Bus, topology: str, engine: Engine, transports: Mapping[str, WeightTransport],
-                 *, key: str = CURRENT, log: Any = None,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 served_key: str | None = None, fetch_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        topology: str,
+        engine: Engine,
+        transports: Mapping[str, WeightTransport],
+        *,
+        key: str = CURRENT,
+        log: Any = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        served_key: str | None = None,
+        fetch_timeout_s: float = 60.0,
+    ) -> None:
         self._bus = bus
         self.fetch_timeout_s = fetch_timeout_s
         self._bucket = weights_bucket(topology)
@@ -135,8 +144,11 @@ class WeightSubscriber:
             return False
         transport = self._transports.get(manifest.transport)
         if transport is None:
-            self._reject(manifest.version, f"no transport {manifest.transport!r} configured here "
-                                           f"(have: {', '.join(sorted(self._transports)) or 'none'})")
+            self._reject(
+                manifest.version,
+                f"no transport {manifest.transport!r} configured here "
+                f"(have: {', '.join(sorted(self._transports)) or 'none'})",
+            )
             return False
         started = time.perf_counter()
         try:
@@ -154,19 +166,23 @@ class WeightSubscriber:
         self.last_swap_s = time.perf_counter() - started
         if self._served_key is not None:  # who serves what, at once (sync mode waits on it; heartbeats lag)
             try:
-                await self._bus.kv_put(self._bucket, self._served_key,
-                                       json.dumps({"version": manifest.version, "ts": time.time()}).encode())
+                await self._bus.kv_put(
+                    self._bucket,
+                    self._served_key,
+                    json.dumps({"version": manifest.version, "ts": time.time()}).encode(),
+                )
             except Exception as exc:  # informational: a failed put must not undo a good swap
                 self._emit("weights.served_put_failed", {"version": manifest.version, "error": str(exc)})
-        self._emit("weights.swapped", {"version": manifest.version, "swap_s": round(self.last_swap_s, 4),
-                                       "transport": manifest.transport})
+        self._emit(
+            "weights.swapped",
+            {"version": manifest.version, "swap_s": round(self.last_swap_s, 4), "transport": manifest.transport},
+        )
         return True
 
     def _reject(self, version: int, reason: str) -> None:
         self.rejected += 1
         self.last_error = reason
-        self._emit("weights.rejected", {"version": version, "reason": reason,
-                                        "serving": self._engine.version})
+        self._emit("weights.rejected", {"version": version, "reason": reason, "serving": self._engine.version})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
         if self._log is not None:

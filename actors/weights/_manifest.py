@@ -62,8 +62,10 @@ class WeightManifest:
     def from_json(cls, data: bytes) -> WeightManifest:
         try:
             raw: dict[str, Any] = orjson.loads(data)
-            tensors = {name: TensorInfo(tuple(int(d) for d in shape), str(dtype))
-                       for name, (shape, dtype) in raw["tensors"].items()}
+            tensors = {
+                name: TensorInfo(tuple(int(d) for d in shape), str(dtype))
+                for name, (shape, dtype) in raw["tensors"].items()
+            }
             return cls(
                 version=int(raw["version"]),
                 transport=str(raw["transport"]),
@@ -81,8 +83,9 @@ def describe(state_dict: Mapping[str, torch.Tensor]) -> dict[str, TensorInfo]:
     return {name: TensorInfo.of(tensor) for name, tensor in state_dict.items()}
 
 
-def check_state_dict(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, TensorInfo],
-                     *, what: str = "payload") -> None:
+def check_state_dict(
+    state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, TensorInfo], *, what: str = "payload"
+) -> None:
     """Raise :class:`WeightPayloadError` listing every missing, unexpected or mismatched tensor."""
     problems: list[str] = []
     missing = sorted(set(expected) - set(state_dict))
@@ -98,8 +101,11 @@ def check_state_dict(state_dict: Mapping[str, torch.Tensor], expected: Mapping[s
         if got.dtype != want.dtype:
             problems.append(f"{name}: dtype {got.dtype}, expected {want.dtype}")
     if problems:
-        raise WeightPayloadError(f"{what} rejected: " + "; ".join(problems[:8])
-                                 + (f"; … {len(problems) - 8} more" if len(problems) > 8 else ""))
+        raise WeightPayloadError(
+            f"{what} rejected: "
+            + "; ".join(problems[:8])
+            + (f"; … {len(problems) - 8} more" if len(problems) > 8 else "")
+        )
 
 
 def _names(names: list[str]) -> str:

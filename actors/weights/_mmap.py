@@ -22,8 +22,15 @@ import torch
 __all__ = ["MalformedSafetensors", "map_safetensors"]
 
 _DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 _MAX_HEADER = 100 * 1024 * 1024
@@ -63,8 +70,10 @@ def map_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         count = math.prod(shape)
         itemsize = torch.empty((), dtype=dtype).element_size()
         if not 0 <= begin <= end or base + end > size or end - begin != count * itemsize:
-            raise MalformedSafetensors(f"{path}: {name} claims bytes {begin}..{end} of a {size - base}-byte "
-                                       f"payload for {count} × {itemsize} bytes (truncated or corrupted)")
+            raise MalformedSafetensors(
+                f"{path}: {name} claims bytes {begin}..{end} of a {size - base}-byte "
+                f"payload for {count} × {itemsize} bytes (truncated or corrupted)"
+            )
         if count == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue

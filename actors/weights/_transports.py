@@ -10,7 +10,8 @@
 Both keep the last ``keep_versions`` versions and delete older ones: 4 in the object store — a learner publishing
 several versions a second must not delete the one a generator is still reading (the bus fails such a read after
 10 s without data and the generator moves on to the newest version, but those seconds serve stale weights) — and 2
-on disk (full model copies; a read of a pruned directory fails at once and the next version is taken). The torch.distributed broadcast path lives
+on disk (full model copies; a read of a pruned directory fails at once and the next version is taken). The
+torch.distributed broadcast path lives
 in :mod:`actors.generator._weights_group` (it moves tensors peer to peer and needs no transport object).
 
 Non-goals: no compression, no partial (delta) updates, no authentication beyond the bus's own.
@@ -57,8 +58,9 @@ class CollectiveTransport(WeightTransport, Protocol):
 
     announces: bool
 
-    async def put_announced(self, version: int, state_dict: StateDict,
-                            announce: Callable[[WeightManifest], Awaitable[None]]) -> WeightManifest: ...
+    async def put_announced(
+        self, version: int, state_dict: StateDict, announce: Callable[[WeightManifest], Awaitable[None]]
+    ) -> WeightManifest: ...
 
 
 def _contiguous_cpu(state_dict: StateDict) -> dict[str, torch.Tensor]:
@@ -88,13 +90,13 @@ class ObjectStoreTransport:
 
     async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
         try:
-            blob = await self._bus.object_get(self._bucket, manifest.location,
-                                              expect_digest=manifest.digest or None)
+            blob = await self._bus.object_get(self._bucket, manifest.location, expect_digest=manifest.digest or None)
         except BusError as exc:
             raise WeightPayloadError(f"v{manifest.version}: {exc}") from exc
         if len(blob) != manifest.nbytes:
-            raise WeightPayloadError(f"v{manifest.version}: payload is {len(blob)} bytes, manifest says "
-                                     f"{manifest.nbytes} (truncated?)")
+            raise WeightPayloadError(
+                f"v{manifest.version}: payload is {len(blob)} bytes, manifest says {manifest.nbytes} (truncated?)"
+            )
         try:
             state_dict = await asyncio.to_thread(st_load, blob)
         except (SafetensorError, ValueError, RuntimeError) as exc:
@@ -106,8 +108,9 @@ class ObjectStoreTransport:
 class SafetensorsDirTransport:
     name = "disk"
 
-    def __init__(self, root: Path | str, *, keep_versions: int = 2,
-                 extra_files: Mapping[str, bytes] | None = None) -> None:
+    def __init__(
+        self, root: Path | str, *, keep_versions: int = 2, extra_files: Mapping[str, bytes] | None = None
+    ) -> None:
         self.root = Path(root)
         self._keep = keep_versions
         self._extra = dict(extra_files or {})  # e.g. config.json, tokenizer files: HF layout beside the weights

@@ -12,7 +12,8 @@ def test_validating_a_spec_imports_neither_torch_nor_the_servers() -> None:
     code = (
         "import sys, actors, topology\n"
         "topology.load_spec('specs/embedded.yaml')\n"
-        "heavy = sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'ray', 'polars', 'transformers') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'ray', 'polars', 'transformers')\n"
+        "               if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)

@@ -21,8 +21,23 @@ def test_replay_writes_a_report_against_another_version(tmp_path: Path) -> None:
     anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")
     other = other_weights(tmp_path / "other.safetensors")
     out = tmp_path / "report"
-    args = ["replay", str(run_dir / "recordings"), "--spec", str(spec.source_path), "--weights", "v1",
-            "--against", str(other), "--greedy", "--run-dir", str(run_dir), "--out", str(out), "--concurrency", "4"]
+    args = [
+        "replay",
+        str(run_dir / "recordings"),
+        "--spec",
+        str(spec.source_path),
+        "--weights",
+        "v1",
+        "--against",
+        str(other),
+        "--greedy",
+        "--run-dir",
+        str(run_dir),
+        "--out",
+        str(out),
+        "--concurrency",
+        "4",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = orjson.loads((out / "report.json").read_bytes())
@@ -38,8 +53,16 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     spec = replay_spec(tmp_path)
     run_dir = tmp_path / "run"
     anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")
-    args = ["replay", str(run_dir / "recordings"), "--spec", str(spec.source_path), "--weights", "v9",
-            "--run-dir", str(run_dir)]
+    args = [
+        "replay",
+        str(run_dir / "recordings"),
+        "--spec",
+        str(spec.source_path),
+        "--weights",
+        "v9",
+        "--run-dir",
+        str(run_dir),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert "version 9 not found" in result.output and "Traceback" not in result.output

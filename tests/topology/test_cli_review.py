@@ -20,8 +20,17 @@ from topology.runtime._rundir import RunInfo, write_run_info
 
 def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     topology = f"rv-{uuid.uuid4().hex[:8]}"
-    write_run_info(tmp_path, RunInfo(topology=topology, bus_url=embedded_nats.url, pid=os.getpid(),
-                                     spec_path="spec.yaml", started_at=time.time(), heartbeat_s=1.0))
+    write_run_info(
+        tmp_path,
+        RunInfo(
+            topology=topology,
+            bus_url=embedded_nats.url,
+            pid=os.getpid(),
+            spec_path="spec.yaml",
+            started_at=time.time(),
+            heartbeat_s=1.0,
+        ),
+    )
 
     async def queue() -> None:
         async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:

@@ -66,7 +66,12 @@ def test_cli_subprocess_broken_spec_exit_one_without_traceback() -> None:
     spec = BROKEN / "env_undefined.yaml"
     proc = subprocess.run(
         [sys.executable, "-c", "from topology.cli import main; main()", "validate", str(spec)],
-        capture_output=True, text=True, timeout=60, env=env, cwd=ROOT, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        check=False,
     )
     assert proc.returncode == 1
     assert f"{spec}:4:8: bus.url:" in proc.stderr
@@ -75,7 +80,12 @@ def test_cli_subprocess_broken_spec_exit_one_without_traceback() -> None:
 
 def test_python_dash_m_runs_the_cli_as_the_justfile_does() -> None:
     # `just demo` and `just validate` call `python -m topology.cli`: a package needs a __main__ for that.
-    proc = subprocess.run([sys.executable, "-m", "topology.cli", "validate", EMBEDDED],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "validate", EMBEDDED],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"ok {EMBEDDED}" in proc.stdout

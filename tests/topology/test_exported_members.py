@@ -5,10 +5,30 @@ from __future__ import annotations
 import topology
 
 SPEC_LAYER = {
-    "ActorKind", "ActorNode", "ActorSpec", "BusSpec", "ChannelNode", "ChannelSpec", "DomainSpec", "Graph",
-    "PolicySpec", "ResourcesSpec", "RestartSpec", "RuntimeSpec", "Spec", "SpecError", "SpecIssue", "SpecModel",
-    "WarmStartSpec", "actor_kinds", "build_graph", "check_spec", "load_spec", "load_spec_text",
-    "register_actor_kind", "resolve_factory",
+    "ActorKind",
+    "ActorNode",
+    "ActorSpec",
+    "BusSpec",
+    "ChannelNode",
+    "ChannelSpec",
+    "DomainSpec",
+    "Graph",
+    "PolicySpec",
+    "ResourcesSpec",
+    "RestartSpec",
+    "RuntimeSpec",
+    "Spec",
+    "SpecError",
+    "SpecIssue",
+    "SpecModel",
+    "WarmStartSpec",
+    "actor_kinds",
+    "build_graph",
+    "check_spec",
+    "load_spec",
+    "load_spec_text",
+    "register_actor_kind",
+    "resolve_factory",
 }
 
 

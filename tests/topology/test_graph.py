@@ -22,7 +22,15 @@ actors:
 
 def test_graph_nodes_replicas_and_edges() -> None:
     graph = build_graph(load_spec_text(SPEC, "g.yaml", {}))
-    assert [a.name for a in graph.actors] == ["source", "generator", "verify", "learner", "gateway", "joiner", "recorder"]
+    assert [a.name for a in graph.actors] == [
+        "source",
+        "generator",
+        "verify",
+        "learner",
+        "gateway",
+        "joiner",
+        "recorder",
+    ]
     assert graph.actor("generator").replica_ids == ("generator/0", "generator/1", "generator/2")
     traffic = graph.channel("traffic")
     assert traffic.producers == ("gateway",)

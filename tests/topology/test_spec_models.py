@@ -44,8 +44,10 @@ def test_runtime_shorthand_and_url_turns_embedded_off() -> None:
 
 
 def test_traffic_comes_from_the_gateway_not_from_serving_generators() -> None:
-    text = MINIMAL.replace("generator: {replicas: 2, resources: {num_cpus: 0.5}}", "generator: {serve: true}") + \
-        "  recorder: {consumes: [traffic, scored]}\n"
+    text = (
+        MINIMAL.replace("generator: {replicas: 2, resources: {num_cpus: 0.5}}", "generator: {serve: true}")
+        + "  recorder: {consumes: [traffic, scored]}\n"
+    )
     with pytest.raises(SpecError, match="traffic"):
         load_spec_text(text, "t.yaml", {})
     spec = load_spec_text(text + "  gateway: {}\n", "t.yaml", {})
@@ -70,10 +72,12 @@ def test_spec_paths_resolve_against_the_file_that_wrote_them(tmp_path: Path) -> 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "tasks.jsonl").write_text('{"prompt": "1+1", "reference": "2"}\n')
     (tmp_path / "sub" / "base.yaml").write_text(
-        "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math, heldout: 0}\n"
-        "runtime: {run_dir: out}\n"
+        "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math, heldout: 0}\nruntime: {run_dir: out}\n"
     )
-    (tmp_path / "top.yaml").write_text("include: sub/base.yaml\n" + MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", ""))
+    (tmp_path / "top.yaml").write_text(
+        "include: sub/base.yaml\n"
+        + MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", "")
+    )
     spec = load_spec(tmp_path / "top.yaml")
     assert spec.domains["mine"].source == f"jsonl:{(tmp_path / 'sub' / 'tasks.jsonl').resolve()}"
     assert spec.runtime.run_dir == (tmp_path / "sub" / "out").resolve()
@@ -90,7 +94,9 @@ def test_all_errors_are_reported_in_one_run() -> None:
 
 
 def test_resources_beyond_the_machine_are_warnings() -> None:
-    spec = load_spec_text(MINIMAL.replace("verify: {}", "verify: {resources: {num_cpus: 8, num_gpus: 2}}"), "t.yaml", {})
+    spec = load_spec_text(
+        MINIMAL.replace("verify: {}", "verify: {resources: {num_cpus: 8, num_gpus: 2}}"), "t.yaml", {}
+    )
     found = dict(machine_issues(spec, cpus=2, gpus=0))
     assert ("actors", "verify", "resources", "num_cpus") in found
     assert ("actors", "verify", "resources", "num_gpus") in found

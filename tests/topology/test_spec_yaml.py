@@ -57,7 +57,7 @@ def test_interpolation_problems(text: str) -> None:
 
 
 def test_unquoted_interpolation_is_retyped_quoted_stays_a_string() -> None:
-    doc = parse_text("a: ${N:-2}\nb: \"${N:-2}\"\nc: ${T:-true}\n", "s.yaml", {})
+    doc = parse_text('a: ${N:-2}\nb: "${N:-2}"\nc: ${T:-true}\n', "s.yaml", {})
     assert doc.data == {"a": 2, "b": "2", "c": True}
 
 

@@ -1,6 +1,7 @@
 """flywheel's bus: NATS JetStream channels with envelopes, dead letters, KV and objects; an embedded server.
 
-See ``_bus`` (Bus), ``_consumer`` (deliveries), ``_outbox`` (coalesced publish-then-ack), ``_server`` (EmbeddedNats), ``_envelope`` (wire format).
+See ``_bus`` (Bus), ``_consumer`` (deliveries), ``_outbox`` (coalesced publish-then-ack), ``_server`` (EmbeddedNats),
+``_envelope`` (wire format).
 """
 
 from ._bus import Bus, EphemeralMessage, EphemeralSubscription

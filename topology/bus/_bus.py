@@ -44,8 +44,8 @@ from ._stats import BusStats
 __all__ = ["Bus", "EphemeralMessage", "EphemeralSubscription"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
-_RAW_CAP = 4096            # characters of a poison message kept in its dead letter
-_STREAM_IN_USE = 10058     # JetStream: "stream name already in use with a different configuration"
+_RAW_CAP = 4096  # characters of a poison message kept in its dead letter
+_STREAM_IN_USE = 10058  # JetStream: "stream name already in use with a different configuration"
 _PUBLISH_TIMEOUT_S = 10.0
 
 
@@ -69,9 +69,17 @@ class Bus:
 
     # -- connection -------------------------------------------------------------------------------------
     @classmethod
-    async def connect(cls, url: str, *, topology: str, name: str, settings: BusSettings | None = None,
-                      creds_file: str | os.PathLike[str] | None = None, token: str | None = None,
-                      connect_timeout_s: float = 10.0) -> Bus:
+    async def connect(
+        cls,
+        url: str,
+        *,
+        topology: str,
+        name: str,
+        settings: BusSettings | None = None,
+        creds_file: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> Bus:
         if creds_file is not None and not await anyio.Path(creds_file).is_file():
             raise BusError(f"NATS creds file not found: {os.fspath(creds_file)}")
         log = structlog.get_logger("flywheel.bus").bind(url=url, bus=name)
@@ -84,13 +92,22 @@ class Bus:
 
         nc = NATS()
         try:
-            await asyncio.wait_for(nc.connect(
-                servers=[url], name=name, token=token,
-                user_credentials=os.fspath(creds_file) if creds_file is not None else None,
-                connect_timeout=2, reconnect_time_wait=1, max_reconnect_attempts=-1, ping_interval=10,
-                error_cb=on_error, reconnected_cb=on_reconnect,
-                pending_size=64 * 1024 * 1024,
-            ), connect_timeout_s)
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[url],
+                    name=name,
+                    token=token,
+                    user_credentials=os.fspath(creds_file) if creds_file is not None else None,
+                    connect_timeout=2,
+                    reconnect_time_wait=1,
+                    max_reconnect_attempts=-1,
+                    ping_interval=10,
+                    error_cb=on_error,
+                    reconnected_cb=on_reconnect,
+                    pending_size=64 * 1024 * 1024,
+                ),
+                connect_timeout_s,
+            )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             try:
                 await nc.close()
@@ -126,17 +143,22 @@ class Bus:
     def stream(self, channel: str) -> str:
         return stream_name(self.topology, channel)
 
-    async def ensure_channel(self, name: str, *, durable: bool = True, max_age_s: float | None = None,
-                             max_msgs: int = -1) -> None:
+    async def ensure_channel(
+        self, name: str, *, durable: bool = True, max_age_s: float | None = None, max_msgs: int = -1
+    ) -> None:
         """Create the channel's stream, or update it to this configuration; idempotent."""
         dedupe = self.settings.dedupe_window_s
         if max_age_s is not None and max_age_s > 0:
             dedupe = min(dedupe, max_age_s)
         config = api.StreamConfig(
-            name=self.stream(name), subjects=[self.subject(name)],
+            name=self.stream(name),
+            subjects=[self.subject(name)],
             storage=api.StorageType.FILE if durable else api.StorageType.MEMORY,
-            retention=api.RetentionPolicy.LIMITS, discard=api.DiscardPolicy.OLD,
-            max_age=max_age_s or 0, max_msgs=max_msgs, duplicate_window=dedupe,
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.OLD,
+            max_age=max_age_s or 0,
+            max_msgs=max_msgs,
+            duplicate_window=dedupe,
         )
         try:
             try:
@@ -159,8 +181,9 @@ class Bus:
         return self.subject(channel)
 
     # -- publishing -------------------------------------------------------------------------------------
-    async def publish(self, channel: str, type: str, payload: Mapping[str, Any], *, id: str | None = None,
-                      source: str = "") -> str:
+    async def publish(
+        self, channel: str, type: str, payload: Mapping[str, Any], *, id: str | None = None, source: str = ""
+    ) -> str:
         """Publish one durable message; returns its id once JetStream stored it."""
         env = Envelope.new(type, payload, id=id, source=source or self.name)
         try:
@@ -173,8 +196,9 @@ class Bus:
             self.stats.duplicates += 1
         return env.id
 
-    async def publish_many(self, channel: str, items: Sequence[tuple[str, Mapping[str, Any], str | None]],
-                           source: str = "") -> list[str]:
+    async def publish_many(
+        self, channel: str, items: Sequence[tuple[str, Mapping[str, Any], str | None]], source: str = ""
+    ) -> list[str]:
         """Publish ``(type, payload, id|None)`` items pipelined: send all, then await every store ack."""
         source = source or self.name
         ids: list[str] = []
@@ -197,13 +221,22 @@ class Bus:
 
     # -- consuming --------------------------------------------------------------------------------------
     @overload
-    def consume(self, channel: str, group: str, *, model: None = None, batch: int = 16,
-                max_ack_pending: int | None = None) -> ChannelConsumer[dict[str, Any]]: ...
+    def consume(
+        self, channel: str, group: str, *, model: None = None, batch: int = 16, max_ack_pending: int | None = None
+    ) -> ChannelConsumer[dict[str, Any]]: ...
     @overload
-    def consume(self, channel: str, group: str, *, model: type[M], batch: int = 16,
-                max_ack_pending: int | None = None) -> ChannelConsumer[M]: ...
-    def consume(self, channel: str, group: str, *, model: type[pydantic.BaseModel] | None = None,
-                batch: int = 16, max_ack_pending: int | None = None) -> ChannelConsumer[Any]:
+    def consume(
+        self, channel: str, group: str, *, model: type[M], batch: int = 16, max_ack_pending: int | None = None
+    ) -> ChannelConsumer[M]: ...
+    def consume(
+        self,
+        channel: str,
+        group: str,
+        *,
+        model: type[pydantic.BaseModel] | None = None,
+        batch: int = 16,
+        max_ack_pending: int | None = None,
+    ) -> ChannelConsumer[Any]:
         """Deliveries of ``channel`` for consumer ``group`` (replicas passing the same group share work)."""
         consumer_name(group)
         return ChannelConsumer(self, channel, group, model=model, batch=batch, max_ack_pending=max_ack_pending)
@@ -212,12 +245,16 @@ class Bus:
         await self._known(channel)
         stream = self.stream(channel)
         config = api.ConsumerConfig(
-            name=group, durable_name=group, ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=api.DeliverPolicy.ALL, filter_subject=self.subject(channel),
+            name=group,
+            durable_name=group,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            filter_subject=self.subject(channel),
             ack_wait=self.settings.ack_wait_s,
             # one delivery beyond the limit, so a message whose handler keeps dying reaches the DLQ
             max_deliver=self.settings.max_deliver + 1,
-            max_ack_pending=max_ack_pending or self.settings.max_ack_pending, max_waiting=512,
+            max_ack_pending=max_ack_pending or self.settings.max_ack_pending,
+            max_waiting=512,
         )
         try:
             await self._js.add_consumer(stream, config)
@@ -225,13 +262,29 @@ class Bus:
             raise BusError(f"cannot create consumer group {group!r} on channel {channel!r}: {exc}") from None
         return stream
 
-    async def _dead_letter(self, channel: str, group: str, reason: str, raw: bytes,
-                           headers: Mapping[str, str] | None, *, num_delivered: int, stream_seq: int) -> None:
+    async def _dead_letter(
+        self,
+        channel: str,
+        group: str,
+        reason: str,
+        raw: bytes,
+        headers: Mapping[str, str] | None,
+        *,
+        num_delivered: int,
+        stream_seq: int,
+    ) -> None:
         text = raw.decode("utf-8", errors="backslashreplace")
         if len(text) > _RAW_CAP:
             text = text[:_RAW_CAP] + f"… [{len(raw)} bytes]"
-        payload = {"reason": reason, "channel": channel, "group": group, "stream_seq": stream_seq,
-                   "num_delivered": num_delivered, "raw": text, "headers": dict(headers or {})}
+        payload = {
+            "reason": reason,
+            "channel": channel,
+            "group": group,
+            "stream_seq": stream_seq,
+            "num_delivered": num_delivered,
+            "raw": text,
+            "headers": dict(headers or {}),
+        }
         # one dead letter per (stream, seq, group), even if the term below is lost and it comes again
         await self.publish(DEADLETTER, "deadletter", payload, id=f"{self.stream(channel)}.{stream_seq}.{group}")
         self._log.warning("dead-lettered", channel=channel, group=group, reason=reason, seq=stream_seq)
@@ -257,8 +310,9 @@ class Bus:
         """Store a blob (chunked); returns ``(size, digest)`` — pass the digest to :meth:`object_get`."""
         return await self._stores.object_put(bucket, name, data)
 
-    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
-                         stall_s: float = STALL_S) -> bytes:
+    async def object_get(
+        self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
+    ) -> bytes:
         """The object's bytes; ``BusError`` when it is missing, corrupted, replaced (``expect_digest``), or when no
         chunk arrives for ``stall_s`` (deleted while being read)."""
         return await self._stores.object_get(bucket, name, expect_digest=expect_digest, stall_s=stall_s)
@@ -308,7 +362,7 @@ class EphemeralSubscription:
         if self._queue.full():
             self._queue.get_nowait()
             self.dropped += 1
-        self._queue.put_nowait(EphemeralMessage(subject_suffix=msg.subject[self._prefix_len:], payload=payload))
+        self._queue.put_nowait(EphemeralMessage(subject_suffix=msg.subject[self._prefix_len :], payload=payload))
 
     def __aiter__(self) -> EphemeralSubscription:
         return self

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["ChannelConsumer", "Delivery"]
 
 P = TypeVar("P")
-_PULL_EXPIRES_S = 5.0     # a pull request lives this long on the server; then it is renewed
-_PULL_GRACE_S = 1.0       # after its expiry + grace we stop counting a pull's messages as in flight
+_PULL_EXPIRES_S = 5.0  # a pull request lives this long on the server; then it is renewed
+_PULL_GRACE_S = 1.0  # after its expiry + grace we stop counting a pull's messages as in flight
 _STATUS = "Status"
 
 
@@ -49,8 +49,15 @@ class Delivery(Generic[P]):
 
     __slots__ = ("_consumer", "_msg", "_settled", "envelope", "num_delivered", "payload", "stream_seq")
 
-    def __init__(self, consumer: ChannelConsumer[P], msg: Msg, envelope: Envelope, payload: P,
-                 num_delivered: int, stream_seq: int) -> None:
+    def __init__(
+        self,
+        consumer: ChannelConsumer[P],
+        msg: Msg,
+        envelope: Envelope,
+        payload: P,
+        num_delivered: int,
+        stream_seq: int,
+    ) -> None:
         self._consumer = consumer
         self._msg = msg
         self._settled = False
@@ -92,8 +99,10 @@ class Delivery(Generic[P]):
             await self._consumer._poison(self._msg, reason, self.num_delivered, self.stream_seq)
 
     def __repr__(self) -> str:
-        return (f"Delivery(id={self.envelope.id!r}, type={self.envelope.type!r}, "
-                f"num_delivered={self.num_delivered}, seq={self.stream_seq})")
+        return (
+            f"Delivery(id={self.envelope.id!r}, type={self.envelope.type!r}, "
+            f"num_delivered={self.num_delivered}, seq={self.stream_seq})"
+        )
 
 
 def _ack_metadata(reply: str) -> tuple[int, int]:
@@ -109,8 +118,16 @@ def _ack_metadata(reply: str) -> tuple[int, int]:
 class ChannelConsumer(Generic[P]):
     """Async iterator of deliveries from ``channel`` for consumer ``group``; also an async context manager."""
 
-    def __init__(self, bus: Bus, channel: str, group: str, *, model: type[pydantic.BaseModel] | None,
-                 batch: int, max_ack_pending: int | None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        channel: str,
+        group: str,
+        *,
+        model: type[pydantic.BaseModel] | None,
+        batch: int,
+        max_ack_pending: int | None,
+    ) -> None:
         if batch < 1:
             raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
         self._bus = bus
@@ -122,8 +139,8 @@ class ChannelConsumer(Generic[P]):
         self._max_ack_pending = max_ack_pending
         self._buffer: deque[Msg] = deque()
         self._wakeup = asyncio.Event()
-        self._outstanding = 0          # messages requested by pulls and not yet seen
-        self._pull_deadline = 0.0      # monotonic time after which no pull of ours can still deliver
+        self._outstanding = 0  # messages requested by pulls and not yet seen
+        self._pull_deadline = 0.0  # monotonic time after which no pull of ours can still deliver
         self._sub: Any = None
         self._inbox = ""
         self._next_subject = ""
@@ -162,7 +179,7 @@ class ChannelConsumer(Generic[P]):
             # drain's UNSUB reaches the server before the naks on the same connection, so the server has
             # dropped our request by then and hands them to the rest of the group.
             try:
-                await self._sub.drain()   # stop interest, then hand late arrivals to _on_msg (which naks)
+                await self._sub.drain()  # stop interest, then hand late arrivals to _on_msg (which naks)
             except Exception:
                 pass
             buffered, self._buffer = list(self._buffer), deque()
@@ -204,7 +221,7 @@ class ChannelConsumer(Generic[P]):
                 await asyncio.wait_for(self._wakeup.wait(), max(0.05, self._pull_deadline - now))
             except TimeoutError:
                 if time.monotonic() >= self._pull_deadline:
-                    self._outstanding = 0   # our pulls expired unseen (e.g. across a reconnect)
+                    self._outstanding = 0  # our pulls expired unseen (e.g. across a reconnect)
 
     async def _maybe_pull(self) -> None:
         have = self._outstanding + len(self._buffer)
@@ -233,7 +250,7 @@ class ChannelConsumer(Generic[P]):
     def _on_status(self, headers: dict[str, str]) -> None:
         status = headers.get(_STATUS, "")
         if status == "100":
-            return   # idle heartbeat / flow control: nothing to account
+            return  # idle heartbeat / flow control: nothing to account
         description = headers.get("Description", "")
         pending = headers.get("Nats-Pending-Messages")
         if pending is not None and pending.isdigit():
@@ -251,9 +268,13 @@ class ChannelConsumer(Generic[P]):
         if num_delivered > 1:
             stats.redelivered += 1
         if num_delivered > self._bus.settings.max_deliver:
-            await self._poison(msg, f"max_deliver ({self._bus.settings.max_deliver}) exceeded: delivered "
-                                    f"{num_delivered - 1} times without an ack (handler crashed or ack_wait expired)",
-                               num_delivered, stream_seq)
+            await self._poison(
+                msg,
+                f"max_deliver ({self._bus.settings.max_deliver}) exceeded: delivered "
+                f"{num_delivered - 1} times without an ack (handler crashed or ack_wait expired)",
+                num_delivered,
+                stream_seq,
+            )
             return None
         try:
             envelope = decode(msg.data)
@@ -267,20 +288,32 @@ class ChannelConsumer(Generic[P]):
             except pydantic.ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(part) for part in first.get("loc", ())) or "<root>"
-                await self._poison(msg, f"payload failed {self._model.__name__} validation "
-                                        f"({exc.error_count()} error(s)); first at {where}: {first.get('msg')}",
-                                   num_delivered, stream_seq)
+                await self._poison(
+                    msg,
+                    f"payload failed {self._model.__name__} validation "
+                    f"({exc.error_count()} error(s)); first at {where}: {first.get('msg')}",
+                    num_delivered,
+                    stream_seq,
+                )
                 return None
         return Delivery(self, msg, envelope, payload, num_delivered, stream_seq)
 
     async def _poison(self, msg: Msg, reason: str, num_delivered: int, stream_seq: int) -> None:
         try:
-            if self.channel != DEADLETTER:   # poison inside the dead-letter channel is dropped, not looped
-                await self._bus._dead_letter(self.channel, self.group, reason, msg.data, msg.headers,
-                                             num_delivered=num_delivered, stream_seq=stream_seq)
-        except Exception as exc:   # the DLQ itself is unreachable: retry the message later, keep going
-            self._bus._log.warning("dead-letter publish failed; will retry", channel=self.channel,
-                                   group=self.group, error=str(exc))
+            if self.channel != DEADLETTER:  # poison inside the dead-letter channel is dropped, not looped
+                await self._bus._dead_letter(
+                    self.channel,
+                    self.group,
+                    reason,
+                    msg.data,
+                    msg.headers,
+                    num_delivered=num_delivered,
+                    stream_seq=stream_seq,
+                )
+        except Exception as exc:  # the DLQ itself is unreachable: retry the message later, keep going
+            self._bus._log.warning(
+                "dead-letter publish failed; will retry", channel=self.channel, group=self.group, error=str(exc)
+            )
             await msg.nak(delay=1.0)
             return
         await msg.term()

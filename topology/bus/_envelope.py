@@ -32,24 +32,32 @@ def new_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    id: str                       # unique per logical message; JetStream dedupes on it
-    type: str                     # payload kind, e.g. "prompt", "rollout"
-    v: int                        # envelope/payload schema version
-    ts: float                     # unix time at creation (publisher clock)
-    source: str                   # who published it: "<actor>/<replica>" or a free-form name
+    id: str  # unique per logical message; JetStream dedupes on it
+    type: str  # payload kind, e.g. "prompt", "rollout"
+    v: int  # envelope/payload schema version
+    ts: float  # unix time at creation (publisher clock)
+    source: str  # who published it: "<actor>/<replica>" or a free-form name
     payload: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def new(cls, type: str, payload: Mapping[str, Any], *, id: str | None = None, source: str = "",
-            v: int = ENVELOPE_VERSION) -> Envelope:
+    def new(
+        cls,
+        type: str,
+        payload: Mapping[str, Any],
+        *,
+        id: str | None = None,
+        source: str = "",
+        v: int = ENVELOPE_VERSION,
+    ) -> Envelope:
         return cls(id=id or new_id(), type=type, v=v, ts=time.time(), source=source, payload=payload)
 
 
 def encode(env: Envelope) -> bytes:
     """Envelope → orjson bytes. Raises ``EnvelopeError`` when the payload is not JSON-serialisable."""
     try:
-        return orjson.dumps({"id": env.id, "type": env.type, "v": env.v, "ts": env.ts,
-                             "source": env.source, "payload": env.payload})
+        return orjson.dumps(
+            {"id": env.id, "type": env.type, "v": env.v, "ts": env.ts, "source": env.source, "payload": env.payload}
+        )
     except TypeError as exc:
         raise EnvelopeError(f"payload is not JSON-serialisable: {exc}") from None
 

@@ -49,7 +49,7 @@ class Stores:
                 kv = await self._js.create_key_value(api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s))
             except js_errors.InvalidBucketNameError:
                 raise BusError(f"invalid KV bucket name {bucket!r}: use letters, digits, '-' and '_'") from None
-            except js_errors.BadRequestError:   # created concurrently by a peer
+            except js_errors.BadRequestError:  # created concurrently by a peer
                 kv = await self._js.key_value(bucket)
         except js_errors.InvalidBucketNameError:
             raise BusError(f"invalid KV bucket name {bucket!r}: use letters, digits, '-' and '_'") from None
@@ -90,7 +90,7 @@ class Stores:
         try:
             async for entry in watcher:
                 if entry is None or entry.value is None or entry.operation is not None:
-                    continue   # the "initial values done" marker, or a delete/purge
+                    continue  # the "initial values done" marker, or a delete/purge
                 yield entry.value
         finally:
             try:
@@ -121,8 +121,9 @@ class Stores:
         info = await store.put(name, data, meta=meta)
         return int(info.size or 0), str(info.digest or "")
 
-    async def object_get(self, bucket: str, name: str, *, expect_digest: str | None = None,
-                         stall_s: float = STALL_S) -> bytes:
+    async def object_get(
+        self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
+    ) -> bytes:
         """The object's bytes. A read that receives no chunk for ``stall_s`` fails (``BusError``): nats-py waits
         forever for the chunks of an object deleted while it is being read."""
         store = await self.objects(bucket)
@@ -133,8 +134,10 @@ class Stores:
             while not reading.done():
                 await asyncio.wait({reading}, timeout=min(stall_s, 1.0))
                 if not reading.done() and time.monotonic() - sink.last_write > stall_s:
-                    raise BusError(f"reading object {name!r} from {bucket!r} stalled: no data for {stall_s:g} s "
-                                   "(deleted while it was being read?)")
+                    raise BusError(
+                        f"reading object {name!r} from {bucket!r} stalled: no data for {stall_s:g} s "
+                        "(deleted while it was being read?)"
+                    )
             result = reading.result()
         except js_errors.ObjectNotFoundError:
             raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
@@ -144,8 +147,9 @@ class Stores:
             if not reading.done():
                 reading.cancel()
         if expect_digest is not None and str(result.info.digest or "") != expect_digest:
-            raise BusError(f"object {name!r} in {bucket!r} was replaced: digest {result.info.digest}, "
-                           f"expected {expect_digest}")
+            raise BusError(
+                f"object {name!r} in {bucket!r} was replaced: digest {result.info.digest}, expected {expect_digest}"
+            )
         return sink.getvalue()
 
     async def object_delete(self, bucket: str, name: str) -> bool:

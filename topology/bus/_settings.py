@@ -16,10 +16,10 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 @dataclass(frozen=True)
 class BusSettings:
-    max_ack_pending: int = 256     # per consumer group: messages delivered but not yet acked
-    max_deliver: int = 5           # deliveries before a message goes to the dead-letter channel
-    ack_wait_s: float = 30.0       # un-acked for this long → redelivered (e.g. the consumer died)
-    dedupe_window_s: float = 120.0 # a re-published id within this window is stored once
+    max_ack_pending: int = 256  # per consumer group: messages delivered but not yet acked
+    max_deliver: int = 5  # deliveries before a message goes to the dead-letter channel
+    ack_wait_s: float = 30.0  # un-acked for this long → redelivered (e.g. the consumer died)
+    dedupe_window_s: float = 120.0  # a re-published id within this window is stored once
 
     def __post_init__(self) -> None:
         for name in ("max_ack_pending", "max_deliver"):

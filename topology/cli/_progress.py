@@ -41,20 +41,23 @@ class LearningView:
                     gen_versions.append(float(counters["version"]))
         if not learner and not gen_versions:
             return None
-        domains = sorted({key.split(".", 1)[1] for key in learner
-                          if key.startswith(("reward.", "heldout_acc.", "dropped_stale."))})
+        domains = sorted(
+            {key.split(".", 1)[1] for key in learner if key.startswith(("reward.", "heldout_acc.", "dropped_stale."))}
+        )
         rows = []
         for domain in domains:
             acc = learner.get(f"heldout_acc.{domain}")
             if acc is not None and domain not in self.baseline:
                 self.baseline[domain] = float(acc)
-            rows.append({
-                "domain": domain,
-                "reward": learner.get(f"reward.{domain}"),
-                "heldout_acc": acc,
-                "baseline": self.baseline.get(domain),
-                "dropped": learner.get(f"dropped_stale.{domain}", 0),
-            })
+            rows.append(
+                {
+                    "domain": domain,
+                    "reward": learner.get(f"reward.{domain}"),
+                    "heldout_acc": acc,
+                    "baseline": self.baseline.get(domain),
+                    "dropped": learner.get(f"dropped_stale.{domain}", 0),
+                }
+            )
         phase = learner.get("phase")
         return {
             "phase": _PHASES.get(phase, phase) if isinstance(phase, int | float) else phase,
@@ -77,8 +80,13 @@ class LearningView:
         for column in ("domain", "reward", "held-out acc", "Δ since start", "dropped (stale)"):
             table.add_column(column, justify="left" if column == "domain" else "right")
         for row in summary["domains"]:
-            table.add_row(row["domain"], _pct(row["reward"], raw=True), _pct(row["heldout_acc"]),
-                          _delta(row["heldout_acc"], row["baseline"]), str(int(row["dropped"] or 0)))
+            table.add_row(
+                row["domain"],
+                _pct(row["reward"], raw=True),
+                _pct(row["heldout_acc"]),
+                _delta(row["heldout_acc"], row["baseline"]),
+                str(int(row["dropped"] or 0)),
+            )
         return table
 
     def line(self, records: Iterable[Any]) -> str | None:
@@ -87,8 +95,10 @@ class LearningView:
             return None
         parts = [self.headline(summary)]
         for row in summary["domains"]:
-            parts.append(f"{row['domain']}: acc {_pct(row['heldout_acc'])} ({_delta(row['heldout_acc'], row['baseline'])})"
-                         f" reward {_pct(row['reward'], raw=True)}")
+            parts.append(
+                f"{row['domain']}: acc {_pct(row['heldout_acc'])} ({_delta(row['heldout_acc'], row['baseline'])})"
+                f" reward {_pct(row['reward'], raw=True)}"
+            )
         return " | ".join(parts)
 
     @staticmethod

@@ -22,8 +22,9 @@ async def connect_run(run_dir: Path, name: str) -> Any:
     token = os.environ.get(info.token_env) if info.token_env else None
     try:
         with anyio.fail_after(10):
-            return await Bus.connect(info.bus_url, topology=info.topology, name=name, creds_file=info.creds_file,
-                                     token=token or None)
+            return await Bus.connect(
+                info.bus_url, topology=info.topology, name=name, creds_file=info.creds_file, token=token or None
+            )
     except Exception as exc:
         raise click.ClickException(f"cannot reach the run's bus at {info.bus_url}: {exc}") from None
 
@@ -60,8 +61,10 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int) -> Any:
     for entry in reversed(read_decisions(run_dir)):
         if entry.get("version") == version and "manifest" in entry:
             return WeightManifest.from_json(orjson.dumps(entry["manifest"]))
-    raise click.ClickException(f"version {version} is not available: it is neither current nor serving, and "
-                               f"the gate never saw it (see {run_dir / 'gate' / 'decisions.jsonl'})")
+    raise click.ClickException(
+        f"version {version} is not available: it is neither current nor serving, and "
+        f"the gate never saw it (see {run_dir / 'gate' / 'decisions.jsonl'})"
+    )
 
 
 @click.command()

@@ -20,21 +20,51 @@ def _run_dir_of(recordings: Path) -> Path | None:
 
 @click.command()
 @click.argument("recordings", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--spec", "spec_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Topology spec (policy, domains, verifiers). Default: the spec of the run RECORDINGS is in.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Topology spec (policy, domains, verifiers). Default: the spec of the run RECORDINGS is in.",
+)
 @click.option("--weights", required=True, help="Version to replay (v3, 3, initial) or a checkpoint path.")
 @click.option("--against", default=None, help="Another version or checkpoint to compare with.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed (per request: hash(seed, id)).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the newest N samples.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests in flight (the engine's batch).")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Requests in flight (the engine's batch).",
+)
 @click.option("--greedy", is_flag=True, help="Decode greedily instead of at the recorded temperature.")
-@click.option("--run-dir", "run_dir_opt", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run dir holding the weights (default: the run RECORDINGS is in).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-report"),
-              show_default=True, help="Where report.md, report.json and report.png go.")
-def replay(recordings: Path, spec_path: Path | None, weights: str, against: str | None, seed: int,
-           limit: int | None, concurrency: int, greedy: bool, run_dir_opt: Path | None, out_dir: Path) -> None:
+@click.option(
+    "--run-dir",
+    "run_dir_opt",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run dir holding the weights (default: the run RECORDINGS is in).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("replay-report"),
+    show_default=True,
+    help="Where report.md, report.json and report.png go.",
+)
+def replay(
+    recordings: Path,
+    spec_path: Path | None,
+    weights: str,
+    against: str | None,
+    seed: int,
+    limit: int | None,
+    concurrency: int,
+    greedy: bool,
+    run_dir_opt: Path | None,
+    out_dir: Path,
+) -> None:
     """Replay recorded prompts against a weight version; compare with the recording (and another version).
 
     \b
@@ -57,8 +87,9 @@ def replay(recordings: Path, spec_path: Path | None, weights: str, against: str 
         spec_path = Path(read_run_info(run_dir).spec_path)
     spec = _load_spec(spec_path)
     try:
-        report = anyio.run(_replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy,
-                           backend="asyncio")
+        report = anyio.run(
+            _replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy, backend="asyncio"
+        )
     except ValueError as exc:  # WeightsNotFound, bad weights, bad recordings
         raise click.ClickException(str(exc)) from None
     from actors.replay import write_report
@@ -78,8 +109,17 @@ def _load_spec(path: Path) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-async def _replay(spec: Any, recordings: Path, run_dir: Path | None, weights: str, against: str | None, seed: int,
-                  limit: int | None, concurrency: int, greedy: bool) -> dict[str, Any]:
+async def _replay(
+    spec: Any,
+    recordings: Path,
+    run_dir: Path | None,
+    weights: str,
+    against: str | None,
+    seed: int,
+    limit: int | None,
+    concurrency: int,
+    greedy: bool,
+) -> dict[str, Any]:
     from actors.replay import Replayer, build_report, load_items
 
     items = load_items(recordings, limit=limit)
@@ -99,8 +139,9 @@ async def _replay(spec: Any, recordings: Path, run_dir: Path | None, weights: st
         run = await replayer.run(items, main.state_dict, label=main.label, version=main.version, **kwargs)
         against_run = None
         if other is not None:
-            against_run = await replayer.run(items, other.state_dict, label=other.label, version=other.version,
-                                             **kwargs)
+            against_run = await replayer.run(
+                items, other.state_dict, label=other.label, version=other.version, **kwargs
+            )
     return build_report(items, run, against_run, seed=seed, raw=raw)
 
 
@@ -123,8 +164,13 @@ async def _live_bus(run_dir: Path | None) -> Any:
     token = os.environ.get(info.token_env) if info.token_env else None
     try:
         with anyio.fail_after(5):
-            return await Bus.connect(info.bus_url, topology=info.topology, name="flywheel-replay",
-                                     creds_file=info.creds_file, token=token or None)
+            return await Bus.connect(
+                info.bus_url,
+                topology=info.topology,
+                name="flywheel-replay",
+                creds_file=info.creds_file,
+                token=token or None,
+            )
     except Exception:
         return None
 

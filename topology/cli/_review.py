@@ -11,16 +11,30 @@ import click
 
 from topology.cli._promote import connect_run, find_run_dir
 
-_CHOICES = {"g": "good", "good": "good", "b": "bad", "bad": "bad", "s": "skip", "skip": "skip", "q": "quit",
-            "quit": "quit"}
+_CHOICES = {
+    "g": "good",
+    "good": "good",
+    "b": "bad",
+    "bad": "bad",
+    "s": "skip",
+    "skip": "skip",
+    "q": "quit",
+    "quit": "quit",
+}
 _SCORES = {"good": 1.0, "bad": 0.0}
 
 
 @click.command()
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after labelling N samples.")
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Seconds to wait for a sample when the queue is empty before exiting.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for a sample when the queue is empty before exiting.",
+)
 def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
     """Label the samples the joiner queued for human review (joiner: review_fraction > 0).
 
@@ -34,8 +48,10 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
     """
     where = find_run_dir(run_dir)
     counts = anyio.run(_review, where, limit, wait_s, backend="asyncio")
-    click.echo(f"labelled {counts['good'] + counts['bad']} (good {counts['good']}, bad {counts['bad']}), "
-               f"skipped {counts['skip']}")
+    click.echo(
+        f"labelled {counts['good'] + counts['bad']} (good {counts['good']}, bad {counts['bad']}), "
+        f"skipped {counts['skip']}"
+    )
 
 
 async def _review(run_dir: Path, limit: int | None, wait_s: float) -> dict[str, int]:
@@ -66,10 +82,16 @@ async def _review(run_dir: Path, limit: int | None, wait_s: float) -> dict[str, 
                     await delivery.nak()
                     break
                 if answer in _SCORES:
-                    feedback = {"request_id": sample.request_id, "score": _SCORES[answer], "label": answer,
-                                "comment": "", "ts": time.time()}
-                    await bus.publish("feedback", "feedback", feedback, id=f"review.{sample.request_id}",
-                                      source=REVIEW_SOURCE)
+                    feedback = {
+                        "request_id": sample.request_id,
+                        "score": _SCORES[answer],
+                        "label": answer,
+                        "comment": "",
+                        "ts": time.time(),
+                    }
+                    await bus.publish(
+                        "feedback", "feedback", feedback, id=f"review.{sample.request_id}", source=REVIEW_SOURCE
+                    )
                 counts[answer] += 1
                 await delivery.ack()
     finally:
@@ -86,6 +108,7 @@ async def _ask(delivery: Any) -> str:
         answer.append(_CHOICES[raw])
 
     async with anyio.create_task_group() as tg:
+
         async def keep_alive() -> None:
             while True:
                 await anyio.sleep(10)

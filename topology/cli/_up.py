@@ -2,7 +2,8 @@
 
 Contract: ``up`` validates the spec first (every issue printed as ``file:line:col: path: message``, exit 1),
 prints the run dir and bus URL (and a gateway's URL once it listens), shows replica states while it runs (a
-live table on a terminal, a plain line every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor exhausted its restarts.
+live table on a terminal, a plain line every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor
+exhausted its restarts.
 ``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints a table,
 or ``--json``; it exits 1 with one sentence when no run is live.
 """
@@ -22,8 +23,16 @@ import structlog
 
 from topology.cli._progress import LearningView
 
-_STATE_STYLE = {"running": "green", "starting": "cyan", "draining": "yellow", "stopping": "yellow",
-                "stopped": "dim", "restarting": "magenta", "crashed": "red", "failed": "bold red"}  # fmt: skip
+_STATE_STYLE = {
+    "running": "green",
+    "starting": "cyan",
+    "draining": "yellow",
+    "stopping": "yellow",
+    "stopped": "dim",
+    "restarting": "magenta",
+    "crashed": "red",
+    "failed": "bold red",
+}
 
 
 def _configure_logging(level: int = logging.INFO) -> None:
@@ -64,16 +73,37 @@ def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: floa
     for actor, replica in expected:
         r = by_key.get((actor, replica))
         if r is None:
-            rows.append({"actor": actor, "replica": replica, "state": "pending", "pid": None, "restarts": 0,
-                         "uptime_s": None, "heartbeat_age_s": None, "stale": False, "counters": {}, "error": None})  # fmt: skip
+            rows.append(
+                {
+                    "actor": actor,
+                    "replica": replica,
+                    "state": "pending",
+                    "pid": None,
+                    "restarts": 0,
+                    "uptime_s": None,
+                    "heartbeat_age_s": None,
+                    "stale": False,
+                    "counters": {},
+                    "error": None,
+                }
+            )
             continue
         alive = r.state in ("starting", "running", "draining", "stopping")
-        rows.append({
-            "actor": actor, "replica": replica, "kind": r.kind, "state": r.state, "pid": r.pid,
-            "restarts": r.restarts, "uptime_s": round(now - r.started_at, 1) if alive else None,
-            "heartbeat_age_s": round(r.age_s(now), 1), "stale": r.is_stale(heartbeat_s, now),
-            "counters": r.counters, "error": r.error,
-        })  # fmt: skip
+        rows.append(
+            {
+                "actor": actor,
+                "replica": replica,
+                "kind": r.kind,
+                "state": r.state,
+                "pid": r.pid,
+                "restarts": r.restarts,
+                "uptime_s": round(now - r.started_at, 1) if alive else None,
+                "heartbeat_age_s": round(r.age_s(now), 1),
+                "stale": r.is_stale(heartbeat_s, now),
+                "counters": r.counters,
+                "error": r.error,
+            }
+        )
     return rows
 
 
@@ -82,7 +112,9 @@ def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
 
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("actor", "replica", "state", "pid", "restarts", "uptime", "heartbeat", "counters"):
-        table.add_column(column, no_wrap=column != "counters", justify="right" if column in ("pid", "restarts") else "left")
+        table.add_column(
+            column, no_wrap=column != "counters", justify="right" if column in ("pid", "restarts") else "left"
+        )
     for row in rows:
         state = row["state"]
         style = _STATE_STYLE.get(state, "")
@@ -91,8 +123,16 @@ def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
         heartbeat = "—" if age is None else f"{age:.1f}s ago" + (" [bold red]STALE[/]" if row["stale"] else "")
         uptime = "—" if row["uptime_s"] is None else _fmt_duration(row["uptime_s"])
         counters = _fmt_counters(row["counters"]) or (row["error"] or "")
-        table.add_row(row["actor"], str(row["replica"]), shown_state, str(row["pid"] or "—"),
-                      str(row["restarts"]), uptime, heartbeat, counters)  # fmt: skip
+        table.add_row(
+            row["actor"],
+            str(row["replica"]),
+            shown_state,
+            str(row["pid"] or "—"),
+            str(row["restarts"]),
+            uptime,
+            heartbeat,
+            counters,
+        )
     return table
 
 
@@ -197,23 +237,64 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
-              help="Stop by itself (with a graceful drain) after S seconds. Default: run until Ctrl-C / SIGTERM.")  # fmt: skip
-@click.option("--single-process", is_flag=True,
-              help="Run every replica as a task in this one process (for debuggers and profilers; no isolation).")  # fmt: skip
-@click.option("--runtime", "runtime_kind", type=click.Choice(["local", "ray"]), default=None,
-              help="Where replicas run (default: the spec's runtime.kind): local processes, or Ray actors.")  # fmt: skip
-@click.option("--address", metavar="ADDR",
-              help="With --runtime ray: the Ray cluster to join (auto, ray://head:10001). Default: runtime.address, "
-                   "else a new local Ray instance.")  # fmt: skip
-@click.option("--run-dir", "run_root", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Create the run directory under DIR instead of the spec's runtime.run_dir.")  # fmt: skip
-@click.option("--drain-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
-              help="On stop, give replicas S seconds to drain before they are killed.")  # fmt: skip
-@click.option("--every", "interval_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S",
-              help="When stdout is not a terminal, print a status line every S seconds.")  # fmt: skip
-def up(spec_path: Path, duration: float | None, single_process: bool, runtime_kind: str | None, address: str | None,
-       run_root: Path | None, drain_timeout: float, interval_s: float) -> None:  # fmt: skip
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Stop by itself (with a graceful drain) after S seconds. Default: run until Ctrl-C / SIGTERM.",
+)
+@click.option(
+    "--single-process",
+    is_flag=True,
+    help="Run every replica as a task in this one process (for debuggers and profilers; no isolation).",
+)
+@click.option(
+    "--runtime",
+    "runtime_kind",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Where replicas run (default: the spec's runtime.kind): local processes, or Ray actors.",
+)
+@click.option(
+    "--address",
+    metavar="ADDR",
+    help="With --runtime ray: the Ray cluster to join (auto, ray://head:10001). Default: runtime.address, "
+    "else a new local Ray instance.",
+)
+@click.option(
+    "--run-dir",
+    "run_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Create the run directory under DIR instead of the spec's runtime.run_dir.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="On stop, give replicas S seconds to drain before they are killed.",
+)
+@click.option(
+    "--every",
+    "interval_s",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="When stdout is not a terminal, print a status line every S seconds.",
+)
+def up(
+    spec_path: Path,
+    duration: float | None,
+    single_process: bool,
+    runtime_kind: str | None,
+    address: str | None,
+    run_root: Path | None,
+    drain_timeout: float,
+    interval_s: float,
+) -> None:
     """Run the topology in SPEC as a supervised service, until Ctrl-C, SIGTERM or --duration.
 
     \b
@@ -272,8 +353,13 @@ def up(spec_path: Path, duration: float | None, single_process: bool, runtime_ki
 
 @click.command()
 @click.argument("run_dir_arg", metavar="[RUN_DIR]", required=False, type=click.Path(path_type=Path))
-@click.option("--run-dir", "run_dir_opt", type=click.Path(path_type=Path), metavar="DIR",
-              help="A run directory, or a runs folder whose 'latest' link to follow. Default: ./runs.")  # fmt: skip
+@click.option(
+    "--run-dir",
+    "run_dir_opt",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="A run directory, or a runs folder whose 'latest' link to follow. Default: ./runs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
 def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) -> None:
     """Show what every actor replica of a running topology is doing.
@@ -304,8 +390,14 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     report = anyio.run(read_run_status, run_dir, backend="asyncio")
     rows = _rows(report.replicas, report.expected, report.heartbeat_s) if report.live else []
     if as_json:
-        doc = {"run_dir": report.run_dir, "topology": report.topology, "bus_url": report.bus_url,
-               "live": report.live, "reason": report.reason, "replicas": rows}  # fmt: skip
+        doc = {
+            "run_dir": report.run_dir,
+            "topology": report.topology,
+            "bus_url": report.bus_url,
+            "live": report.live,
+            "reason": report.reason,
+            "replicas": rows,
+        }
         click.echo(json.dumps(doc, indent=2))
         sys.exit(0 if report.live else 1)
     if not report.live:

@@ -68,7 +68,10 @@ def validate(specs: tuple[str, ...], quiet: bool) -> None:
             suffix = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
             click.echo(f"ok {path}{suffix}")
     if total_errors:
-        click.echo(f"{total_errors} error{'s' if total_errors != 1 else ''} in {failed} file{'s' if failed != 1 else ''}", err=True)
+        click.echo(
+            f"{total_errors} error{'s' if total_errors != 1 else ''} in {failed} file{'s' if failed != 1 else ''}",
+            err=True,
+        )
         sys.exit(1)
 
 

@@ -98,9 +98,15 @@ async def run_replica(
     freezer = HeapFreezer() if freeze_heap else None
     try:
         ctx = ActorContext(
-            topology=spec.name, actor=actor, replica=replica, kind=actor_spec.kind, spec=spec,
-            bus=bus, run_dir=run_dir, restarts=restarts,
-        )  # fmt: skip
+            topology=spec.name,
+            actor=actor,
+            replica=replica,
+            kind=actor_spec.kind,
+            spec=spec,
+            bus=bus,
+            run_dir=run_dir,
+            restarts=restarts,
+        )
         if on_context is not None:
             on_context(ctx)
         runner = Replica(ctx, factory, actor_spec.config, heartbeat_s=spec.runtime.heartbeat_s)
@@ -133,8 +139,16 @@ async def run_replica(
 
 
 async def _amain(args: argparse.Namespace, spec: Any, factory: type[Any]) -> int:
-    return await run_replica(spec, factory, args.actor, args.replica, run_dir=args.run_dir, bus_url=args.bus_url,
-                             restarts=args.restarts, freeze_heap=True)
+    return await run_replica(
+        spec,
+        factory,
+        args.actor,
+        args.replica,
+        run_dir=args.run_dir,
+        bus_url=args.bus_url,
+        restarts=args.restarts,
+        freeze_heap=True,
+    )
 
 
 def _exit_before_start(signum: int, frame: object) -> None:

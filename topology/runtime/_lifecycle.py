@@ -67,8 +67,9 @@ class Replica:
         """Run the lifecycle to the end; True when it ended without an exception."""
         log = self.ctx.log
         async with anyio.create_task_group() as tg:
-            tg.start_soon(heartbeat_loop, self.ctx.bus, self.ctx.topology, self.status, self.heartbeat_s,
-                          self.ctx.beats)
+            tg.start_soon(
+                heartbeat_loop, self.ctx.bus, self.ctx.topology, self.status, self.heartbeat_s, self.ctx.beats
+            )
             try:
                 self.actor = self.factory(self.ctx, self.config)
                 log.info("starting")

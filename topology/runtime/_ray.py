@@ -123,9 +123,17 @@ class ReplicaHost:
         log.info("replica up in a Ray actor", pid=os.getpid(), torch_threads=threads, restarts=restarts)
         self._ctx = None
         return await run_replica(
-            self.spec, factory, self.actor, self.replica, run_dir=self.run_dir, bus_url=self.bus_url,
-            restarts=restarts, handle_signals=False, on_context=self._keep, freeze_heap=True,
-        )  # fmt: skip
+            self.spec,
+            factory,
+            self.actor,
+            self.replica,
+            run_dir=self.run_dir,
+            bus_url=self.bus_url,
+            restarts=restarts,
+            handle_signals=False,
+            on_context=self._keep,
+            freeze_heap=True,
+        )
 
     def _keep(self, ctx: ActorContext) -> None:
         self._ctx = ctx
@@ -148,8 +156,11 @@ class ReplicaHost:
         except OSError:  # a node without the run dir: Ray's own worker logs keep the output
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.write(fd, f"--- flywheel: {self.actor}[{self.replica}] start #{restarts + 1} at {stamp} "
-                     f"(Ray actor, pid {os.getpid()}) ---\n".encode())  # fmt: skip
+        os.write(
+            fd,
+            f"--- flywheel: {self.actor}[{self.replica}] start #{restarts + 1} at {stamp} "
+            f"(Ray actor, pid {os.getpid()}) ---\n".encode(),
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)
@@ -192,8 +203,13 @@ class RayRuntime(RuntimeBase):
         try:
             async with open_session(self.spec, run_root=self.run_root) as session:
                 self.session = session
-                _log.info("topology up (ray)", topology=self.spec.name, run_dir=str(session.run_dir),
-                          bus=session.bus_url, ray=ray.get_runtime_context().gcs_address)  # fmt: skip
+                _log.info(
+                    "topology up (ray)",
+                    topology=self.spec.name,
+                    run_dir=str(session.run_dir),
+                    bus=session.bus_url,
+                    ray=ray.get_runtime_context().gcs_address,
+                )
                 try:
                     async with anyio.create_task_group() as tg:
                         if self.handle_signals:
@@ -232,14 +248,18 @@ class RayRuntime(RuntimeBase):
     def _check_cluster(self, ray: Any) -> str:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if self.spec.bus.embedded and len(nodes) > 1:
-            return (f"the Ray cluster has {len(nodes)} nodes but bus.embedded listens on this machine's loopback "
-                    "only; set bus.url: nats://<host>:4222 to a NATS server every node can reach")
+            return (
+                f"the Ray cluster has {len(nodes)} nodes but bus.embedded listens on this machine's loopback "
+                "only; set bus.url: nats://<host>:4222 to a NATS server every node can reach"
+            )
         for name, actor in self.spec.actors.items():
             want = bundle_for(actor.resources, in_group=False)
             if not any(all(n["Resources"].get(r, 0.0) >= a for r, a in want.items()) for n in nodes):
                 have = "; ".join(_fmt_resources(n["Resources"]) for n in nodes) or "no live node"
-                return (f"actor '{name}' asks for {_fmt_resources(want)} per replica, which no node of the Ray "
-                        f"cluster has (nodes: {have})")
+                return (
+                    f"actor '{name}' asks for {_fmt_resources(want)} per replica, which no node of the Ray "
+                    f"cluster has (nodes: {have})"
+                )
         return ""
 
     async def _place(self, ray: Any) -> str:
@@ -248,8 +268,9 @@ class RayRuntime(RuntimeBase):
 
         runtime = self.spec.runtime
         grouped = {name for group in runtime.colocate for name in group}
-        plans: list[tuple[str, str, list[str]]] = [("STRICT_PACK", f"colocate {list(g)}", list(g))
-                                                   for g in runtime.colocate]  # fmt: skip
+        plans: list[tuple[str, str, list[str]]] = [
+            ("STRICT_PACK", f"colocate {list(g)}", list(g)) for g in runtime.colocate
+        ]
         if runtime.placement is not None:
             rest = [name for name in self.spec.actors if name not in grouped]
             if rest:
@@ -263,9 +284,11 @@ class RayRuntime(RuntimeBase):
                 await group.ready()
             if waiting.cancelled_caught:
                 total = _fmt_resources(_sum(bundles))
-                return (f"{what}: Ray could not reserve {len(bundles)} bundles ({total} in all, strategy "
-                        f"{strategy}) within {runtime.placement_timeout_s:g}s; the cluster has "
-                        f"{_fmt_resources(ray.cluster_resources())}")
+                return (
+                    f"{what}: Ray could not reserve {len(bundles)} bundles ({total} in all, strategy "
+                    f"{strategy}) within {runtime.placement_timeout_s:g}s; the cluster has "
+                    f"{_fmt_resources(ray.cluster_resources())}"
+                )
             for index, key in enumerate(keys):
                 self._placement[key] = (group, index)
         return ""
@@ -295,10 +318,12 @@ class RayRuntime(RuntimeBase):
 
             group, index = placed
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=index)
+                placement_group=group, placement_group_bundle_index=index
+            )
         assert self.session is not None
         handle = self._remote_cls.options(**options).remote(
-            self.spec, actor, replica, str(self.session.run_dir), self.session.bus_url)
+            self.spec, actor, replica, str(self.session.run_dir), self.session.bus_url
+        )
         self.handles[key] = handle
         return handle
 
@@ -376,14 +401,27 @@ class RayRuntime(RuntimeBase):
         return found[0] if found else None
 
     async def _put(
-        self, session: Session, key: tuple[str, int], state: ActorState, pid: int, restarts: int,
-        started_at: float, error: str,
-    ) -> None:  # fmt: skip
+        self,
+        session: Session,
+        key: tuple[str, int],
+        state: ActorState,
+        pid: int,
+        restarts: int,
+        started_at: float,
+        error: str,
+    ) -> None:
         actor, replica = key
         record = ReplicaStatus(
-            actor=actor, replica=replica, kind=self.spec.actors[actor].kind, state=state.value, pid=pid,
-            restarts=restarts, started_at=started_at, ts=time.time(), error=error,
-        )  # fmt: skip
+            actor=actor,
+            replica=replica,
+            kind=self.spec.actors[actor].kind,
+            state=state.value,
+            pid=pid,
+            restarts=restarts,
+            started_at=started_at,
+            ts=time.time(),
+            error=error,
+        )
         try:
             await put_status(session.bus, self.spec.name, record)
         except Exception as exc:
@@ -444,4 +482,3 @@ def _fmt_resources(resources: Mapping[str, float]) -> str:
         else:
             shown.append(f"{name}={amount:g}")
     return "{" + ", ".join(shown) + "}"
-

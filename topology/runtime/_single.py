@@ -66,9 +66,15 @@ class SingleProcessRuntime(RuntimeBase):
         restarts = 0
         while not self.stopping:
             ctx = ActorContext(
-                topology=self.spec.name, actor=actor, replica=replica, kind=actor_spec.kind, spec=self.spec,
-                bus=session.bus, run_dir=session.run_dir, restarts=restarts,
-            )  # fmt: skip
+                topology=self.spec.name,
+                actor=actor,
+                replica=replica,
+                kind=actor_spec.kind,
+                spec=self.spec,
+                bus=session.bus,
+                run_dir=session.run_dir,
+                restarts=restarts,
+            )
             self._contexts[key] = ctx
             runner = Replica(ctx, factory, actor_spec.config, heartbeat_s=self.spec.runtime.heartbeat_s)
             ok = await runner.run()
@@ -80,10 +86,16 @@ class SingleProcessRuntime(RuntimeBase):
             delay = self.policy.on_crash(key)
             state = ActorState.FAILED if delay is None else ActorState.RESTARTING
             record = ReplicaStatus(
-                actor=actor, replica=replica, kind=actor_spec.kind, state=state.value, pid=os.getpid(),
-                restarts=restarts + (delay is not None), started_at=runner.started_at, ts=time.time(),
+                actor=actor,
+                replica=replica,
+                kind=actor_spec.kind,
+                state=state.value,
+                pid=os.getpid(),
+                restarts=restarts + (delay is not None),
+                started_at=runner.started_at,
+                ts=time.time(),
                 error=runner.error,
-            )  # fmt: skip
+            )
             await put_status(session.bus, self.spec.name, record)
             if delay is None:
                 self.fail(

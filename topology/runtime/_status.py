@@ -106,7 +106,10 @@ class BeatRequests:
 
 
 async def heartbeat_loop(
-    bus: Bus, topology: str, current: Callable[[], ReplicaStatus], interval_s: float,
+    bus: Bus,
+    topology: str,
+    current: Callable[[], ReplicaStatus],
+    interval_s: float,
     requests: BeatRequests | None = None,
 ) -> None:
     """Put ``current()`` every ``interval_s`` — or after an early ``requests`` one, at least :data:`MIN_BEAT_S`
@@ -162,9 +165,15 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
 
     def result(live: bool, reason: str, records: list[ReplicaStatus]) -> RunStatus:
         return RunStatus(
-            run_dir=str(run_dir), topology=info.topology, bus_url=info.bus_url, live=live, reason=reason,
-            heartbeat_s=info.heartbeat_s, replicas=records, expected=info.replica_keys(),
-        )  # fmt: skip
+            run_dir=str(run_dir),
+            topology=info.topology,
+            bus_url=info.bus_url,
+            live=live,
+            reason=reason,
+            heartbeat_s=info.heartbeat_s,
+            replicas=records,
+            expected=info.replica_keys(),
+        )
 
     if info.stopped_at is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.stopped_at))
@@ -176,9 +185,12 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
     try:
         with anyio.fail_after(timeout_s):
             bus = await Bus.connect(
-                info.bus_url, name="flywheel-status", topology=info.topology, creds_file=info.creds_file,
+                info.bus_url,
+                name="flywheel-status",
+                topology=info.topology,
+                creds_file=info.creds_file,
                 token=token or None,
-            )  # fmt: skip
+            )
             try:
                 records = await read_status(bus, info.topology, info.replica_keys())
             finally:

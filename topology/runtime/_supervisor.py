@@ -112,15 +112,24 @@ class LocalRuntime(RuntimeBase):
         actor, replica = key
         log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
         cmd = [
-            *self.python, "-m", "topology.runtime._child",
-            "--spec", str(self.spec.source_path),
-            "--actor", actor,
-            "--replica", str(replica),
-            "--run-dir", str(session.run_dir),
-            "--bus-url", session.bus_url,
-            "--restarts", str(restarts),
-            "--supervisor-pid", str(os.getpid()),
-        ]  # fmt: skip
+            *self.python,
+            "-m",
+            "topology.runtime._child",
+            "--spec",
+            str(self.spec.source_path),
+            "--actor",
+            actor,
+            "--replica",
+            str(replica),
+            "--run-dir",
+            str(session.run_dir),
+            "--bus-url",
+            session.bus_url,
+            "--restarts",
+            str(restarts),
+            "--supervisor-pid",
+            str(os.getpid()),
+        ]
         env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus)}
         with open(log_path, "ab") as out:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -128,9 +137,14 @@ class LocalRuntime(RuntimeBase):
             out.flush()
             # Popen from the event-loop thread: PDEATHSIG fires when the *forking thread* exits.
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                preexec_fn=_die_with_parent, start_new_session=True,
-            )  # fmt: skip
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+            )
         self.procs[key] = proc
         _log.info("replica started", actor=actor, replica=replica, pid=proc.pid, restarts=restarts)
         return proc
@@ -168,14 +182,27 @@ class LocalRuntime(RuntimeBase):
             restarts += 1
 
     async def _put(
-        self, session: Session, key: tuple[str, int], state: ActorState, pid: int, restarts: int,
-        started_at: float, error: str,
-    ) -> None:  # fmt: skip
+        self,
+        session: Session,
+        key: tuple[str, int],
+        state: ActorState,
+        pid: int,
+        restarts: int,
+        started_at: float,
+        error: str,
+    ) -> None:
         actor, replica = key
         record = ReplicaStatus(
-            actor=actor, replica=replica, kind=self.spec.actors[actor].kind, state=state.value, pid=pid,
-            restarts=restarts, started_at=started_at, ts=time.time(), error=error,
-        )  # fmt: skip
+            actor=actor,
+            replica=replica,
+            kind=self.spec.actors[actor].kind,
+            state=state.value,
+            pid=pid,
+            restarts=restarts,
+            started_at=started_at,
+            ts=time.time(),
+            error=error,
+        )
         try:
             await put_status(session.bus, self.spec.name, record)
         except Exception as exc:

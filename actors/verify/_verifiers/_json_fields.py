@@ -65,13 +65,19 @@ def field_matches(got: Any, want: Any, mode: Mode, *, rel_tol: float, abs_tol: f
 class JsonFieldsVerifier:
     name = "json-fields"
 
-    def __init__(self, *, mode: Mode = "exact", modes: Mapping[str, Mode] | None = None, rel_tol: float = 1e-6,
-                 abs_tol: float = 1e-9, penalize_extra: bool = False, max_chars: int = 20_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        mode: Mode = "exact",
+        modes: Mapping[str, Mode] | None = None,
+        rel_tol: float = 1e-6,
+        abs_tol: float = 1e-9,
+        penalize_extra: bool = False,
+        max_chars: int = 20_000,
+    ) -> None:
         for name, m in {"mode": mode, **dict(modes or {})}.items():
             if m not in _MODES:
-                raise VerifierError(
-                    f"json-fields verifier: {name} must be one of {', '.join(_MODES)}, got {m!r}"
-                )
+                raise VerifierError(f"json-fields verifier: {name} must be one of {', '.join(_MODES)}, got {m!r}")
         self.mode, self.modes = mode, dict(modes or {})
         self.rel_tol, self.abs_tol, self.penalize_extra, self.max_chars = (
             rel_tol,
@@ -88,8 +94,12 @@ class JsonFieldsVerifier:
         got = first_json_object(completion_text[: self.max_chars])
         if got is None:
             return VerifyResult(0.0, "fail", "no JSON object found", time.monotonic() - started)
-        matched = [k for k, want in expected.items() if k in got and field_matches(
-            got[k], want, self.modes.get(k, self.mode), rel_tol=self.rel_tol, abs_tol=self.abs_tol)]  # fmt: skip
+        matched = [
+            k
+            for k, want in expected.items()
+            if k in got
+            and field_matches(got[k], want, self.modes.get(k, self.mode), rel_tol=self.rel_tol, abs_tol=self.abs_tol)
+        ]
         total = len(expected) + (len(set(got) - set(expected)) if self.penalize_extra else 0)
         reward = len(matched) / total
         missed = [k for k in expected if k not in matched]

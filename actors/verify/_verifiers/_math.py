@@ -108,9 +108,13 @@ def _sympy_expr(text: str) -> Any:
     names["E"] = sympy.E
     try:
         with AST_LOCK:  # evaluate=False parses through `ast` (see AST_LOCK)
-            expr = parse_expr(s, local_dict=names, global_dict={"__builtins__": {}, **vars(sympy)},
-                              transformations=(*standard_transformations, implicit_multiplication_application),
-                              evaluate=False)  # fmt: skip
+            expr = parse_expr(
+                s,
+                local_dict=names,
+                global_dict={"__builtins__": {}, **vars(sympy)},
+                transformations=(*standard_transformations, implicit_multiplication_application),
+                evaluate=False,
+            )
     except Exception:
         return None
     for node in sympy.preorder_traversal(expr):
@@ -173,8 +177,6 @@ class MathVerifier:
                 slow = symbolic_equal if short else answers_equal
                 ok = await asyncio.wait_for(asyncio.to_thread(slow, answer, reference), _MAX_SYMPY_S)
         except TimeoutError:
-            return VerifyResult(
-                0.0, "timeout", f"comparing {answer[:40]!r} took too long", time.monotonic() - started
-            )
+            return VerifyResult(0.0, "timeout", f"comparing {answer[:40]!r} took too long", time.monotonic() - started)
         detail = f"answer {answer[:60]!r} {'=' if ok else '≠'} {reference[:60]!r}"
         return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, time.monotonic() - started)

@@ -44,9 +44,7 @@ def extract_code(text: str) -> str:
 class PythonTestsVerifier:
     name = "python-tests"
 
-    def __init__(
-        self, pool: SandboxPool, *, timeout_s: float | None = None, tests_field: str = "tests"
-    ) -> None:
+    def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, tests_field: str = "tests") -> None:
         self.pool, self.timeout_s, self.tests_field = pool, timeout_s, tests_field
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
@@ -54,9 +52,7 @@ class PythonTestsVerifier:
         if not isinstance(tests, str) or not tests.strip():
             raise VerifierError(f"python-tests verifier: the task has no {self.tests_field!r} source")
         result = await self.pool.run(extract_code(completion_text), tests=tests, timeout_s=self.timeout_s)
-        return VerifyResult(
-            1.0 if result.passed else 0.0, str(result.verdict), result.detail, result.elapsed_s
-        )
+        return VerifyResult(1.0 if result.passed else 0.0, str(result.verdict), result.detail, result.elapsed_s)
 
 
 def values_equal(got: Any, want: Any, *, rel_tol: float, abs_tol: float) -> bool:
@@ -78,8 +74,16 @@ def values_equal(got: Any, want: Any, *, rel_tol: float, abs_tol: float) -> bool
 class PythonExprVerifier:
     name = "python-expr"
 
-    def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, rel_tol: float = 1e-9,
-                 abs_tol: float = 1e-9, max_chars: int = 2000, memo_size: int = 4096) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: SandboxPool,
+        *,
+        timeout_s: float | None = None,
+        rel_tol: float = 1e-9,
+        abs_tol: float = 1e-9,
+        max_chars: int = 2000,
+        memo_size: int = 4096,
+    ) -> None:
         self.pool, self.timeout_s = pool, timeout_s
         self.rel_tol, self.abs_tol, self.max_chars = rel_tol, abs_tol, max_chars
         self.memo_size = memo_size

@@ -86,9 +86,7 @@ def _import_function(target: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def build_verifier(
-    name: str, config: Mapping[str, Any] | None = None, *, pool: SandboxPool | None = None
-) -> Verifier:
+def build_verifier(name: str, config: Mapping[str, Any] | None = None, *, pool: SandboxPool | None = None) -> Verifier:
     """The verifier called ``name`` configured with the domain's ``verifier_config``."""
     config = dict(config or {})
     try:

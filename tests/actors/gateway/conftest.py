@@ -111,9 +111,12 @@ def gateway(embedded_nats: EmbeddedNats, tmp_path_factory: pytest.TempPathFactor
 
     async def main() -> None:
         async with await Bus.connect(embedded_nats.url, topology=name, name="gateway-test") as bus:
-            ctxs = {actor: ActorContext(topology=name, actor=actor, replica=0, kind=actor, spec=spec, bus=bus,
-                                        run_dir=Path(root))
-                    for actor in ("generator", "gateway")}
+            ctxs = {
+                actor: ActorContext(
+                    topology=name, actor=actor, replica=0, kind=actor, spec=spec, bus=bus, run_dir=Path(root)
+                )
+                for actor in ("generator", "gateway")
+            }
             generator = GeneratorActor(ctxs["generator"], spec.actors["generator"].config)
             gateway = GatewayActor(ctxs["gateway"], spec.actors["gateway"].config)
             await generator.start()

@@ -5,8 +5,17 @@ import actors.gateway
 
 def test_public_names() -> None:
     assert set(actors.gateway.__all__) == {
-        "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
-        "NoGenerators", "ServeCall", "ServeClient", "read_api_keys",
+        "ApiError",
+        "ApiKeys",
+        "Gateway",
+        "GatewayActor",
+        "GatewayConfig",
+        "GenerationError",
+        "GeneratorsBusy",
+        "NoGenerators",
+        "ServeCall",
+        "ServeClient",
+        "read_api_keys",
     }
     for name in actors.gateway.__all__:
         assert getattr(actors.gateway, name) is not None

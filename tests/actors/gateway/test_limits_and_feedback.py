@@ -38,10 +38,22 @@ def error_of(response: httpx.Response) -> dict[str, object]:
         (b'["not", "an", "object"]', 400, "body"),
         (b'{"model": "flywheel"}', 400, "messages"),
         (b'{"model": "flywheel", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
-        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400, "temperature"),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "temperature": -1}',
+            400,
+            "temperature",
+        ),
         (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n=1"),
-        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}', 400, "limit of 64"),
-        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 413, "over the limit"),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}',
+            400,
+            "limit of 64",
+        ),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}',
+            413,
+            "over the limit",
+        ),
     ],
 )
 def test_bad_requests_are_4xx_and_not_recorded(gateway: Running, body: bytes, status: int, fragment: str) -> None:
@@ -85,8 +97,12 @@ def test_feedback_needs_a_valid_key(gateway: Running) -> None:
 
 
 def test_feedback_before_and_after_its_request(gateway: Running) -> None:
-    early = post(gateway, "/v1/feedback", key=API_KEY,
-                 json={"request_id": "fw-not-served-yet", "score": 0.25, "comment": "arrived first"})
+    early = post(
+        gateway,
+        "/v1/feedback",
+        key=API_KEY,
+        json={"request_id": "fw-not-served-yet", "score": 0.25, "comment": "arrived first"},
+    )
     assert early.status_code == 200 and early.json()["status"] == "accepted"
     served = post(gateway, "/v1/chat/completions", json=CHAT)
     request_id = served.json()["id"]

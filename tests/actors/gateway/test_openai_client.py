@@ -17,7 +17,9 @@ def client(running: Running) -> openai.OpenAI:
 
 
 def traffic_for(running: Running, request_id: str) -> TrafficMsg:
-    found = {payload.request_id: (msg_id, payload) for msg_id, payload in running.read("traffic", running.stored("traffic"))}
+    found = {
+        payload.request_id: (msg_id, payload) for msg_id, payload in running.read("traffic", running.stored("traffic"))
+    }
     msg_id, record = found[request_id]
     assert msg_id == request_id  # stored under the request id: a re-publish dedupes
     return record
@@ -29,8 +31,10 @@ def test_models_lists_the_served_model(gateway: Running) -> None:
 
 def test_chat_completion_is_served_and_recorded(gateway: Running) -> None:
     raw = client(gateway).chat.completions.with_raw_response.create(
-        model="flywheel", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
-        max_tokens=6, temperature=0.7,
+        model="flywheel",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
+        max_tokens=6,
+        temperature=0.7,
     )
     completion = raw.parse()
     assert raw.headers["x-request-id"] == completion.id
@@ -49,7 +53,10 @@ def test_chat_completion_is_served_and_recorded(gateway: Running) -> None:
 
 def test_streamed_chat_matches_its_record(gateway: Running) -> None:
     stream = client(gateway).chat.completions.create(
-        model="flywheel", messages=[{"role": "user", "content": "count: 1 2 3"}], max_tokens=12, stream=True,
+        model="flywheel",
+        messages=[{"role": "user", "content": "count: 1 2 3"}],
+        max_tokens=12,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -68,7 +75,9 @@ def test_completions_plain_and_streaming(gateway: Running) -> None:
     plain = api.completions.create(model="flywheel", prompt="12+7=", max_tokens=5, temperature=0)
     record = traffic_for(gateway, plain.id)
     assert record.route == "completions" and record.prompt == "12+7="
-    assert plain.choices[0].text == record.completion.text and record.completion.logprobs == [0.0] * len(record.completion.token_ids)
+    assert plain.choices[0].text == record.completion.text and record.completion.logprobs == [0.0] * len(
+        record.completion.token_ids
+    )
     streamed = list(api.completions.create(model="flywheel", prompt="12+7=", max_tokens=5, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == plain.choices[0].text  # greedy: same text either way
     assert traffic_for(gateway, streamed[0].id).completion.token_ids == record.completion.token_ids

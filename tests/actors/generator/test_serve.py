@@ -31,8 +31,9 @@ channels: {{prompts: {{external: true}}}}
 def context(bus: Bus, tmp_path: Path) -> ActorContext:
     (tmp_path / "spec.yaml").write_text(SPEC.format(name=bus.topology))
     spec = load_spec(tmp_path / "spec.yaml")
-    return ActorContext(topology=bus.topology, actor="generator", replica=0, kind="generator", spec=spec, bus=bus,
-                        run_dir=tmp_path)  # fmt: skip
+    return ActorContext(
+        topology=bus.topology, actor="generator", replica=0, kind="generator", spec=spec, bus=bus, run_dir=tmp_path
+    )
 
 
 def params(n: int) -> dict[str, Any]:

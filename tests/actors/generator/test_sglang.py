@@ -29,8 +29,7 @@ def make_engine(**kwargs: object) -> TorchEngine:
 def perturbed(engine: TorchEngine, scale: float = 0.5, seed: int = 1) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {
-        n: (t + scale * torch.randn(t.shape, generator=gen)).contiguous()
-        for n, t in engine.policy.state_dict().items()
+        n: (t + scale * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
     }
 
 
@@ -190,9 +189,7 @@ def test_server_down_fails_fast_naming_url_and_call() -> None:
         with pytest.raises(EngineHTTPError) as info:
             await client.generate([request()])
         assert time.monotonic() - started < 10
-        assert (
-            url in str(info.value) and "POST /generate" in str(info.value) and "3 attempt" in str(info.value)
-        )
+        assert url in str(info.value) and "POST /generate" in str(info.value) and "3 attempt" in str(info.value)
         with pytest.raises(EngineHTTPError, match="not healthy within"):
             await client.wait_healthy(timeout_s=0.5)
         await client.close()

@@ -31,7 +31,10 @@ def scrambled_policy(seed: int = 0) -> Policy:
     policy = Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))
     gen = torch.Generator().manual_seed(seed)
     policy.load_state_dict(
-        {k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone() for k, v in policy.state_dict().items()}
+        {
+            k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone()
+            for k, v in policy.state_dict().items()
+        }
     )
     return policy
 
@@ -109,7 +112,7 @@ def test_top_k_and_top_p_report_the_filtered_distribution(policy: Policy) -> Non
         ids = torch.tensor([completion.prompt_ids + completion.token_ids])
         with torch.no_grad():
             logits, _ = policy.forward(ids)
-        ranks = (logits[0, len(completion.prompt_ids) - 1 : -1].argsort(dim=-1, descending=True))
+        ranks = logits[0, len(completion.prompt_ids) - 1 : -1].argsort(dim=-1, descending=True)
         for t, token in enumerate(completion.token_ids):
             assert token in ranks[t, :5].tolist()
 
@@ -127,7 +130,9 @@ def test_seeded_requests_do_not_depend_on_batch_mates(policy: Policy) -> None:
     params = SamplingParams(max_new_tokens=15, temperature=1.0, seed=42, ignore_eos=True)
     alone = run(lambda: generate(policy, requests(policy, PROMPTS[:1], params)))[0]
     others = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True)
-    mixed = run(lambda: generate(policy, [*requests(policy, PROMPTS[:1], params), *requests(policy, PROMPTS[1:], others)]))
+    mixed = run(
+        lambda: generate(policy, [*requests(policy, PROMPTS[:1], params), *requests(policy, PROMPTS[1:], others)])
+    )
     assert mixed[0].token_ids == alone.token_ids
 
 
@@ -282,8 +287,10 @@ def test_a_failing_step_hook_fails_the_requests_instead_of_hanging(policy: Polic
 
 def test_a_group_of_identical_prompts_is_prefilled_once_with_the_same_results(policy: Policy) -> None:
     prompt = tuple(policy.tokenizer.encode(PROMPTS[3]))
-    group = [GenerationRequest(f"g{i}", prompt, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i,
-                                                               ignore_eos=True)) for i in range(6)]
+    group = [
+        GenerationRequest(f"g{i}", prompt, SamplingParams(max_new_tokens=8, temperature=1.0, seed=i, ignore_eos=True))
+        for i in range(6)
+    ]
     engine = TorchEngine(policy)
 
     async def together() -> list[Completion]:
@@ -303,8 +310,10 @@ def test_a_group_of_identical_prompts_is_prefilled_once_with_the_same_results(po
 
 
 def test_several_steps_per_thread_hop_sample_what_one_step_per_hop_does(policy: Policy) -> None:
-    params = [SamplingParams(max_new_tokens=n, temperature=1.0, seed=i, ignore_eos=True) for i, n in
-              enumerate((3, 12, 7, 12, 5, 9))]
+    params = [
+        SamplingParams(max_new_tokens=n, temperature=1.0, seed=i, ignore_eos=True)
+        for i, n in enumerate((3, 12, 7, 12, 5, 9))
+    ]
     reqs = [GenerationRequest(f"m{i}", tuple(policy.tokenizer.encode(PROMPTS[i % 4])), p) for i, p in enumerate(params)]
     # max_batch_size 2: rows finish and joiners wait inside a multi-step hop, which must end so they get in
     engines = {n: TorchEngine(policy, max_batch_size=2, steps_per_call=n) for n in (1, 8)}

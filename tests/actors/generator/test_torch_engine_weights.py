@@ -17,7 +17,10 @@ def make_policy(seed: int) -> Policy:
     policy = Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))
     gen = torch.Generator().manual_seed(seed)
     policy.load_state_dict(
-        {k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone() for k, v in policy.state_dict().items()}
+        {
+            k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone()
+            for k, v in policy.state_dict().items()
+        }
     )
     return policy
 

@@ -29,8 +29,7 @@ def make_engine() -> TorchEngine:
 def perturbed(engine: TorchEngine, seed: int = 1) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {
-        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous()
-        for n, t in engine.policy.state_dict().items()
+        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
     }
 
 
@@ -90,11 +89,7 @@ def test_bad_disk_payload_is_rejected_and_old_version_keeps_serving(tmp_path: Pa
         save_file(bad, str(tmp_path / "model.safetensors"))
         with pytest.raises(EngineHTTPError) as info:
             await client.update_weights(1, str(tmp_path))
-        assert (
-            info.value.status == 400
-            and info.value.path == "/collective_rpc"
-            and server.url in str(info.value)
-        )
+        assert info.value.status == 400 and info.value.path == "/collective_rpc" and server.url in str(info.value)
         assert "not.a.parameter" in str(info.value)
         assert client.version == 0 and engine.version == 0 and not server.host.paused
         [after] = await client.generate([request()])

@@ -25,8 +25,7 @@ def make_engine() -> TorchEngine:
 def perturbed(engine: TorchEngine, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {
-        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous()
-        for n, t in engine.policy.state_dict().items()
+        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
     }
 
 
@@ -69,11 +68,7 @@ def test_bad_broadcast_is_drained_rejected_and_old_weights_serve() -> None:
                 bad[name] = torch.ones(5, 5)
                 with pytest.raises(EngineHTTPError) as info:
                     await asyncio.wait_for(client.update_weights(1, DistributedWeights(broadcaster, bad)), 30)
-                assert (
-                    info.value.status == 400
-                    and name in str(info.value)
-                    and "still serving 0" in str(info.value)
-                )
+                assert info.value.status == 400 and name in str(info.value) and "still serving 0" in str(info.value)
                 assert engine.version == client.version == 0 and not server.host.paused
                 [after] = await client.generate([REQUEST])
                 assert after.token_ids == before.token_ids

@@ -41,8 +41,9 @@ def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> 
 async def running_joiner(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[JoinerActor]:
     settings = BusSettings(ack_wait_s=2.0, max_deliver=10)
     async with await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus:
-        ctx = ActorContext(topology=spec.name, actor="joiner", replica=0, kind="joiner", spec=spec, bus=bus,
-                           run_dir=run_dir)
+        ctx = ActorContext(
+            topology=spec.name, actor="joiner", replica=0, kind="joiner", spec=spec, bus=bus, run_dir=run_dir
+        )
         config = spec.actors["joiner"].config
         assert isinstance(config, JoinerConfig)
         actor = JoinerActor(ctx, config)
@@ -76,8 +77,7 @@ async def scored_messages(bus: Bus, n: int, timeout_s: float = 10.0) -> list[Sco
     return out
 
 
-async def test_feedback_after_traffic_becomes_an_off_policy_sample(embedded_nats: EmbeddedNats,
-                                                                   tmp_path: Path) -> None:
+async def test_feedback_after_traffic_becomes_an_off_policy_sample(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
         async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
@@ -93,8 +93,9 @@ async def test_feedback_after_traffic_becomes_an_off_policy_sample(embedded_nats
     assert completion.versions == [3, 3] and completion.logprobs == [-0.5, -0.5]  # the served behavior policy
 
 
-async def test_feedback_before_its_traffic_is_joined_when_the_traffic_arrives(embedded_nats: EmbeddedNats,
-                                                                              tmp_path: Path) -> None:
+async def test_feedback_before_its_traffic_is_joined_when_the_traffic_arrives(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
         async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
@@ -131,7 +132,8 @@ async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: Embed
 
 
 async def test_feedback_days_later_joins_within_the_window_and_expires_beyond_it(
-        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     spec = joiner_spec(tmp_path, "{window_s: 604800}")  # one week
     served = time.time() - 3 * DAY
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:

@@ -25,8 +25,16 @@ from topology.runtime import ActorContext
 TINY = "{preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
 
 
-def write_spec(folder: Path, learner: str = "", *, domains: str = "", warm_steps: int = 0,
-               ack_wait_s: float = 1.0, dedupe_window_s: float = 120.0, name: str | None = None) -> Spec:
+def write_spec(
+    folder: Path,
+    learner: str = "",
+    *,
+    domains: str = "",
+    warm_steps: int = 0,
+    ack_wait_s: float = 1.0,
+    dedupe_window_s: float = 120.0,
+    name: str | None = None,
+) -> Spec:
     """A learner fed from an external `scored` channel (no generators), tiny policy."""
     domains = domains or (
         "  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 8, weight: 1.0}\n"
@@ -51,20 +59,42 @@ def write_spec(folder: Path, learner: str = "", *, domains: str = "", warm_steps
     return load_spec(path)
 
 
-def scored(domain: str, rewards: list[float], *, versions: int | list[int] = 1, heldout: bool = False,
-           temperature: float = 1.0, prompt: str = "What is 1+2? ") -> dict[str, Any]:
+def scored(
+    domain: str,
+    rewards: list[float],
+    *,
+    versions: int | list[int] = 1,
+    heldout: bool = False,
+    temperature: float = 1.0,
+    prompt: str = "What is 1+2? ",
+) -> dict[str, Any]:
     """A `scored` payload: one completion per reward, each a couple of characters with versions."""
     tok = CharTokenizer()
     completions = []
     for i, reward in enumerate(rewards):
         ids = [*tok.encode(str(i % 10) + "3"), tok.eos_id]
         vs = versions if isinstance(versions, list) else [versions] * len(ids)
-        completions.append({"text": f"{i % 10}3", "token_ids": ids, "logprobs": [-4.0] * len(ids),
-                            "versions": vs[: len(ids)] + [vs[-1]] * (len(ids) - len(vs)),
-                            "finish_reason": "stop", "reward": reward, "verdict": "ok"})
-    msg = ScoredMsg.model_validate({"task_id": f"{domain}-t", "domain": domain,
-                                    "prompt_ids": encode_prompt(tok, prompt), "heldout": heldout,
-                                    "temperature": temperature, "completions": completions})
+        completions.append(
+            {
+                "text": f"{i % 10}3",
+                "token_ids": ids,
+                "logprobs": [-4.0] * len(ids),
+                "versions": vs[: len(ids)] + [vs[-1]] * (len(ids) - len(vs)),
+                "finish_reason": "stop",
+                "reward": reward,
+                "verdict": "ok",
+            }
+        )
+    msg = ScoredMsg.model_validate(
+        {
+            "task_id": f"{domain}-t",
+            "domain": domain,
+            "prompt_ids": encode_prompt(tok, prompt),
+            "heldout": heldout,
+            "temperature": temperature,
+            "completions": completions,
+        }
+    )
     return msg.model_dump(mode="json")
 
 
@@ -75,17 +105,20 @@ def learner_config(spec: Spec) -> LearnerConfig:
 
 
 @asynccontextmanager
-async def running_learner(spec: Spec, url: str, run_dir: Path, *,
-                          crash: bool = False) -> AsyncIterator[tuple[LearnerActor, Bus]]:
+async def running_learner(
+    spec: Spec, url: str, run_dir: Path, *, crash: bool = False
+) -> AsyncIterator[tuple[LearnerActor, Bus]]:
     """Start a learner in this event loop; on exit stop it cleanly, or (crash=True) cancel it mid-run and drop its
     bus connection without drain — what a SIGKILL leaves behind, as far as the bus and the state dir can tell."""
-    settings = BusSettings(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver,
-                           dedupe_window_s=spec.bus.dedupe_window_s)
+    settings = BusSettings(
+        ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver, dedupe_window_s=spec.bus.dedupe_window_s
+    )
     async with await Bus.connect(url, topology=spec.name, name="learner", settings=settings) as bus:
         for channel in spec.channels.values():
             await bus.ensure_channel(channel.name)
-        ctx = ActorContext(topology=spec.name, actor="learner", replica=0, kind="learner", spec=spec, bus=bus,
-                           run_dir=run_dir)
+        ctx = ActorContext(
+            topology=spec.name, actor="learner", replica=0, kind="learner", spec=spec, bus=bus, run_dir=run_dir
+        )
         actor = LearnerActor(ctx, learner_config(spec))
         await actor.start()
         async with anyio.create_task_group() as tg:

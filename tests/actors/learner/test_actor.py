@@ -14,9 +14,12 @@ from topology.bus import EmbeddedNats
 
 pytestmark = pytest.mark.anyio
 
+
 def learner(checkpoint_every_steps: int = 2, extra: str = "") -> str:
-    return (f"    batch_size: 8\n    checkpoint_every_steps: {checkpoint_every_steps}\n    eval_every_steps: 0\n"
-            f"    fill_wait_s: 0\n    metrics_flush_s: 0.2\n{extra}")
+    return (
+        f"    batch_size: 8\n    checkpoint_every_steps: {checkpoint_every_steps}\n    eval_every_steps: 0\n"
+        f"    fill_wait_s: 0\n    metrics_flush_s: 0.2\n{extra}"
+    )
 
 
 async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
@@ -41,15 +44,18 @@ async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats
     assert consumer.num_pending == 0
 
 
-@pytest.mark.parametrize(("learner_mode", "domain_mode"), [("skip", None), ("reference", None), ("skip", "reference"),
-                                                            ("reference", "skip")])
+@pytest.mark.parametrize(
+    ("learner_mode", "domain_mode"), [("skip", None), ("reference", None), ("skip", "reference"), ("reference", "skip")]
+)
 async def test_failed_groups_are_skipped_or_guided_by_the_reference(
-        embedded_nats: EmbeddedNats, tmp_path: Path, learner_mode: str, domain_mode: str | None) -> None:
-    config = ("    batch_size: 4\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
-              f"    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: {learner_mode}\n")
+    embedded_nats: EmbeddedNats, tmp_path: Path, learner_mode: str, domain_mode: str | None
+) -> None:
+    config = (
+        "    batch_size: 4\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
+        f"    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: {learner_mode}\n"
+    )
     override = "" if domain_mode is None else f", failed_groups: {domain_mode}"
-    domains = ("  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 8"
-               f"{override}}}\n")
+    domains = f"  arithmetic: {{source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 8{override}}}\n"
     spec = write_spec(tmp_path, config, domains=domains)  # a batch is one group of 4: each is judged on its own
     mode = domain_mode or learner_mode  # the domain's setting wins
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
@@ -58,11 +64,13 @@ async def test_failed_groups_are_skipped_or_guided_by_the_reference(
         await bus.publish("scored", "scored", scored("arithmetic", [0.0] * 4), id="no-ref")  # nothing to guide with
         await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id="mixed")
         # partial credit and none fully right: signal of its own, and not correct, so guided as well
-        await bus.publish("scored", "scored", {**scored("arithmetic", [0.5, 0.0, 0.5, 0.0]), "reference": "3"},
-                          id="partial")
+        await bus.publish(
+            "scored", "scored", {**scored("arithmetic", [0.5, 0.0, 0.5, 0.0]), "reference": "3"}, id="partial"
+        )
         await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= (4 if mode == "reference" else 2))
-        await wait_until(lambda: actor.ctx.counters.get("no_signal_failed.arithmetic") >= (1 if mode == "reference"
-                                                                                               else 3))
+        await wait_until(
+            lambda: actor.ctx.counters.get("no_signal_failed.arithmetic") >= (1 if mode == "reference" else 3)
+        )
         guided = actor.ctx.counters.get("guided.arithmetic")
     steps = read_metrics(tmp_path / "run", "step")
     if mode == "reference":  # 3 guided groups of 4 + their references, and the mixed group of 4
@@ -96,11 +104,14 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
     assert steps["step"].to_list() == [1] and steps["samples"].to_list() == [8]
 
 
-@pytest.mark.parametrize(("setting", "expected"),
-                         [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
-                         ids=["default", "object-store"])
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
+    ids=["default", "object-store"],
+)
 async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
-        embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str
+) -> None:
     from actors.weights._flow import CURRENT, weights_bucket
     from actors.weights._manifest import WeightManifest
 
@@ -125,7 +136,8 @@ async def test_auto_transport_is_the_object_store_on_ray() -> None:
 
 @pytest.mark.parametrize(("floor_s", "versions"), [(0.0, 4), (60.0, 1)], ids=["every-step", "floor"])
 async def test_publish_min_interval_holds_back_the_versions_of_fast_steps(
-        embedded_nats: EmbeddedNats, tmp_path: Path, floor_s: float, versions: int) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path, floor_s: float, versions: int
+) -> None:
     spec = write_spec(tmp_path, learner(extra=f"    max_staleness: 100\n    publish_min_interval_s: {floor_s}\n"))
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
         assert actor.version == 1  # the start publishes whatever the floor
@@ -136,12 +148,16 @@ async def test_publish_min_interval_holds_back_the_versions_of_fast_steps(
         assert actor.version == versions  # with the floor, steps 1-3 came too soon after the start's version
 
 
-async def test_heldout_prompts_out_are_reported_until_their_scores_return(embedded_nats: EmbeddedNats,
-                                                                         tmp_path: Path) -> None:
+async def test_heldout_prompts_out_are_reported_until_their_scores_return(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     """`eval_out`: held-out prompts published and not scored yet, which a source steering by `max_in_flight` must not
     count as training groups (they wait in the same stages)."""
-    config = learner(1, "    max_staleness: 100\n    publish_min_interval_s: 0\n    eval_every_steps: 1\n"
-                        "  generator: {engine: torch, device: cpu}\n")
+    config = learner(
+        1,
+        "    max_staleness: 100\n    publish_min_interval_s: 0\n    eval_every_steps: 1\n"
+        "  generator: {engine: torch, device: cpu}\n",
+    )
     spec = write_spec(tmp_path, config.replace("    eval_every_steps: 0\n", "", 1))
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
         js = bus.nc.jetstream()
@@ -151,8 +167,9 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(embedd
 
         assert await published_is(8) and actor.report()["eval_out"] == 8  # the baseline round: 8 held-out tasks
         for i in range(5):
-            await bus.publish("scored", "scored", scored("arithmetic", [1.0], heldout=True, temperature=0.0),
-                              id=f"eval-1-t{i}.r.s")
+            await bus.publish(
+                "scored", "scored", scored("arithmetic", [1.0], heldout=True, temperature=0.0), id=f"eval-1-t{i}.r.s"
+            )
         await wait_until(lambda: actor.report()["eval_out"] == 3)
         for i in range(2):  # one training step: the next round goes out
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
@@ -161,14 +178,19 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(embedd
 
 
 async def test_batches_take_domains_in_the_proportion_the_source_draws_them(
-        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     """Equal weights, groups of 8 and of 4: the source sends one prompt of each in turn, so a batch of 12 is one
     group of each. Shares by weight alone (6 + 6) would owe the small-group domain credit it never fills, and the
     batch would wait out `fill_wait_s`."""
-    config = ("    batch_size: 12\n    checkpoint_every_steps: 100\n    eval_every_steps: 0\n    fill_wait_s: 60\n"
-              "    metrics_flush_s: 0.2\n    max_staleness: 100\n")
-    domains = ("  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 8, heldout: 8}\n"
-               "  extract: {source: builtin:extract, verifier: json-fields, group_size: 4, heldout: 8}\n")
+    config = (
+        "    batch_size: 12\n    checkpoint_every_steps: 100\n    eval_every_steps: 0\n    fill_wait_s: 60\n"
+        "    metrics_flush_s: 0.2\n    max_staleness: 100\n"
+    )
+    domains = (
+        "  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 8, heldout: 8}\n"
+        "  extract: {source: builtin:extract, verifier: json-fields, group_size: 4, heldout: 8}\n"
+    )
     spec = write_spec(tmp_path, config, domains=domains)
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
         await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0] * 4), id="a0")

@@ -18,8 +18,9 @@ def test_batches_follow_domain_weights() -> None:
 
 def test_missing_domain_fills_from_others_after_wait() -> None:
     now = [0.0]
-    batcher: DomainBatcher[str] = DomainBatcher({"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=2.0,
-                                                clock=lambda: now[0])
+    batcher: DomainBatcher[str] = DomainBatcher(
+        {"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=2.0, clock=lambda: now[0]
+    )
     for i in range(4):
         batcher.add("a", f"a{i}", 2)
     assert not batcher.ready()  # enough in total, but b has none of its share yet
@@ -41,8 +42,9 @@ def test_unknown_domain_gets_weight_one_and_is_ready_when_balanced() -> None:
 def test_two_batches_buffered_never_wait_for_a_short_domain() -> None:
     """A learner that is the bottleneck must not idle for a domain's share: the credit carries it over."""
     now = [0.0]
-    batcher: DomainBatcher[str] = DomainBatcher({"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=60,
-                                                clock=lambda: now[0])
+    batcher: DomainBatcher[str] = DomainBatcher(
+        {"a": 1.0, "b": 1.0}, batch_size=8, fill_wait_s=60, clock=lambda: now[0]
+    )
     for i in range(7):
         batcher.add("a", f"a{i}", 2)
     assert not batcher.ready()  # 14 completions: less than two batches, b still has time to arrive

@@ -12,9 +12,25 @@ from actors.source import open_source
 
 
 def scored(rewards: list[float], temperature: float) -> ScoredMsg:
-    return ScoredMsg(task_id="t", domain="arith", prompt_ids=[1], heldout=True, temperature=temperature,
-                     completions=[ScoredCompletion(text="x", token_ids=[2], logprobs=[0.0], versions=[3], reward=r, finish_reason="stop",
-                                                   verdict="pass" if r == 1.0 else "fail") for r in rewards])
+    return ScoredMsg(
+        task_id="t",
+        domain="arith",
+        prompt_ids=[1],
+        heldout=True,
+        temperature=temperature,
+        completions=[
+            ScoredCompletion(
+                text="x",
+                token_ids=[2],
+                logprobs=[0.0],
+                versions=[3],
+                reward=r,
+                finish_reason="stop",
+                verdict="pass" if r == 1.0 else "fail",
+            )
+            for r in rewards
+        ],
+    )
 
 
 def test_a_sampled_round_is_the_mean_over_every_completion_and_counts_each_prompt_once() -> None:
@@ -38,9 +54,15 @@ def test_several_eval_samples_need_a_temperature() -> None:
         LearnerConfig(eval_baseline_samples=4)
 
 
-@pytest.mark.parametrize(("given", "expected"), [({}, 1), ({"eval_temperature": 1.0}, 4),
-                                                 ({"eval_temperature": 1.0, "eval_samples": 8}, 8),
-                                                 ({"eval_temperature": 1.0, "eval_baseline_samples": 1}, 1)])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, 1),
+        ({"eval_temperature": 1.0}, 4),
+        ({"eval_temperature": 1.0, "eval_samples": 8}, 8),
+        ({"eval_temperature": 1.0, "eval_baseline_samples": 1}, 1),
+    ],
+)
 def test_the_post_warm_start_round_reads_more_samples_when_sampled(given: dict[str, float], expected: int) -> None:
     assert LearnerConfig.model_validate(given).baseline_samples == expected
 

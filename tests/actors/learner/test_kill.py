@@ -33,16 +33,35 @@ from topology.runtime._status import read_status
 
 pytestmark = pytest.mark.anyio
 
-LEARNER = ("    batch_size: 8\n    checkpoint_every_steps: 3\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
-           "    metrics_flush_s: 0.2\n    max_staleness: 100\n")
+LEARNER = (
+    "    batch_size: 8\n    checkpoint_every_steps: 3\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
+    "    metrics_flush_s: 0.2\n    max_staleness: 100\n"
+)
 
 
 def spawn(spec: Spec, run_dir: Path, url: str, restarts: int) -> subprocess.Popen[bytes]:
     log = open(run_dir / f"learner-{restarts}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [sys.executable, "-m", "topology.runtime._child", "--spec", str(spec.source_path), "--actor", "learner",
-         "--replica", "0", "--run-dir", str(run_dir), "--bus-url", url, "--restarts", str(restarts)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[3],
+        [
+            sys.executable,
+            "-m",
+            "topology.runtime._child",
+            "--spec",
+            str(spec.source_path),
+            "--actor",
+            "learner",
+            "--replica",
+            "0",
+            "--run-dir",
+            str(run_dir),
+            "--bus-url",
+            url,
+            "--restarts",
+            str(restarts),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parents[3],
     )
 
 

@@ -37,8 +37,9 @@ def test_on_policy_positive_advantage_increases_logprob() -> None:
     token = torch.tensor([[2]])
     logprobs = torch.log_softmax(logits, -1).gather(-1, token[..., None])[..., 0]
     frozen = logprobs.detach()
-    loss, _ = decoupled_ppo_loss(logprobs, frozen, frozen, torch.tensor([1.0], dtype=torch.float64),
-                                 torch.ones(1, 1), PPOConfig())
+    loss, _ = decoupled_ppo_loss(
+        logprobs, frozen, frozen, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), PPOConfig()
+    )
     loss.backward()
     assert logits.grad is not None
     # gradient descent moves the logit of the sampled token up, the others down
@@ -68,16 +69,16 @@ def test_negative_advantage_clips_on_the_low_side() -> None:
     cfg = PPOConfig(clip_low=0.2, clip_high=0.2, iw_cap=5.0)
     prox = _t([-1.0])
     cur = prox + math.log(0.5)  # ratio 0.5 → clipped 0.8; A<0: min(0.5·-1, 0.8·-1) = -0.8
-    loss, stats = decoupled_ppo_loss(cur, prox, prox, torch.tensor([-1.0], dtype=torch.float64),
-                                     torch.ones(1, 1), cfg)
+    loss, stats = decoupled_ppo_loss(cur, prox, prox, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), cfg)
     assert loss.item() == pytest.approx(0.8)
     assert stats.clipped_frac == 1.0
 
 
 def test_empty_mask_gives_zero_loss_not_nan() -> None:
     lp = _t([-1.0, -2.0]).requires_grad_()
-    loss, stats = decoupled_ppo_loss(lp, lp.detach(), lp.detach(), torch.tensor([1.0], dtype=torch.float64),
-                                     torch.zeros(1, 2), PPOConfig())
+    loss, stats = decoupled_ppo_loss(
+        lp, lp.detach(), lp.detach(), torch.tensor([1.0], dtype=torch.float64), torch.zeros(1, 2), PPOConfig()
+    )
     assert loss.item() == 0.0 and not math.isnan(loss.item())
     loss.backward()
     assert stats.tokens == 0
@@ -93,8 +94,9 @@ def test_kl_term_is_added_with_its_coefficient() -> None:
     prox = _t([-1.0])
     ref = _t([-1.5])
     cfg = PPOConfig(kl_coef=0.5)
-    loss, stats = decoupled_ppo_loss(prox, prox, prox, torch.tensor([0.0], dtype=torch.float64),
-                                     torch.ones(1, 1), cfg, ref_logprobs=ref)
+    loss, stats = decoupled_ppo_loss(
+        prox, prox, prox, torch.tensor([0.0], dtype=torch.float64), torch.ones(1, 1), cfg, ref_logprobs=ref
+    )
     kl = math.exp(-0.5) + 0.5 - 1
     assert stats.kl == pytest.approx(kl)
     assert loss.item() == pytest.approx(0.5 * kl)
@@ -123,7 +125,8 @@ def test_seq_mean_loss_of_one_sided_advantages() -> None:
     mask = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
     advantages = torch.tensor([2.0, -1.0])
     token, _ = decoupled_ppo_loss(logprobs, logprobs.detach(), torch.zeros(2, 3), advantages, mask, PPOConfig())
-    seq, _ = decoupled_ppo_loss(logprobs, logprobs.detach(), torch.zeros(2, 3), advantages, mask,
-                                PPOConfig(aggregate="seq-mean"))
+    seq, _ = decoupled_ppo_loss(
+        logprobs, logprobs.detach(), torch.zeros(2, 3), advantages, mask, PPOConfig(aggregate="seq-mean")
+    )
     assert float(token) == pytest.approx(-(2.0 - 3.0) / 4)
     assert float(seq) == pytest.approx(-(2.0 - 1.0) / 2)

@@ -45,10 +45,10 @@ def test_positive_advantage_raises_the_sampled_tokens_logprob() -> None:
 
     def logprob() -> float:
         with torch.no_grad():
-            return float(policy.token_logprobs(ids)[0, -len(completion):].sum())
+            return float(policy.token_logprobs(ids)[0, -len(completion) :].sum())
 
     before = logprob()
-    behavior = policy.token_logprobs(ids)[0, -len(completion):].tolist()  # on-policy: μ = π_prox = π_θ
+    behavior = policy.token_logprobs(ids)[0, -len(completion) :].tolist()  # on-policy: μ = π_prox = π_θ
     trainer = Trainer(policy, lr=1e-2, ppo=PPOConfig(), grad_clip=1.0)
     stats = trainer.rl_step([TrainSample(prompt, completion, behavior, advantage=1.0, temperature=1.0)])
     assert logprob() > before
@@ -64,13 +64,17 @@ def test_a_reference_answer_without_behavior_logprobs_trains_with_weight_one() -
 
     def logprob() -> float:
         with torch.no_grad():
-            return float(policy.token_logprobs(ids)[0, -len(reference):].sum())
+            return float(policy.token_logprobs(ids)[0, -len(reference) :].sum())
 
     before = logprob()
-    behavior = policy.token_logprobs(torch.tensor([prompt + wrong]))[0, -len(wrong):].tolist()
+    behavior = policy.token_logprobs(torch.tensor([prompt + wrong]))[0, -len(wrong) :].tolist()
     trainer = Trainer(policy, lr=1e-2, ppo=PPOConfig(), grad_clip=1.0)
-    stats = trainer.rl_step([TrainSample(prompt, reference, None, advantage=1.0, temperature=1.0),
-                             TrainSample(prompt, wrong, behavior, advantage=-1.0, temperature=1.0)])
+    stats = trainer.rl_step(
+        [
+            TrainSample(prompt, reference, None, advantage=1.0, temperature=1.0),
+            TrainSample(prompt, wrong, behavior, advantage=-1.0, temperature=1.0),
+        ]
+    )
     assert logprob() > before and math.isfinite(stats.loss)
     assert abs(stats.iw_mean - 1.0) < 1e-4  # the sampled row is on-policy, the reference row has weight 1
 
@@ -114,21 +118,27 @@ def _mixed_length_samples(policy: Policy, group: int = 1) -> list[TrainSample]:
     rng = random.Random(3)
     samples: list[TrainSample] = []
     for i in range(12):
-        prompt = (list(samples[-1].prompt_ids) if i % group else
-                  encode_prompt(tok, "".join(rng.choice("qwe") for _ in range(rng.randint(2, 30))) + "="))
+        prompt = (
+            list(samples[-1].prompt_ids)
+            if i % group
+            else encode_prompt(tok, "".join(rng.choice("qwe") for _ in range(rng.randint(2, 30))) + "=")
+        )
         completion = encode_completion(tok, "a" * rng.randint(1, 25))
         with torch.no_grad():
-            behavior = policy.token_logprobs(torch.tensor([prompt + completion]))[0, -len(completion):].tolist()
-        samples.append(TrainSample(prompt, completion, behavior, advantage=(-1.0) ** i * (1 + i / 10),
-                                   temperature=1.0))
+            behavior = policy.token_logprobs(torch.tensor([prompt + completion]))[0, -len(completion) :].tolist()
+        samples.append(TrainSample(prompt, completion, behavior, advantage=(-1.0) ** i * (1 + i / 10), temperature=1.0))
     return samples
 
 
 @pytest.mark.parametrize("aggregate", ["token-mean", "seq-mean"])
-@pytest.mark.parametrize(("groups", "model"), [(1, "builtin"), (4, "builtin"), (4, "hf")],
-                         ids=["distinct-prompts", "groups-of-4", "groups-of-4-hf-gpt2"])
-def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str, groups: int, model: str,
-                                                            tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("groups", "model"),
+    [(1, "builtin"), (4, "builtin"), (4, "hf")],
+    ids=["distinct-prompts", "groups-of-4", "groups-of-4-hf-gpt2"],
+)
+def test_bucketed_step_has_the_gradient_of_one_padded_batch(
+    aggregate: str, groups: int, model: str, tmp_path: Path
+) -> None:
     """Length buckets and shared prompts are a speed-up only: the gradient is the whole batch's (token mean, or mean
     over completions of each one's token mean), as if every row were packed whole in one padded batch."""
     from actors.learner._loss import decoupled_ppo_loss
@@ -148,11 +158,16 @@ def test_bucketed_step_has_the_gradient_of_one_padded_batch(aggregate: str, grou
     trainer.rl_step(samples)
     bucketed = [p.grad.clone() for p in trainer.params if p.grad is not None]
 
-    packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
-                  policy.tokenizer.pad_id, policy.device)
+    packed = pack(
+        [(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
+        policy.tokenizer.pad_id,
+        policy.device,
+    )
     policy.module.zero_grad(set_to_none=True)
     current = row_logprobs(policy, packed.input_ids, packed.attention_mask, packed.temperatures)
-    loss, _ = decoupled_ppo_loss(current, current.detach(), packed.behavior, packed.advantages, packed.loss_mask, config)
+    loss, _ = decoupled_ppo_loss(
+        current, current.detach(), packed.behavior, packed.advantages, packed.loss_mask, config
+    )
     loss.backward()
     whole = [p.grad.clone() for p in trainer.params if p.grad is not None]
     assert len(bucketed) == len(whole)
@@ -181,10 +196,11 @@ def test_dropout_of_a_hugging_face_model_stays_off_in_training(tmp_path: Path) -
     prompt, completion = encode_prompt(tok, "2+2="), encode_completion(tok, "4")
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        behavior = policy.token_logprobs(ids)[0, -len(completion):].tolist()
+        behavior = policy.token_logprobs(ids)[0, -len(completion) :].tolist()
     trainer = Trainer(policy, lr=1e-12, ppo=PPOConfig(), grad_clip=1.0)
-    stats = [trainer.rl_step([TrainSample(prompt, completion, behavior, advantage=1.0, temperature=1.0)])
-             for _ in range(3)]
+    stats = [
+        trainer.rl_step([TrainSample(prompt, completion, behavior, advantage=1.0, temperature=1.0)]) for _ in range(3)
+    ]
     # with dropout on, every step's logprobs (hence the importance weight) would be randomly off
     assert all(abs(s.iw_mean - 1.0) < 1e-5 and s.iw_max < 1.0 + 1e-5 for s in stats), stats
     losses = [trainer.sft_step(trainer.optimizer, [("2+2=", "4")]) for _ in range(3)]
@@ -201,10 +217,14 @@ def test_two_epochs_take_the_proximal_logprobs_from_the_first_forward() -> None:
     from actors.learner._trainer import pack
 
     policy = tiny()
-    samples = [dataclasses.replace(s, behavior_logprobs=[b - 0.3 for b in s.behavior_logprobs]) if i % 3 else s
-               for i, s in enumerate(_mixed_length_samples(policy, group=2))]  # some off-policy: iw ≠ 1
+    samples = [
+        dataclasses.replace(s, behavior_logprobs=[b - 0.3 for b in s.behavior_logprobs]) if i % 3 else s
+        for i, s in enumerate(_mixed_length_samples(policy, group=2))
+    ]  # some off-policy: iw ≠ 1
     textbook = copy.deepcopy(policy)
-    config = PPOConfig(clip_low=0.05, clip_high=0.05)  # tight: the second epoch's ratios get clipped, proximal errors would show
+    config = PPOConfig(
+        clip_low=0.05, clip_high=0.05
+    )  # tight: the second epoch's ratios get clipped, proximal errors would show
 
     trainer = Trainer(policy, lr=3e-3, ppo=config, grad_clip=1e9, ppo_epochs=2)
     calls = 0
@@ -220,8 +240,11 @@ def test_two_epochs_take_the_proximal_logprobs_from_the_first_forward() -> None:
     assert calls == 2 * len(trainer._packed_buckets(samples))
     assert stats.clipped_frac > 0
 
-    packed = pack([(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
-                  textbook.tokenizer.pad_id, textbook.device)
+    packed = pack(
+        [(s.prompt_ids, s.token_ids, s.behavior_logprobs, s.advantage, s.temperature) for s in samples],
+        textbook.tokenizer.pad_id,
+        textbook.device,
+    )
     params = [p for p in textbook.weights.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0)
     with torch.no_grad():

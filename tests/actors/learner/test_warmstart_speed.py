@@ -20,7 +20,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert max(rates) == pytest.approx(peak)
     assert rates[-1] == pytest.approx(peak * FINAL_LR_FRACTION)
     top = rates.index(max(rates))
-    assert all(a >= b for a, b in zip(rates[top:], rates[top + 1:], strict=False))  # monotone decay
+    assert all(a >= b for a, b in zip(rates[top:], rates[top + 1 :], strict=False))  # monotone decay
     assert lr_at(1, 1, peak) == pytest.approx(peak) and all(math.isfinite(lr_at(s, 3, peak)) for s in (1, 2, 3))
 
 
@@ -33,8 +33,13 @@ def test_length_buckets_keep_every_row_in_order() -> None:
 
 def test_bucketed_sft_step_equals_one_padded_batch() -> None:
     """Accumulating per-bucket token sums over the batch's token count is the same loss and gradient."""
-    pairs = [("1+2=", "3"), ("name=Ada;age=36;city=Rome?age,city", '{"age":36,"city":"Rome"}'),
-             ("7+5+9+3=", "24"), ("3 5 2 -> 17 (python, +-*):", "3*5+2"), ("9+9=", "18")]
+    pairs = [
+        ("1+2=", "3"),
+        ("name=Ada;age=36;city=Rome?age,city", '{"age":36,"city":"Rome"}'),
+        ("7+5+9+3=", "24"),
+        ("3 5 2 -> 17 (python, +-*):", "3*5+2"),
+        ("9+9=", "18"),
+    ]
     grads = []
     losses = []
     for bucketed in (False, True):

@@ -39,5 +39,13 @@ async def main(url: str, topology: str, acked_file: str, first: int, count: int,
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-              float(sys.argv[6]), backend="asyncio")
+    anyio.run(
+        main,
+        sys.argv[1],
+        sys.argv[2],
+        sys.argv[3],
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+        float(sys.argv[6]),
+        backend="asyncio",
+    )

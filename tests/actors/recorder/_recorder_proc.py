@@ -22,14 +22,16 @@ async def main(spec_path: str, url: str, run_dir: str) -> None:
     spec = load_spec(spec_path)
     settings = BusSettings(ack_wait_s=1.0, max_deliver=1000)
     async with await Bus.connect(url, topology=spec.name, name="recorder", settings=settings) as bus:
-        ctx = ActorContext(topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus,
-                           run_dir=Path(run_dir))
+        ctx = ActorContext(
+            topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=Path(run_dir)
+        )
         config = spec.actors["recorder"].config
         assert isinstance(config, RecorderConfig)
         actor = RecorderActor(ctx, config)
         await actor.start()
         with anyio.open_signal_receiver(signal.SIGTERM) as signals:
             async with anyio.create_task_group() as tg:
+
                 async def stop_on_signal() -> None:
                     async for _ in signals:
                         ctx.stopping.set()

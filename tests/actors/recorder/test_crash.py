@@ -35,14 +35,20 @@ def free_port() -> int:
 def spawn(script: str, *args: object, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, str(HERE / script), *map(str, args)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def acked(path: Path) -> list[tuple[str, str]]:
     if not path.exists():
         return []
-    return [tuple(line.split()) for line in path.read_text().splitlines() if len(line.split()) == 2]  # type: ignore[misc]
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(row[0], row[1]) for row in rows if len(row) == 2]
 
 
 def wait_for(predicate: object, timeout_s: float, what: str) -> None:
@@ -65,6 +71,7 @@ def test_kill_minus_nine_everything_loses_and_duplicates_nothing_acknowledged(tm
     server = EmbeddedNats(nats_dir, port=port).start()
     procs: list[subprocess.Popen[bytes]] = []
     try:
+
         async def channels() -> None:
             async with await Bus.connect(server.url, topology=spec.name, name="setup") as bus:
                 for channel in ("traffic", "feedback", "scored"):

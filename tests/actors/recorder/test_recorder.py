@@ -28,8 +28,9 @@ pytestmark = pytest.mark.anyio
 async def running_recorder(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[RecorderActor]:
     settings = BusSettings(ack_wait_s=1.0, max_deliver=50)
     async with await Bus.connect(server.url, topology=spec.name, name="recorder", settings=settings) as bus:
-        ctx = ActorContext(topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus,
-                           run_dir=run_dir)
+        ctx = ActorContext(
+            topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=run_dir
+        )
         config = spec.actors["recorder"].config
         assert isinstance(config, RecorderConfig)
         actor = RecorderActor(ctx, config)
@@ -54,7 +55,8 @@ async def wait_rows(run_dir: Path, channel: str, n: int, timeout_s: float = 10.0
 
 
 async def test_every_channel_lands_in_its_hour_partition_with_the_documented_schema(
-        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     spec = recorder_spec(tmp_path)
     async with (
         await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer,
@@ -81,17 +83,35 @@ async def test_every_channel_lands_in_its_hour_partition_with_the_documented_sch
 def test_hourly_partitions_and_ranges_in_file_names(tmp_path: Path) -> None:
     writer = ChannelWriter(tmp_path, "feedback")
     base = time.mktime((2024, 5, 1, 10, 59, 0, 0, 0, 0)) - time.timezone  # 10:59 UTC
-    rows = {seq: (base + 60 * (seq - 1), [{"_seq": seq, "_id": f"f{seq}", "_ts": base, "_source": "x",
-                                           "request_id": f"r{seq}", "score": 1.0, "ts": base}]) for seq in (1, 2, 3)}
+    rows = {
+        seq: (
+            base + 60 * (seq - 1),
+            [
+                {
+                    "_seq": seq,
+                    "_id": f"f{seq}",
+                    "_ts": base,
+                    "_source": "x",
+                    "request_id": f"r{seq}",
+                    "score": 1.0,
+                    "ts": base,
+                }
+            ],
+        )
+        for seq in (1, 2, 3)
+    }
     files = writer.write(rows)
     names = sorted(str(f.relative_to(tmp_path / "feedback")) for f in files)
-    assert names == ["date=2024-05-01/hour=10/part-000000000001-000000000001.parquet",
-                     "date=2024-05-01/hour=11/part-000000000002-000000000003.parquet"]
+    assert names == [
+        "date=2024-05-01/hour=10/part-000000000001-000000000001.parquet",
+        "date=2024-05-01/hour=11/part-000000000002-000000000003.parquet",
+    ]
     assert read_recordings(tmp_path, "feedback")["request_id"].to_list() == ["r1", "r2", "r3"]
 
 
-def test_a_failure_between_write_and_rename_leaves_no_visible_file(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failure_between_write_and_rename_leaves_no_visible_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     writer = ChannelWriter(tmp_path, "feedback")
     row = {"_seq": 7, "_id": "f7", "_ts": 0.0, "_source": "x", "request_id": "r7", "score": 1.0, "ts": 0.0}
 
@@ -112,7 +132,8 @@ def test_a_failure_between_write_and_rename_leaves_no_visible_file(tmp_path: Pat
 
 
 async def test_messages_written_but_never_acked_are_not_written_again(
-        embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The recorder dies between rename and ack (here: its acks are lost); the redelivered copies are skipped."""
     spec = recorder_spec(tmp_path)
 

@@ -37,8 +37,10 @@ def other_weights(path: Path, seed: int = 7) -> Path:
     scaled up: a freshly initialised tiny GPT with tied embeddings mostly repeats the last prompt character,
     whatever its seed; these weights do not."""
     policy = Policy.tiny_gpt(GPTConfig(**POLICY), seed=seed)
-    tensors = {k: (v * 25 if v.ndim == 2 and k.startswith("blocks.") else v).contiguous()
-               for k, v in policy.state_dict().items()}
+    tensors = {
+        k: (v * 25 if v.ndim == 2 and k.startswith("blocks.") else v).contiguous()
+        for k, v in policy.state_dict().items()
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
     return path
@@ -47,12 +49,17 @@ def other_weights(path: Path, seed: int = 7) -> Path:
 async def record_run(spec: Spec, run_dir: Path, *, version: int = 1, temperature: float = 0.0) -> None:
     """What a run at ``version`` would have recorded: each prompt answered greedily by the spec's policy, and a
     verifier expecting exactly that answer. The weights are saved as ``<run_dir>/weights/v<version>``."""
+
     async def answers() -> list[str]:
-        items = [ReplayItem(key=f"p{i}", source="scored", domain="echo", prompt=p, prompt_ids=_ids(p),
-                            temperature=0.0) for i, p in enumerate(PROMPTS)]
+        items = [
+            ReplayItem(key=f"p{i}", source="scored", domain="echo", prompt=p, prompt_ids=_ids(p), temperature=0.0)
+            for i, p in enumerate(PROMPTS)
+        ]
         async with Replayer(spec) as replayer:
-            save_file({k: v.contiguous() for k, v in replayer.policy.state_dict().items()},
-                      str(_mkdir(run_dir / "weights" / f"v{version}") / "model.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in replayer.policy.state_dict().items()},
+                str(_mkdir(run_dir / "weights" / f"v{version}") / "model.safetensors"),
+            )
             run = await replayer.run(items, None, label="initial", version=version, greedy=True)
         by_key = {o.key: o.text for o in run.outcomes}
         return [by_key[f"p{i}"] for i in range(len(PROMPTS))]
@@ -62,11 +69,25 @@ async def record_run(spec: Spec, run_dir: Path, *, version: int = 1, temperature
     now = time.time()
     messages = {}
     for seq, (prompt, text) in enumerate(zip(PROMPTS, texts, strict=True), start=1):
-        payload = {"task_id": f"task-{seq}", "domain": "echo", "prompt": prompt, "prompt_ids": _ids(prompt),
-                   "temperature": temperature, "verifier_fields": {"expected": text}, "completions": [
-                       {"text": text, "token_ids": [1] * max(1, len(text)), "logprobs": [0.0] * max(1, len(text)),
-                        "versions": [version] * max(1, len(text)), "finish_reason": "length", "reward": 1.0,
-                        "verdict": "pass"}]}
+        payload = {
+            "task_id": f"task-{seq}",
+            "domain": "echo",
+            "prompt": prompt,
+            "prompt_ids": _ids(prompt),
+            "temperature": temperature,
+            "verifier_fields": {"expected": text},
+            "completions": [
+                {
+                    "text": text,
+                    "token_ids": [1] * max(1, len(text)),
+                    "logprobs": [0.0] * max(1, len(text)),
+                    "versions": [version] * max(1, len(text)),
+                    "finish_reason": "length",
+                    "reward": 1.0,
+                    "verdict": "pass",
+                }
+            ],
+        }
         messages[seq] = (now, rows_of("scored", payload, seq=seq, id=f"s{seq}", ts=now, source="verify/0"))
     writer.write(messages)
 

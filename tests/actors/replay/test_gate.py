@@ -35,8 +35,10 @@ def test_the_rule() -> None:
     assert decide(0.50, 0.51, has_serving=True, threshold=0.02, samples=20, min_samples=10).action == "promote"
     assert decide(0.40, 0.51, has_serving=True, threshold=0.02, samples=20, min_samples=10).action == "reject"
     assert decide(0.9, 0.1, has_serving=True, threshold=0.02, samples=3, min_samples=10).action == "hold"
-    assert decide(0.9, 0.1, has_serving=True, threshold=0.02, samples=3, min_samples=10,
-                  without_evidence="promote").action == "promote"
+    assert (
+        decide(0.9, 0.1, has_serving=True, threshold=0.02, samples=3, min_samples=10, without_evidence="promote").action
+        == "promote"
+    )
 
 
 async def wait_decisions(run_dir: Path, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
@@ -49,7 +51,8 @@ async def wait_decisions(run_dir: Path, n: int, timeout_s: float = 60.0) -> list
 
 
 async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regression(
-        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     spec = replay_spec(tmp_path, extra_actors=GATE)
     run_dir = tmp_path / "run"
     await record_run(spec, run_dir, version=1)  # recordings + the policy's own weights as weights/v1
@@ -57,8 +60,9 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
     bad = load_file(str(other_weights(tmp_path / "bad.safetensors")))
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gate") as bus:
         publisher = WeightPublisher(bus, spec.name, SafetensorsDirTransport(run_dir / "weights"))
-        ctx = ActorContext(topology=spec.name, actor="gate", replica=0, kind="gate", spec=spec, bus=bus,
-                           run_dir=run_dir)
+        ctx = ActorContext(
+            topology=spec.name, actor="gate", replica=0, kind="gate", spec=spec, bus=bus, run_dir=run_dir
+        )
         config = spec.actors["gate"].config
         assert isinstance(config, GateConfig)
         gate = GateActor(ctx, config)
@@ -84,8 +88,17 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
         assert (run_dir / "weights" / "serving-v4" / "model.safetensors").is_file()
 
         # people: roll back to v2 (pinned, although the learner's store pruned it), then force v3 in
-        write_run_info(run_dir, RunInfo(topology=spec.name, bus_url=embedded_nats.url, pid=os.getpid(),
-                                        spec_path=str(spec.source_path), started_at=time.time(), heartbeat_s=1.0))
+        write_run_info(
+            run_dir,
+            RunInfo(
+                topology=spec.name,
+                bus_url=embedded_nats.url,
+                pid=os.getpid(),
+                spec_path=str(spec.source_path),
+                started_at=time.time(),
+                heartbeat_s=1.0,
+            ),
+        )
         runner = CliRunner()
         result = await anyio.to_thread.run_sync(lambda: runner.invoke(main, ["rollback", str(run_dir)]))
         assert result.exit_code == 0, result.output

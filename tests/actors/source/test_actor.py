@@ -44,8 +44,9 @@ def write_spec(tmp_path: Path, actor: str = "{max_pending: 10, seed: 3}", domain
 async def running_source(spec: Spec, server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[SourceActor, Bus]]:
     async with await Bus.connect(server.url, topology=spec.name, name="test") as bus:
         await bus.ensure_channel("prompts")
-        ctx = ActorContext(topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus,
-                           run_dir=tmp_path)
+        ctx = ActorContext(
+            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
+        )
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         actor = SourceActor(ctx, config)
@@ -68,6 +69,7 @@ async def stream_messages(bus: Bus) -> int:
 async def test_publishes_valid_training_prompts_up_to_max_pending(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
+
         async def full() -> bool:
             return await stream_messages(bus) >= 10
 
@@ -99,6 +101,7 @@ async def test_publishes_valid_training_prompts_up_to_max_pending(embedded_nats:
 async def test_replica_stream_is_the_seeded_sampler_sequence(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, actor="{max_pending: 12, seed: 41}")
     async with running_source(spec, embedded_nats, tmp_path) as (_, bus):
+
         async def full() -> bool:
             return await stream_messages(bus) >= 12
 
@@ -111,6 +114,7 @@ async def test_replica_stream_is_the_seeded_sampler_sequence(embedded_nats: Embe
 async def test_weights_and_domain_selection(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, actor="{max_pending: 400, seed: 0, domains: [extract]}")
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
+
         async def full() -> bool:
             return await stream_messages(bus) >= 400
 
@@ -134,8 +138,9 @@ async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: Embedd
     # the spec check opens the file too; it goes bad after that, between `plan` and the source's start
     (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "anwser": "4"}\n')
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
-        ctx = ActorContext(topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus,
-                           run_dir=tmp_path)
+        ctx = ActorContext(
+            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
+        )
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'anwser'"):
@@ -149,34 +154,45 @@ PIPELINE_ACTORS = """{max_pending: 100, max_in_flight: 6, seed: 3}
 """
 
 
-@pytest.mark.parametrize(("source", "learner", "expected"), [
-    # batch 64 over the domains' mean group size (3 x 4 + 1 x 2) / 4 = 3.5: 19 groups a batch
-    ("{}", "{batch_size: 64}", 4 * 19),  # auto: 4 batches (publish_every_steps 1 x max_staleness 4 allows 4)
-    ("{}", "{batch_size: 64, max_staleness: 2}", 2 * 19),  # a group 3 batches ahead would arrive too stale
-    ("{}", "{batch_size: 64, max_staleness: 0}", 19),  # at least one batch
-    ("{}", "{batch_size: 8, publish_every_steps: 4, max_staleness: 1}", 4 * 3),
-    ("{max_in_flight: 7}", "{batch_size: 64}", 7),  # a number is kept
-    ("{max_in_flight: null}", "{batch_size: 64}", None),  # null: only max_pending
-    ("{}", None, None),  # auto with no learner downstream: nothing would ever release the groups
-])
-async def test_max_in_flight_auto_sizes_from_the_learner(embedded_nats: EmbeddedNats, tmp_path: Path, source: str,
-                                                         learner: str | None, expected: int | None) -> None:
-    actors = source + ("" if learner is None else f"\n  generator: {{engine: torch, device: cpu}}\n  verify: {{}}\n"
-                                                  f"  learner: {learner}\n")
+@pytest.mark.parametrize(
+    ("source", "learner", "expected"),
+    [
+        # batch 64 over the domains' mean group size (3 x 4 + 1 x 2) / 4 = 3.5: 19 groups a batch
+        ("{}", "{batch_size: 64}", 4 * 19),  # auto: 4 batches (publish_every_steps 1 x max_staleness 4 allows 4)
+        ("{}", "{batch_size: 64, max_staleness: 2}", 2 * 19),  # a group 3 batches ahead would arrive too stale
+        ("{}", "{batch_size: 64, max_staleness: 0}", 19),  # at least one batch
+        ("{}", "{batch_size: 8, publish_every_steps: 4, max_staleness: 1}", 4 * 3),
+        ("{max_in_flight: 7}", "{batch_size: 64}", 7),  # a number is kept
+        ("{max_in_flight: null}", "{batch_size: 64}", None),  # null: only max_pending
+        ("{}", None, None),  # auto with no learner downstream: nothing would ever release the groups
+    ],
+)
+async def test_max_in_flight_auto_sizes_from_the_learner(
+    embedded_nats: EmbeddedNats, tmp_path: Path, source: str, learner: str | None, expected: int | None
+) -> None:
+    actors = source + (
+        ""
+        if learner is None
+        else f"\n  generator: {{engine: torch, device: cpu}}\n  verify: {{}}\n  learner: {learner}\n"
+    )
     spec = write_spec(tmp_path, actor=actors)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, _):
         assert actor.max_in_flight == expected
 
 
-async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nats: EmbeddedNats,
-                                                                    tmp_path: Path) -> None:
+async def test_max_in_flight_counts_every_stage_down_to_the_learner(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     """End-to-end backpressure: groups waiting anywhere before the learner applies them hold the source back."""
     from topology.runtime._status import ReplicaStatus, put_status
 
     spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
-        assert sorted(actor.pipeline()) == [("prompts", "generator", False), ("rollouts", "verify", False),
-                                            ("scored", "learner", True)]
+        assert sorted(actor.pipeline()) == [
+            ("prompts", "generator", False),
+            ("rollouts", "verify", False),
+            ("scored", "learner", True),
+        ]
         for channel in ("rollouts", "scored"):
             await bus.ensure_channel(channel)
 
@@ -206,18 +222,42 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(embedded_nat
         await move("rollouts", "verify", "scored", 6)
         await settle(6)  # scored, not yet delivered to the learner
         # the learner takes the 6 groups (delivered, acked) but 4 of them wait un-applied in its buffer
-        await put_status(bus, spec.name, ReplicaStatus(actor="learner", replica=0, kind="learner", state="running",
-                                                       pid=1, restarts=0, started_at=0.0, ts=0.0,
-                                                       counters={"buffered_groups": 4}))
+        await put_status(
+            bus,
+            spec.name,
+            ReplicaStatus(
+                actor="learner",
+                replica=0,
+                kind="learner",
+                state="running",
+                pid=1,
+                restarts=0,
+                started_at=0.0,
+                ts=0.0,
+                counters={"buffered_groups": 4},
+            ),
+        )
         await move("scored", "learner", None, 6)
         await settle(8)  # room for 2
         assert actor.report()["in_flight"] >= 4
         # the learner's own held-out prompts wait in `prompts` too; its heartbeat says how many are out
         for i in range(5):
             await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
-        await put_status(bus, spec.name, ReplicaStatus(actor="learner", replica=0, kind="learner", state="running",
-                                                       pid=1, restarts=0, started_at=0.0, ts=0.0,
-                                                       counters={"buffered_groups": 4, "eval_out": 5}))
+        await put_status(
+            bus,
+            spec.name,
+            ReplicaStatus(
+                actor="learner",
+                replica=0,
+                kind="learner",
+                state="running",
+                pid=1,
+                restarts=0,
+                started_at=0.0,
+                ts=0.0,
+                counters={"buffered_groups": 4, "eval_out": 5},
+            ),
+        )
         await anyio.sleep(0.4)
         assert actor.report()["published"] == 8 and actor.report()["in_flight"] == 6  # 2 + 4: not the 5 held-out
         await move("prompts", "generator", "rollouts", 2)  # 2 training groups generated: still in flight

@@ -113,7 +113,7 @@ def test_task_ids_are_stable_and_name_the_domain() -> None:
         ("http:x", {}, "unknown scheme 'http'"),
     ],
 )
-def test_bad_source_or_options_raise_one_line_errors(source: str, options: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_bad_source_or_options_raise_one_line_errors(source: str, options: dict[str, object], message: str) -> None:
     with pytest.raises(SourceError) as info:
         open_source(source, domain="d", heldout=0, options=options)
     assert message in str(info.value)

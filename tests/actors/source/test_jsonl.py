@@ -23,8 +23,12 @@ def good_rows(n: int) -> list[object]:
 def test_good_rows_become_tasks(tmp_path: Path) -> None:
     path = write(
         tmp_path / "t.jsonl",
-        ["# a comment", "", {"prompt": "2+2=", "verifier_fields": {"answer": "4"}, "reference": "4"},
-         {"id": "q2", "prompt": "say hi:"}],
+        [
+            "# a comment",
+            "",
+            {"prompt": "2+2=", "verifier_fields": {"answer": "4"}, "reference": "4"},
+            {"id": "q2", "prompt": "say hi:"},
+        ],
     )
     tasks = read_jsonl_tasks(path, "mine")
     assert [t.prompt for t in tasks] == ["2+2=", "say hi:"]
@@ -35,11 +39,20 @@ def test_good_rows_become_tasks(tmp_path: Path) -> None:
 
 def test_prompt_answer_rows_are_reference_and_verifier_answer(tmp_path: Path) -> None:
     """The common `{"prompt", "answer"}` file needs no flywheel-specific keys."""
-    path = write(tmp_path / "t.jsonl", [{"prompt": "2+2=", "answer": "4"}, {"prompt": "3*3=", "answer": 9},
-                                        {"prompt": "1+0=", "answer": "1", "reference": "1 (one)"}])
+    path = write(
+        tmp_path / "t.jsonl",
+        [
+            {"prompt": "2+2=", "answer": "4"},
+            {"prompt": "3*3=", "answer": 9},
+            {"prompt": "1+0=", "answer": "1", "reference": "1 (one)"},
+        ],
+    )
     tasks = read_jsonl_tasks(path, "mine")
     assert [(t.reference, dict(t.verifier_fields)) for t in tasks] == [
-        ("4", {"answer": "4"}), ("9", {"answer": "9"}), ("1 (one)", {"answer": "1"})]
+        ("4", {"answer": "4"}),
+        ("9", {"answer": "9"}),
+        ("1 (one)", {"answer": "1"}),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ def test_sampler_tasks_carry_their_domain_and_are_deterministic() -> None:
         "math": Domain(name="math", source=open_source("builtin:arithmetic", domain="math")),
         "ext": Domain(name="ext", source=open_source("builtin:extract", domain="ext"), verifier="json-fields"),
     }
+
     def run(seed: int) -> list[tuple[str, str]]:
         sampler = DomainSampler(domains, random.Random(seed))
         return [(d.name, t.id) for d, t in (sampler.next() for _ in range(50))]
@@ -53,10 +54,17 @@ def test_domains_from_spec_opens_each_domain_relative_to_the_spec(tmp_path: Path
     spec = SimpleNamespace(
         source_path=tmp_path / "spec.yaml",
         domains={
-            "arithmetic": entry(source="builtin:arithmetic", verifier="math", verifier_config={}, weight=2,
-                                group_size=8, heldout=20),
-            "mine": entry(source="jsonl:mine.jsonl", verifier="pkg.mod:check", verifier_config={"x": 1},
-                          weight=1.0, group_size=1, heldout=1),
+            "arithmetic": entry(
+                source="builtin:arithmetic", verifier="math", verifier_config={}, weight=2, group_size=8, heldout=20
+            ),
+            "mine": entry(
+                source="jsonl:mine.jsonl",
+                verifier="pkg.mod:check",
+                verifier_config={"x": 1},
+                weight=1.0,
+                group_size=1,
+                heldout=1,
+            ),
         },
     )
     domains = domains_from_spec(spec)
@@ -71,9 +79,22 @@ def test_domains_from_spec_opens_each_domain_relative_to_the_spec(tmp_path: Path
 def test_public_surface() -> None:
     assert sorted(actors.source.__all__) == sorted(
         [
-            "ArithmeticOptions", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "DomainSampler", "DomainSource",
-            "ExtractOptions", "JsonlSource", "PyExprOptions", "SourceError", "Task", "domains_from_spec",
-            "heldout_bucket", "open_source", "read_jsonl_tasks", "task_id",
+            "ArithmeticOptions",
+            "BUILTIN_SOURCES",
+            "BuiltinSource",
+            "Domain",
+            "DomainSampler",
+            "DomainSource",
+            "ExtractOptions",
+            "JsonlSource",
+            "PyExprOptions",
+            "SourceError",
+            "Task",
+            "domains_from_spec",
+            "heldout_bucket",
+            "open_source",
+            "read_jsonl_tasks",
+            "task_id",
         ]
     )
     assert set(actors.source.BUILTIN_SOURCES) == {"arithmetic", "pyexpr", "extract"}

@@ -82,18 +82,27 @@ actors:
 
 
 def rollout(prompt: str, *texts: str) -> dict[str, object]:
-    completions = [{"text": t, "token_ids": [1], "logprobs": [-0.5], "versions": [0], "finish_reason": "stop"}
-                   for t in texts]
+    completions = [
+        {"text": t, "token_ids": [1], "logprobs": [-0.5], "versions": [0], "finish_reason": "stop"} for t in texts
+    ]
     answer = dict(ROWS)[prompt]
-    return RolloutMsg(task_id=task_id("add", prompt), domain="add", prompt=prompt, prompt_ids=[1],
-                      verifier_fields={"answer": answer}, temperature=1.0, completions=completions,
-                      reference=answer).model_dump()
+    return RolloutMsg(
+        task_id=task_id("add", prompt),
+        domain="add",
+        prompt=prompt,
+        prompt_ids=[1],
+        verifier_fields={"answer": answer},
+        temperature=1.0,
+        completions=completions,
+        reference=answer,
+    ).model_dump()
 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
-        embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     write_rows(tmp_path)
     (tmp_path / "spec.yaml").write_text(SPEC.replace("NAME", f"skip-{uuid.uuid4().hex[:8]}"))
     spec = load_spec(tmp_path / "spec.yaml")
@@ -101,8 +110,12 @@ async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
         for channel in ("prompts", "rollouts", "scored"):
             await bus.ensure_channel(channel)
-        contexts = {kind: ActorContext(topology=spec.name, actor=kind, replica=0, kind=kind, spec=spec, bus=bus,
-                                       run_dir=tmp_path) for kind in ("source", "verify")}
+        contexts = {
+            kind: ActorContext(
+                topology=spec.name, actor=kind, replica=0, kind=kind, spec=spec, bus=bus, run_dir=tmp_path
+            )
+            for kind in ("source", "verify")
+        }
         source_config, verify_config = spec.actors["source"].config, spec.actors["verify"].config
         assert isinstance(source_config, SourceConfig) and isinstance(verify_config, VerifyConfig)
         source, verify = SourceActor(contexts["source"], source_config), VerifyActor(contexts["verify"], verify_config)
@@ -113,6 +126,7 @@ async def test_verify_announces_solved_groups_and_the_source_stops_drawing_them(
             tg.start_soon(verify.run)
             await bus.publish("rollouts", "rollout", rollout("1+1=", "2", " 2"))  # every completion right: solved
             await bus.publish("rollouts", "rollout", rollout("2+2=", "4", "5"))  # one wrong: carries signal
+
             async def marked() -> bool:  # both rollouts scored and the mark reached the source
                 return verify.report().get("rollouts", 0) >= 2 and bool(source.report().get("solved_marks"))
 

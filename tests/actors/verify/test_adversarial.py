@@ -22,9 +22,7 @@ def test_honest_program_passes(sandbox: PoolRunner) -> None:
 
 
 def test_failing_test_is_named(sandbox: PoolRunner) -> None:
-    result = sandbox.run(
-        "def add(a, b):\n    return a - b", tests="assert add(1, 1) == 0\nassert add(2, 3) == 5"
-    )
+    result = sandbox.run("def add(a, b):\n    return a - b", tests="assert add(1, 1) == 0\nassert add(2, 3) == 5")
     assert result.verdict == "fail" and "line 2" in result.detail and "add(2, 3) == 5" in result.detail
 
 
@@ -53,14 +51,20 @@ def test_memory_bomb(sandbox: PoolRunner) -> None:
 
 
 def test_memory_bomb_that_swallows_memoryerror_still_fails(sandbox: PoolRunner) -> None:
-    code = "blocks = []\ntry:\n    while True:\n        blocks.append(bytearray(64 * 1024**2))\nexcept MemoryError:\n    blocks.clear()\n    print('PASS')"
+    code = (
+        "blocks = []\ntry:\n    while True:\n        blocks.append(bytearray(64 * 1024**2))\nexcept MemoryError:\n"
+        "    blocks.clear()\n    print('PASS')"
+    )
     result = sandbox.run(code, tests="assert len(blocks) > 100")
     assert result.verdict != "pass", result
     sandbox.still_serves()
 
 
 def test_fork_bomb_is_bounded_by_nproc(sandbox: PoolRunner) -> None:
-    code = "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time\n            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass"
+    code = (
+        "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time\n"
+        "            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass"
+    )
     result = sandbox.run(code, tests="assert n > 1000", timeout_s=3.0)
     assert result.verdict == "fail", result  # RLIMIT_NPROC applied (unprivileged uid): n stayed small
     sandbox.still_serves()
@@ -77,7 +81,10 @@ def test_fork_bomb_that_never_stops(sandbox: PoolRunner) -> None:
 
 
 def test_thread_bomb(sandbox: PoolRunner) -> None:
-    code = "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(30,))\n    t.start()\n    ts.append(t)"
+    code = (
+        "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(30,))\n"
+        "    t.start()\n    ts.append(t)"
+    )
     result = sandbox.run(code, tests=TRIVIAL_TESTS)
     assert result.verdict in {"fail", "memory_limit"}, result
     sandbox.still_serves()
@@ -106,7 +113,10 @@ def test_writes_outside_private_tmp_fail(sandbox: PoolRunner, tmp_path: object) 
         "/etc/fw-escape",
         str(tmp_path) + "/escape",
     ]
-    code = f"written = []\nfor p in {targets!r}:\n    try:\n        open(p, 'w').write('x')\n        written.append(p)\n    except OSError:\n        pass"
+    code = (
+        f"written = []\nfor p in {targets!r}:\n    try:\n        open(p, 'w').write('x')\n        written.append(p)\n"
+        f"    except OSError:\n        pass"
+    )
     result = sandbox.run(code, tests="assert written, 'nothing written'")
     assert result.verdict == "fail", result
     assert not any(os.path.exists(p) for p in targets)
@@ -120,7 +130,10 @@ def test_network_connect_fails(sandbox: PoolRunner) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        code = f"import socket\nok = False\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=0.5)\n    ok = True\nexcept OSError:\n    pass"
+        code = (
+            f"import socket\nok = False\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=0.5)\n"
+            f"    ok = True\nexcept OSError:\n    pass"
+        )
         result = sandbox.run(code, tests="assert ok")
     assert result.verdict == "fail", result
     sandbox.still_serves()
@@ -136,7 +149,10 @@ def test_host_files_are_not_readable(sandbox: PoolRunner) -> None:
         os.path.expanduser("~/.bashrc"),
         "/proc/1/environ",
     ]
-    code = f"seen = []\nfor p in {paths!r}:\n    try:\n        open(p).read(1)\n        seen.append(p)\n    except OSError:\n        pass"
+    code = (
+        f"seen = []\nfor p in {paths!r}:\n    try:\n        open(p).read(1)\n        seen.append(p)\n"
+        f"    except OSError:\n        pass"
+    )
     result = sandbox.run(code, tests="assert seen, 'no host file readable'")
     assert result.verdict == "fail", result
 
@@ -151,7 +167,10 @@ def test_environment_is_cleared(sandbox: PoolRunner, monkeypatch: pytest.MonkeyP
 
 
 def test_setsid_grandchild_is_killed(sandbox: PoolRunner) -> None:
-    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        while True:\n            time.sleep(0.05)\n    os._exit(0)\ntime.sleep(0.2)"
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        while True:\n"
+        "            time.sleep(0.05)\n    os._exit(0)\ntime.sleep(0.2)"
+    )
     result = sandbox.run(code, tests=TRIVIAL_TESTS)
     assert result.verdict == "pass", result  # the program itself is fine; what it left behind must die
     uid_base = sandbox.pool._uid_base
@@ -160,8 +179,11 @@ def test_setsid_grandchild_is_killed(sandbox: PoolRunner) -> None:
         found = []
         for p in psutil.process_iter(["uids", "cmdline"]):
             try:
-                if p.info["uids"] and uid_base <= p.info["uids"].real < uid_base + 64 \
-                        and p.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    p.info["uids"]
+                    and uid_base <= p.info["uids"].real < uid_base + 64
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
                     found.append(p)
             except psutil.NoSuchProcess:
                 pass
@@ -181,7 +203,11 @@ def test_exit_before_tests_earns_nothing(sandbox: PoolRunner) -> None:
 
 
 def test_fake_pass_marker_earns_nothing(sandbox: PoolRunner) -> None:
-    code = "import os, sys\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'P 0123456789abcdef0123456789abcdef\\n')\n    except OSError:\n        pass\nprint('PASS')\nprint('all tests passed')\nos._exit(0)"
+    code = (
+        "import os, sys\nfor fd in range(3, 64):\n    try:\n"
+        "        os.write(fd, b'P 0123456789abcdef0123456789abcdef\\n')\n    except OSError:\n        pass\n"
+        "print('PASS')\nprint('all tests passed')\nos._exit(0)"
+    )
     result = sandbox.run(code, tests="assert False")
     assert result.verdict == "fail", result
 
@@ -193,7 +219,10 @@ def test_fd_exhaustion(sandbox: PoolRunner) -> None:
 
 
 def test_kill_init(sandbox: PoolRunner) -> None:
-    code = "import os, signal\nfor pid in (1, os.getppid()):\n    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nimport subprocess\nsubprocess.run(['kill', '-9', '1'])"
+    code = (
+        "import os, signal\nfor pid in (1, os.getppid()):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError:\n        pass\nimport subprocess\nsubprocess.run(['kill', '-9', '1'])"
+    )
     result = sandbox.run(code, tests="assert False")
     assert result.verdict != "pass", result
     sandbox.still_serves()
@@ -203,9 +232,7 @@ def test_many_concurrent_jobs_keep_their_own_results(sandbox: PoolRunner) -> Non
     async def many() -> list[str]:
         import asyncio
 
-        results = await asyncio.gather(
-            *(sandbox.pool.run(f"x = {i}", tests=f"assert x == {i}") for i in range(40))
-        )
+        results = await asyncio.gather(*(sandbox.pool.run(f"x = {i}", tests=f"assert x == {i}") for i in range(40)))
         return [str(r.verdict) for r in results]
 
     assert sandbox.call(many()) == ["pass"] * 40

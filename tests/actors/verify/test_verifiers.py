@@ -21,10 +21,22 @@ pytestmark = pytest.mark.timeout(30)
 
 def test_exports() -> None:
     assert set(verify.__all__) == {
-        "DomainVerifier", "Isolation", "IsolationRefused", "PoolStatistics", "SandboxLimits", "SandboxPool",
-        "SandboxResult", "Scorer", "Verdict", "Verifier", "VerifierError", "VerifyResult", "build_verifier",
-        "score", "verifier_names",
-    }  # fmt: skip
+        "DomainVerifier",
+        "Isolation",
+        "IsolationRefused",
+        "PoolStatistics",
+        "SandboxLimits",
+        "SandboxPool",
+        "SandboxResult",
+        "Scorer",
+        "Verdict",
+        "Verifier",
+        "VerifierError",
+        "VerifyResult",
+        "build_verifier",
+        "score",
+        "verifier_names",
+    }
 
 
 def test_verdicts_are_distinct() -> None:
@@ -68,16 +80,25 @@ def test_math_verifier_reward() -> None:
 
 @pytest.mark.parametrize(
     ("answer", "reference", "decided"),
-    [("146", "146", True), ("1,000", "1000", True), ("0.5", "1/2", True), ("147", "146", False),
-     ("-3", "3", False), ("sqrt(2)/2", "1/sqrt(2)", None), ("2x+1", "1+2*x", None)],
+    [
+        ("146", "146", True),
+        ("1,000", "1000", True),
+        ("0.5", "1/2", True),
+        ("147", "146", False),
+        ("-3", "3", False),
+        ("sqrt(2)/2", "1/sqrt(2)", None),
+        ("2x+1", "1+2*x", None),
+    ],
 )
 def test_math_exact_part_decides_numbers_and_leaves_symbols_to_sympy(
-        answer: str, reference: str, decided: bool | None) -> None:
+    answer: str, reference: str, decided: bool | None
+) -> None:
     assert exact_equal(answer, reference) is decided
 
 
-@pytest.mark.parametrize("text", ["17", "-3", "1.5", "1e+16", "-2.5e-07", "True", "None", "[1, -2]", "{'a': (1,)}",
-                                  "'x'", "9" * 4000])
+@pytest.mark.parametrize(
+    "text", ["17", "-3", "1.5", "1e+16", "-2.5e-07", "True", "None", "[1, -2]", "{'a': (1,)}", "'x'", "9" * 4000]
+)
 def test_read_literal_agrees_with_literal_eval(text: str) -> None:
     import ast
 
@@ -99,10 +120,7 @@ def test_json_fields_partial_credit_and_modes() -> None:
     part = asyncio.run(v.verify('{"age": 36, "city": "Oslo"}', task))
     assert part.reward == pytest.approx(1 / 3) and part.verdict == "fail"
     assert asyncio.run(v.verify('{"age": 36, "city": ', task)).reward == 0.0
-    assert (
-        asyncio.run(build_verifier("json-fields").verify('{"age": 36.0}', {"fields": {"age": 36}})).reward
-        == 0.0
-    )
+    assert asyncio.run(build_verifier("json-fields").verify('{"age": 36.0}', {"fields": {"age": 36}})).reward == 0.0
 
 
 def test_unknown_and_unimportable_verifiers_are_one_line_errors() -> None:
@@ -218,7 +236,11 @@ def test_in_process_verifiers_are_scored_without_a_task_each(sandbox: PoolRunner
     from actors.verify._score import DomainVerifier, Scorer
 
     scorer = Scorer(
-        {"a": DomainVerifier("math", {}), "j": DomainVerifier("json-fields", {}), "p": DomainVerifier("python-expr", {})},
+        {
+            "a": DomainVerifier("math", {}),
+            "j": DomainVerifier("json-fields", {}),
+            "p": DomainVerifier("python-expr", {}),
+        },
         pool=sandbox.pool,
     )
     assert [scorer.in_process(d) for d in ("a", "j", "p", "missing")] == [True, True, False, False]

@@ -12,7 +12,7 @@ async def main(url: str, topology: str, channel: str, group: str) -> None:
     bus = await Bus.connect(url, topology=topology, name="doomed", settings=BusSettings(ack_wait_s=1.0))
     async for delivery in bus.consume(channel, group, batch=1):
         print(delivery.id, flush=True)
-        await asyncio.sleep(3600)   # mid-message: killed before it can ack
+        await asyncio.sleep(3600)  # mid-message: killed before it can ack
 
 
 if __name__ == "__main__":

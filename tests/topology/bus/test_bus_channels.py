@@ -18,8 +18,9 @@ from topology.bus import DEADLETTER, Bus, BusError, BusSettings, ChannelConsumer
 pytestmark = pytest.mark.anyio
 
 
-async def take(consumer: ChannelConsumer[Any], n: int, *, ack: bool = True,
-               timeout_s: float = 10.0) -> list[Delivery[Any]]:
+async def take(
+    consumer: ChannelConsumer[Any], n: int, *, ack: bool = True, timeout_s: float = 10.0
+) -> list[Delivery[Any]]:
     got: list[Delivery[Any]] = []
     with anyio.fail_after(timeout_s):
         async for delivery in consumer:
@@ -68,8 +69,10 @@ async def test_model_validates_payload(bus: Bus) -> None:
 
 async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats) -> None:
     topology = f"t-{uuid.uuid4().hex[:10]}"
-    async with await Bus.connect(embedded_nats.url, topology=topology, name="a") as bus_a, \
-               await Bus.connect(embedded_nats.url, topology=topology, name="b") as bus_b:
+    async with (
+        await Bus.connect(embedded_nats.url, topology=topology, name="a") as bus_a,
+        await Bus.connect(embedded_nats.url, topology=topology, name="b") as bus_b,
+    ):
         await bus_a.ensure_channel("prompts")
         seen: dict[str, list[str]] = {"a": [], "b": []}
         total = 120
@@ -81,7 +84,7 @@ async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats)
                 async for delivery in consumer:
                     seen[name].append(delivery.id)
                     await delivery.ack()
-                    await asyncio.sleep(0.002)   # a little work, so the other replica's pulls get served
+                    await asyncio.sleep(0.002)  # a little work, so the other replica's pulls get served
                     if len(seen["a"]) + len(seen["b"]) >= total:
                         all_seen.set()
 
@@ -89,10 +92,10 @@ async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(replica, bus_a, "a")
                 tg.start_soon(replica, bus_b, "b")
-                await anyio.sleep(0.2)   # both pull requests are waiting before anything is published
+                await anyio.sleep(0.2)  # both pull requests are waiting before anything is published
                 ids = await bus_a.publish_many("prompts", [("p", {"i": i}, None) for i in range(total)])
                 await all_seen.wait()
-                await anyio.sleep(0.3)   # a duplicate delivery, if any, would arrive now
+                await anyio.sleep(0.3)  # a duplicate delivery, if any, would arrive now
                 tg.cancel_scope.cancel()  # both replicas are still waiting for more: stop them
     assert seen["a"] and seen["b"], "one replica got everything"
     assert len(seen["a"]) + len(seen["b"]) == total
@@ -112,23 +115,26 @@ async def test_republished_id_is_stored_once(bus: Bus) -> None:
     assert [(d.id, d.payload) for d in got] == [("same-id", {"n": 1}), ("other-id", {"n": 4})]
 
 
-async def test_redelivered_after_consumer_process_is_sigkilled(bus: Bus, embedded_nats: EmbeddedNats,
-                                                               repo_root: Path) -> None:
+async def test_redelivered_after_consumer_process_is_sigkilled(
+    bus: Bus, embedded_nats: EmbeddedNats, repo_root: Path
+) -> None:
     msg_id = await bus.publish("prompts", "p", {"work": "x"})
     helper = Path(__file__).with_name("_bus_consume_one.py")
     proc = await anyio.open_process(
         [sys.executable, str(helper), embedded_nats.url, bus.topology, "prompts", "gen"],
-        env={**os.environ, "PYTHONPATH": str(repo_root)}, stderr=subprocess.DEVNULL)
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert proc.stdout is not None
         with anyio.fail_after(20):
             line = await proc.stdout.receive()
-        assert line.decode().strip() == msg_id   # the helper holds it, un-acked
+        assert line.decode().strip() == msg_id  # the helper holds it, un-acked
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
     async with bus.consume("prompts", "gen") as consumer:
-        (again,) = await take(consumer, 1)   # ack_wait is 1 s in these tests
+        (again,) = await take(consumer, 1)  # ack_wait is 1 s in these tests
     assert again.id == msg_id and again.num_delivered == 2
     assert bus.stats.redelivered == 1
 
@@ -163,9 +169,9 @@ async def test_nak_on_last_delivery_goes_to_dead_letter(bus: Bus) -> None:
 async def test_message_whose_handler_keeps_dying_goes_to_dead_letter(bus: Bus) -> None:
     msg_id = await bus.publish("prompts", "p", {})
     async with bus.consume("prompts", "gen") as consumer:
-        (delivery,) = await take(consumer, 1, ack=False)   # never settled: as if the handler died
+        (delivery,) = await take(consumer, 1, ack=False)  # never settled: as if the handler died
         assert delivery.id == msg_id
-        await anyio.sleep(1.5)   # past ack_wait: the server has redelivered it to this consumer
+        await anyio.sleep(1.5)  # past ack_wait: the server has redelivered it to this consumer
         ok_id = await bus.publish("prompts", "p", {})
         (after,) = await take(consumer, 1)
     assert after.id == ok_id
@@ -186,7 +192,7 @@ async def test_handler_dead_letter_keeps_reason(bus: Bus) -> None:
 async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None:
     await bus.publish_many("prompts", [("p", {"i": i}, None) for i in range(10)])
     async with bus.consume("prompts", "gen", batch=8) as greedy:
-        await take(greedy, 1)   # the rest of its pull sits in its buffer, un-acked
+        await take(greedy, 1)  # the rest of its pull sits in its buffer, un-acked
     async with bus.consume("prompts", "gen") as consumer:
         # ack_wait is 30 s here: only the close handing them back can deliver them within 10 s (a 1 s ack_wait with
         # a 0.9 s deadline flaked on a loaded 2-core machine)
@@ -197,7 +203,7 @@ async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None
 async def test_cancelled_iteration_loses_nothing(bus: Bus) -> None:
     async with bus.consume("prompts", "gen") as consumer:
         with anyio.move_on_after(0.3):
-            await consumer.__anext__()   # nothing published yet: cancelled while waiting
+            await consumer.__anext__()  # nothing published yet: cancelled while waiting
         await bus.publish("prompts", "p", {"late": True})
         (delivery,) = await take(consumer, 1)
     assert delivery.payload == {"late": True}

@@ -23,17 +23,20 @@ def test_unserialisable_payload_is_an_envelope_error() -> None:
 GOOD = {"id": "a", "type": "t", "v": 1, "ts": 1.0, "source": "s", "payload": {}}
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"\xff\x00", "not JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (orjson.dumps({k: v for k, v in GOOD.items() if k != "payload"}), "missing field(s): payload"),
-    (orjson.dumps({**GOOD, "id": ""}), "'id' must be a non-empty string"),
-    (orjson.dumps({**GOOD, "v": "1"}), "'v' must be an integer"),
-    (orjson.dumps({**GOOD, "v": True}), "'v' must be an integer"),
-    (orjson.dumps({**GOOD, "ts": "now"}), "'ts' must be a number"),
-    (orjson.dumps({**GOOD, "source": 3}), "'source' must be a string"),
-    (orjson.dumps({**GOOD, "payload": [1]}), "'payload' must be an object"),
-])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\xff\x00", "not JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (orjson.dumps({k: v for k, v in GOOD.items() if k != "payload"}), "missing field(s): payload"),
+        (orjson.dumps({**GOOD, "id": ""}), "'id' must be a non-empty string"),
+        (orjson.dumps({**GOOD, "v": "1"}), "'v' must be an integer"),
+        (orjson.dumps({**GOOD, "v": True}), "'v' must be an integer"),
+        (orjson.dumps({**GOOD, "ts": "now"}), "'ts' must be a number"),
+        (orjson.dumps({**GOOD, "source": 3}), "'source' must be a string"),
+        (orjson.dumps({**GOOD, "payload": [1]}), "'payload' must be an object"),
+    ],
+)
 def test_decode_errors_name_the_reason(data: bytes, reason: str) -> None:
     with pytest.raises(EnvelopeError) as info:
         decode(data)

@@ -22,18 +22,28 @@ class Prompt(pydantic.BaseModel):
 
 GOOD = {"id": "x", "type": "prompt", "v": 1, "ts": 1.0, "source": "fuzz", "payload": {"text": "a", "n": 1}}
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
 arbitrary_bytes = st.binary(max_size=300).filter(lambda b: not b.strip().startswith(b"{"))
 not_an_object = json_values.filter(lambda v: not isinstance(v, dict)).map(orjson.dumps)
 missing_field = st.sampled_from(sorted(GOOD)).map(lambda k: orjson.dumps({f: v for f, v in GOOD.items() if f != k}))
-wrong_type = st.tuples(st.sampled_from(["id", "type", "v", "ts", "source", "payload"]),
-                       st.sampled_from([None, [], "", "s", 1.5, {"a": 1}])).filter(
-    lambda kv: not (kv[0] in ("type", "source") and kv[1] in ("", "s")) and not (kv[0] == "id" and kv[1] == "s") and not (kv[0] == "ts" and kv[1] == 1.5)
-    and not (kv[0] == "payload" and isinstance(kv[1], dict))
-).map(lambda kv: orjson.dumps({**GOOD, kv[0]: kv[1]}))
+wrong_type = (
+    st.tuples(
+        st.sampled_from(["id", "type", "v", "ts", "source", "payload"]),
+        st.sampled_from([None, [], "", "s", 1.5, {"a": 1}]),
+    )
+    .filter(
+        lambda kv: (
+            not (kv[0] in ("type", "source") and kv[1] in ("", "s"))
+            and not (kv[0] == "id" and kv[1] == "s")
+            and not (kv[0] == "ts" and kv[1] == 1.5)
+            and not (kv[0] == "payload" and isinstance(kv[1], dict))
+        )
+    )
+    .map(lambda kv: orjson.dumps({**GOOD, kv[0]: kv[1]}))
+)
 
 
 def _fails_model(payload: dict[str, Any]) -> bool:
@@ -44,8 +54,11 @@ def _fails_model(payload: dict[str, Any]) -> bool:
     return False
 
 
-bad_payload = st.dictionaries(st.sampled_from(["text", "n", "extra"]), json_values, max_size=3).filter(
-    _fails_model).map(lambda p: orjson.dumps({**GOOD, "payload": p}))
+bad_payload = (
+    st.dictionaries(st.sampled_from(["text", "n", "extra"]), json_values, max_size=3)
+    .filter(_fails_model)
+    .map(lambda p: orjson.dumps({**GOOD, "payload": p}))
+)
 poison = st.one_of(arbitrary_bytes, not_an_object, missing_field, wrong_type, bad_payload)
 
 
@@ -69,14 +82,16 @@ async def _run(url: str, poisons: list[bytes]) -> None:
                 await letter.ack()
                 letters.append(letter.payload)
         assert [letter["raw"] for letter in letters] == [
-            data.decode("utf-8", errors="backslashreplace")[:4096] for data in poisons]
+            data.decode("utf-8", errors="backslashreplace")[:4096] for data in poisons
+        ]
         for letter in letters:
             assert letter["channel"] == "prompts" and letter["group"] == "gen"
             assert letter["reason"].startswith(("undecodable envelope", "payload failed Prompt validation"))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(poisons=st.lists(poison, min_size=1, max_size=4))
 def test_poison_goes_to_dead_letter_and_consumer_survives(embedded_nats: EmbeddedNats, poisons: list[bytes]) -> None:
     asyncio.run(_run(embedded_nats.url, poisons))

@@ -69,9 +69,13 @@ def test_taken_port_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_no_orphan_after_parent_is_sigkilled(tmp_path: Path, repo_root: Path) -> None:
-    owner = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_bus_server_owner.py")), str(tmp_path)],
-                             stdout=subprocess.PIPE, text=True, cwd=repo_root,
-                             env={**os.environ, "PYTHONPATH": str(repo_root)})
+    owner = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_bus_server_owner.py")), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+    )
     try:
         assert owner.stdout is not None
         server_pid = int(owner.stdout.readline())

@@ -35,8 +35,7 @@ async def test_concurrent_sends_are_published_once_each_and_their_inputs_acked(b
                 break
 
         async def handle(delivery: Delivery[Any]) -> None:
-            await outbox.send("outputs", "out", {"i": delivery.payload["i"]}, id=f"{delivery.id}.o",
-                              delivery=delivery)
+            await outbox.send("outputs", "out", {"i": delivery.payload["i"]}, id=f"{delivery.id}.o", delivery=delivery)
 
         async with anyio.create_task_group() as tg:
             for delivery in taken:

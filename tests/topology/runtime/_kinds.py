@@ -93,8 +93,16 @@ class Crasher(_Recording):
         raise RuntimeError("deliberate crash (test kind 'crasher')")
 
 
-register_actor_kind(ActorKind("ticker", TickerConfig, f"{MODULE}:Ticker", publishes=("ticks",),
-                              summary="test: publishes a tick every interval_s"))
-register_actor_kind(ActorKind("tally", TallyConfig, f"{MODULE}:Tally", consumes=("ticks",),
-                              summary="test: consumes and counts"))
+register_actor_kind(
+    ActorKind(
+        "ticker",
+        TickerConfig,
+        f"{MODULE}:Ticker",
+        publishes=("ticks",),
+        summary="test: publishes a tick every interval_s",
+    )
+)
+register_actor_kind(
+    ActorKind("tally", TallyConfig, f"{MODULE}:Tally", consumes=("ticks",), summary="test: consumes and counts")
+)
 register_actor_kind(ActorKind("crasher", CrasherConfig, f"{MODULE}:Crasher", summary="test: always crashes"))

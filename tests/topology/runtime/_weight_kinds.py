@@ -73,9 +73,14 @@ class Receiver(Actor[ReceiverConfig]):
             if event == "weights.swapped":
                 self.check(int(fields["version"]))
 
-        subscriber = WeightSubscriber(self.ctx.bus, self.ctx.topology, self.engine,
-                                      {"distributed": DistributedTransport.for_context(self.ctx)},
-                                      log=self.ctx.log, on_event=on_event)  # fmt: skip
+        subscriber = WeightSubscriber(
+            self.ctx.bus,
+            self.ctx.topology,
+            self.engine,
+            {"distributed": DistributedTransport.for_context(self.ctx)},
+            log=self.ctx.log,
+            on_event=on_event,
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(subscriber.run)
             await self.ctx.stopping.wait()
@@ -93,7 +98,19 @@ class Receiver(Actor[ReceiverConfig]):
             await self.engine.close()
 
 
-register_actor_kind(ActorKind("wsender", SenderConfig, f"{MODULE}:Sender",
-                              summary="test: publishes constant-filled weights over the distributed transport"))
-register_actor_kind(ActorKind("wreceiver", ReceiverConfig, f"{MODULE}:Receiver",
-                              summary="test: swaps distributed weights into a TorchEngine and checks them"))
+register_actor_kind(
+    ActorKind(
+        "wsender",
+        SenderConfig,
+        f"{MODULE}:Sender",
+        summary="test: publishes constant-filled weights over the distributed transport",
+    )
+)
+register_actor_kind(
+    ActorKind(
+        "wreceiver",
+        ReceiverConfig,
+        f"{MODULE}:Receiver",
+        summary="test: swaps distributed weights into a TorchEngine and checks them",
+    )
+)

@@ -10,9 +10,26 @@ from topology.runtime import Actor, ActorContext, Counters
 
 def test_exported_members() -> None:
     assert set(topology.runtime.__all__) == {
-        "Actor", "ActorContext", "ActorState", "Counters", "LocalRuntime", "RayRuntime", "RayUnavailable",
-        "ReplicaStatus", "RestartPolicy", "RunInfo", "RunNotFound", "RunResult", "RunStatus", "Runtime",
-        "SingleProcessRuntime", "find_run", "iterate_until", "read_run_info", "read_run_status", "status_bucket",
+        "Actor",
+        "ActorContext",
+        "ActorState",
+        "Counters",
+        "LocalRuntime",
+        "RayRuntime",
+        "RayUnavailable",
+        "ReplicaStatus",
+        "RestartPolicy",
+        "RunInfo",
+        "RunNotFound",
+        "RunResult",
+        "RunStatus",
+        "Runtime",
+        "SingleProcessRuntime",
+        "find_run",
+        "iterate_until",
+        "read_run_info",
+        "read_run_status",
+        "status_bucket",
     }
 
 
@@ -36,8 +53,15 @@ def test_context_binds_logger_and_state_dir(tmp_path: Path) -> None:
     bus: Any = object()  # never used by this test: no bus call is made
     structlog.reset_defaults()  # another test in this worker may have configured a level filter
     with structlog.testing.capture_logs() as logs:
-        ctx = ActorContext(topology="t", actor="gen", replica=1, kind="generator", spec=None,  # type: ignore[arg-type]
-                           bus=bus, run_dir=tmp_path)
+        ctx = ActorContext(
+            topology="t",
+            actor="gen",
+            replica=1,
+            kind="generator",
+            spec=None,  # type: ignore[arg-type]
+            bus=bus,
+            run_dir=tmp_path,
+        )
         ctx.log.info("hello")
     assert ctx.state_dir == tmp_path / "state" / "gen" / "1" and ctx.state_dir.is_dir()
     assert logs[0]["actor"] == "gen" and logs[0]["replica"] == 1 and logs[0]["topology"] == "t"

@@ -12,8 +12,7 @@ from topology.runtime._supervisor import thread_env
 
 
 def test_runtime_and_cli_do_not_import_torch() -> None:
-    code = ("import sys, topology.runtime, topology.runtime._child, topology.cli._up; "
-            "sys.exit('torch' in sys.modules)")  # fmt: skip
+    code = "import sys, topology.runtime, topology.runtime._child, topology.cli._up; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

@@ -90,8 +90,9 @@ async def test_watch_refreezes_and_reports(unfreeze_after: None) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_replica_run_in_process_leaves_no_hook_behind(unfreeze_after: None, embedded_nats: EmbeddedNats,
-                                                              tmp_path: Path) -> None:
+async def test_a_replica_run_in_process_leaves_no_hook_behind(
+    unfreeze_after: None, embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
     """The Ray runtime runs a restarted replica in the same process: each run must take its gc hook away."""
     from actors.learner._actor import LearnerActor
     from tests.actors.learner._helpers import wait_until, write_spec
@@ -101,10 +102,22 @@ async def test_a_replica_run_in_process_leaves_no_hook_behind(unfreeze_after: No
     hooks_before = len(gc.callbacks)
     contexts: list[ActorContext] = []
     async with anyio.create_task_group() as tg:
+
         async def run() -> None:
-            assert await run_replica(spec, LearnerActor, "learner", 0, run_dir=tmp_path / "run",
-                                     bus_url=embedded_nats.url, handle_signals=False, on_context=contexts.append,
-                                     freeze_heap=True) == 0
+            assert (
+                await run_replica(
+                    spec,
+                    LearnerActor,
+                    "learner",
+                    0,
+                    run_dir=tmp_path / "run",
+                    bus_url=embedded_nats.url,
+                    handle_signals=False,
+                    on_context=contexts.append,
+                    freeze_heap=True,
+                )
+                == 0
+            )
 
         tg.start_soon(run)
         await wait_until(lambda: bool(contexts) and contexts[0].counters.get("gc_freezes") == 1, timeout_s=60.0)

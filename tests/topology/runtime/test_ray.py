@@ -32,8 +32,13 @@ TINY = 'policy: {model: "builtin:tiny-gpt", config: {n_layer: 1, n_embd: 32, n_h
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
-             configure_logging=False)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 2**20,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         yield
     finally:
@@ -83,14 +88,22 @@ def test_replicas_run_as_ray_actors_and_a_killed_one_is_restarted(ray_kinds: Non
     runtime = RayRuntime(spec, handle_signals=False)
 
     async def probe(rt: RayRuntime) -> tuple[int, int]:
-        records = await _wait(rt, "tally consuming", lambda r: r.get(("tally", 0)) and
-                              r[("tally", 0)].counters.get("consumed", 0) >= 5)  # fmt: skip
+        records = await _wait(
+            rt, "tally consuming", lambda r: r.get(("tally", 0)) and r[("tally", 0)].counters.get("consumed", 0) >= 5
+        )
         victim = records[("tally", 0)].pid
         assert victim not in (0, os.getpid())
         os.kill(victim, signal.SIGKILL)  # the Ray worker process, not a polite stop
-        after = await _wait(rt, "tally restarted and consuming again", lambda r: (
-            r[("tally", 0)].restarts >= 1 and r[("tally", 0)].state == "running" and r[("tally", 0)].pid != victim
-            and r[("tally", 0)].counters.get("consumed", 0) >= 3))  # fmt: skip
+        after = await _wait(
+            rt,
+            "tally restarted and consuming again",
+            lambda r: (
+                r[("tally", 0)].restarts >= 1
+                and r[("tally", 0)].state == "running"
+                and r[("tally", 0)].pid != victim
+                and r[("tally", 0)].counters.get("consumed", 0) >= 3
+            ),
+        )
         return victim, after[("tally", 0)].pid
 
     result, (victim, new_pid) = anyio.run(_run_until, runtime, probe, 70.0)
@@ -111,11 +124,19 @@ def test_gloo_weight_group_across_ray_actors_reforms_after_a_receiver_dies(ray_k
         return key in records and records[key].counters.get("verified", 0) >= n
 
     async def probe(rt: RayRuntime) -> dict[tuple[str, int], ReplicaStatus]:
-        first = await _wait(rt, "both receivers swapped 2 versions",
-                            lambda r: verified(r, ("receiver", 0), 2) and verified(r, ("receiver", 1), 2))
+        first = await _wait(
+            rt,
+            "both receivers swapped 2 versions",
+            lambda r: verified(r, ("receiver", 0), 2) and verified(r, ("receiver", 1), 2),
+        )
         os.kill(first[("receiver", 1)].pid, signal.SIGKILL)
-        return await _wait(rt, "the restarted receiver back in the group", lambda r: (
-            r[("receiver", 1)].restarts >= 1 and verified(r, ("receiver", 1), 1) and verified(r, ("receiver", 0), 4)))
+        return await _wait(
+            rt,
+            "the restarted receiver back in the group",
+            lambda r: (
+                r[("receiver", 1)].restarts >= 1 and verified(r, ("receiver", 1), 1) and verified(r, ("receiver", 0), 4)
+            ),
+        )
 
     result, records = anyio.run(_run_until, runtime, probe, 75.0)
     assert result.ok, result.message
@@ -135,16 +156,19 @@ def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: No
 
 @pytest.mark.timeout(300)
 def test_the_embedded_default_runs_under_ray_versions_advance_and_a_killed_generator_rejoins(
-        ray_instance: None, tmp_path: Path) -> None:
+    ray_instance: None, tmp_path: Path
+) -> None:
     """specs/embedded.yaml itself (only made shorter: a 20-step warm start, small batches) as Ray actors; the
     generator's Ray worker is SIGKILLed mid-run, restarted by Ray, and the loop goes on with newer versions."""
     import json
 
     root = Path(__file__).resolve().parents[3]
-    overrides = {"include": str(root / "specs" / "embedded.yaml"),
-                 "runtime": {"kind": "ray", "run_dir": str(tmp_path / "runs")},
-                 "policy": {"warm_start": {"steps": 20}},
-                 "actors": {"learner": {"batch_size": 16, "eval_every_steps": 0, "checkpoint_every_steps": 5}}}
+    overrides = {
+        "include": str(root / "specs" / "embedded.yaml"),
+        "runtime": {"kind": "ray", "run_dir": str(tmp_path / "runs")},
+        "policy": {"warm_start": {"steps": 20}},
+        "actors": {"learner": {"batch_size": 16, "eval_every_steps": 0, "checkpoint_every_steps": 5}},
+    }
     (tmp_path / "spec.yaml").write_text(json.dumps(overrides))
     spec = load_spec(tmp_path / "spec.yaml")
     assert spec.runtime.kind == "ray" and set(spec.actors) == {"source", "generator", "verify", "learner"}
@@ -157,13 +181,23 @@ def test_the_embedded_default_runs_under_ray_versions_advance_and_a_killed_gener
         return float(records[("learner", 0)].counters.get("samples_applied", 0))
 
     async def probe(rt: RayRuntime) -> dict[str, Any]:
-        before = await _wait(rt, "generators serving a trained version", lambda r: (
-            r.get(("generator", 0)) and r.get(("learner", 0)) and version(r) >= 3 and applied(r) >= 32))
+        before = await _wait(
+            rt,
+            "generators serving a trained version",
+            lambda r: r.get(("generator", 0)) and r.get(("learner", 0)) and version(r) >= 3 and applied(r) >= 32,
+        )
         victim = before[("generator", 0)].pid
         os.kill(victim, signal.SIGKILL)
-        after = await _wait(rt, "the generator restarted and the loop going on", lambda r: (
-            r[("generator", 0)].restarts >= 1 and r[("generator", 0)].pid != victim
-            and version(r) >= version(before) + 2 and applied(r) >= applied(before) + 32))  # fmt: skip
+        after = await _wait(
+            rt,
+            "the generator restarted and the loop going on",
+            lambda r: (
+                r[("generator", 0)].restarts >= 1
+                and r[("generator", 0)].pid != victim
+                and version(r) >= version(before) + 2
+                and applied(r) >= applied(before) + 32
+            ),
+        )
         return {"victim": victim, "before": before, "after": after}
 
     result, seen = anyio.run(_run_until, runtime, probe, 260.0)

@@ -7,8 +7,15 @@ from topology.runtime._rundir import create_run_dir, write_run_info
 
 
 def info() -> RunInfo:
-    return RunInfo(topology="t", bus_url="nats://127.0.0.1:1", pid=1, spec_path="/x.yaml", started_at=0.0,
-                   heartbeat_s=1.0, replicas={"a": 2})
+    return RunInfo(
+        topology="t",
+        bus_url="nats://127.0.0.1:1",
+        pid=1,
+        spec_path="/x.yaml",
+        started_at=0.0,
+        heartbeat_s=1.0,
+        replicas={"a": 2},
+    )
 
 
 def test_run_dir_layout_and_latest_link(tmp_path: Path) -> None:

@@ -15,8 +15,17 @@ pytestmark = pytest.mark.anyio
 
 def _status(counter: list[int]) -> ReplicaStatus:
     counter[0] += 1
-    return ReplicaStatus(actor="learner", replica=0, kind="learner", state="running", pid=1, restarts=0,
-                         started_at=0.0, ts=time.time(), counters={"buffered_groups": counter[0]})
+    return ReplicaStatus(
+        actor="learner",
+        replica=0,
+        kind="learner",
+        state="running",
+        pid=1,
+        restarts=0,
+        started_at=0.0,
+        ts=time.time(),
+        counters={"buffered_groups": counter[0]},
+    )
 
 
 async def _wait_puts(puts: list[int], n: int) -> None:

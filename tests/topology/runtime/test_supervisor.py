@@ -25,8 +25,14 @@ pytestmark = pytest.mark.usefixtures("kinds_env")
 def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path) -> None:
     up = start_up(write_spec(tmp_path))
     try:
-        run_dir = wait_for("the run dir", lambda: (tmp_path / "runs" / "latest").resolve()
-                           if (tmp_path / "runs" / "latest" / "run.json").exists() else None)
+        run_dir = wait_for(
+            "the run dir",
+            lambda: (
+                (tmp_path / "runs" / "latest").resolve()
+                if (tmp_path / "runs" / "latest" / "run.json").exists()
+                else None
+            ),
+        )
         rows = wait_for("every replica running", lambda: live_rows(run_dir))
         tally = next(r for r in rows if r["actor"] == "tally")
         os.kill(tally["pid"], signal.SIGKILL)
@@ -39,8 +45,12 @@ def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path
 
         row = wait_for("tally restarted and consuming again", restarted)
         assert row["state"] == "running"
-        frozen = wait_for("the restarted replica froze its heap", lambda: next(
-            (r for r in live_rows(run_dir) or [] if r["actor"] == "tally" and r["counters"].get("gc_freezes")), None))
+        frozen = wait_for(
+            "the restarted replica froze its heap",
+            lambda: next(
+                (r for r in live_rows(run_dir) or [] if r["actor"] == "tally" and r["counters"].get("gc_freezes")), None
+            ),
+        )
         assert frozen["counters"]["gc_frozen"] > 1000  # the imported modules' objects: out of the collector's way
         ticker = next(r for r in status_json(run_dir)["replicas"] if r["actor"] == "ticker")
         assert ticker["restarts"] == 0, "only the killed replica restarts"
