@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from actors.generator import TorchEngine
-from actors.generator._weights_group import WeightGroup, receive_weights
+from actors.engines import TorchEngine
+from actors.engines._group import WeightGroup, receive_weights
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightSubscriber, weights_bucket
 from topology.bus import Bus

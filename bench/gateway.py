@@ -36,9 +36,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from actors.engines import SamplingParams
 from actors.gateway._client import ServeClient
-from actors.generator import SamplingParams
-from actors.generator._serve import params_to_wire
 from actors.policy import CharTokenizer, encode_prompt
 from bench._common import markdown_table, percentile, write_results
 from topology.bus import Bus
@@ -138,7 +137,7 @@ async def latency(url: str, bus: Bus, requests: int, new_tokens: int) -> dict[st
     await client.start()
     raw = RawClient(url)
     http = httpx.AsyncClient(base_url=url, timeout=30)
-    params = params_to_wire(SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True).to_wire()
     times: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_httpx": []}
     try:
         for i in range(requests + 20):  # the first 20 warm up every path

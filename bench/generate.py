@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.generator import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.policy import PRESETS, GPTConfig, Policy
 from bench._common import markdown_table, write_results
 

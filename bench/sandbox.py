@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actors.verify import SandboxPool
-from actors.verify._isolation import Isolation, default_python, worker_command
+from actors.sandbox import SandboxPool
+from actors.sandbox._isolation import Isolation, default_python, worker_command
 from bench._common import markdown_table, percentile, write_results
 
 

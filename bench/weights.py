@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.generator import GenerationRequest, SamplingParams, TorchEngine
-from actors.generator._weights_group import WeightBroadcaster, describe
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines._group import WeightBroadcaster, describe
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, weights_bucket
 from bench._common import markdown_table, write_results

@@ -8,6 +8,7 @@ frozen models and raises `SpecError` listing every issue (``file:line:col: key.p
 from topology._check import check_spec, load_spec, load_spec_text
 from topology._errors import SpecError, SpecIssue
 from topology._graph import ActorNode, ChannelNode, Graph, build_graph
+from topology._lazy import lazy_exports
 from topology._registry import ActorKind, actor_kinds, register_actor_kind, resolve_factory
 from topology._spec import (
     ActorSpec,
@@ -60,6 +61,7 @@ __all__ = [
     "actor_kinds",
     "build_graph",
     "check_spec",
+    "lazy_exports",
     "load_spec",
     "load_spec_text",
     "register_actor_kind",

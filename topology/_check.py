@@ -231,7 +231,7 @@ class _Checker:
     def check_domain_opens(self, name: str, domain: DomainSpec) -> None:
         """Open the domain's task source as the source actor does at start (builtin options, every JSONL row,
         the held-out split), so a bad option or row is reported at its line now, not as a traceback at `up`."""
-        from actors.source import SourceError, open_source  # pure Python, no torch
+        from actors.domains import SourceError, open_source
 
         path: KeyPath = ("domains", name)
         try:

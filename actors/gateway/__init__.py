@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actors._lazy import lazy_exports
-
-from ._config import GatewayConfig
+from actors.gateway._config import GatewayConfig
+from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from ._actor import GatewayActor, read_api_keys
-    from ._app import ApiError, ApiKeys, Gateway
-    from ._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
+    from actors.gateway._actor import GatewayActor, read_api_keys
+    from actors.gateway._app import ApiError, ApiKeys, Gateway
+    from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
 
 _LAZY = {
     "GatewayActor": "_actor",

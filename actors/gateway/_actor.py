@@ -27,7 +27,7 @@ from actors.gateway._app import ApiKeys, Gateway
 from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._prompt import PromptBuilder, load_tokenizer
-from actors.generator._serve import ping_subject
+from actors.protocol import ping_subject
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "read_api_keys"]

@@ -7,7 +7,7 @@ Contract:
 
 * Every response carries ``x-request-id``; for completions it is also the body's ``id`` and the id that
   ``/v1/feedback`` takes and that the ``traffic`` record is stored under.
-* A served request is published to ``traffic`` (:class:`~actors._messages.TrafficMsg`, envelope id = request
+* A served request is published to ``traffic`` (:class:`~actors.protocol._messages.TrafficMsg`, envelope id = request
   id) *before* its response completes: before the JSON body is returned, before the final SSE chunk. A
   request rejected with a 4xx/5xx is never published.
 * Errors are OpenAI-shaped ``{"error": {"message", "type", "code"}}``: malformed JSON or invalid fields 400,
@@ -18,7 +18,7 @@ Contract:
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
-  :data:`~actors._messages.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
+  :data:`~actors.protocol._messages.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
   Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later.
 
 Non-goals: cancelling generation when a client disconnects, per-key quotas, TLS (put a proxy in front).
@@ -40,12 +40,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from actors._messages import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._metrics import Metrics
 from actors.gateway._prompt import ChatRequest, CompletionRequest, PromptBuilder
-from actors.generator._serve import params_to_wire
+from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 
 __all__ = ["ApiError", "ApiKeys", "Gateway"]
 
@@ -241,7 +240,7 @@ class Gateway:
                 self.metrics.streams_open += 1
                 stream = True
             try:
-                params = params_to_wire(served.request.sampling(served.max_tokens))
+                params = served.request.sampling(served.max_tokens).to_wire()
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
             call = await self._call(served, params, stream)

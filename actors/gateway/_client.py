@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from actors.generator._serve import SERVE_PROTOCOL_VERSION, serve_subject
+from actors.protocol import SERVE_PROTOCOL_VERSION, serve_subject
 
 __all__ = ["GenerationError", "GeneratorsBusy", "NoGenerators", "ServeCall", "ServeClient"]
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from actors.generator._types import SamplingParams, Tokenizer
+from actors.engines._types import SamplingParams, Tokenizer
 
 __all__ = ["ChatRequest", "CompletionRequest", "PromptBuilder", "load_tokenizer"]
 

@@ -15,7 +15,7 @@ With ``serve: true`` the same engine also answers the gateway (:mod:`actors.gene
 start — before the first learner version, users are served the policy as specified.
 
 Non-goals: driving an SGLang/vLLM server's own weight-update group from here (the HTTP engines take a
-safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.generator._weights_group`).
+safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.engines._group`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import Any
 
 import anyio
 
-from actors._messages import CompletionRecord, PromptMsg, RolloutMsg
+from actors.engines._types import Completion, Engine, GenerationRequest, SamplingParams
 from actors.generator._config import GeneratorConfig, served_key
-from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
 from actors.policy._prompting import encode_prompt
+from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg
 from actors.weights import (
     DistributedTransport,
     ObjectStoreTransport,
@@ -91,7 +91,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
     async def _build_engine(self) -> tuple[Engine, Any]:
         if self.config.engine == "torch":
-            from actors.generator._torch_engine import TorchEngine
+            from actors.engines._torch import TorchEngine
 
             threads = max(1, int(self.ctx.spec.actors[self.ctx.actor].resources.num_cpus or 1))
             engine = await asyncio.to_thread(
@@ -106,11 +106,11 @@ class GeneratorActor(Actor[GeneratorConfig]):
         url = self.config.url or ""
         http_engine: Any
         if self.config.engine == "sglang":
-            from actors.generator._sglang import SGLangEngine
+            from actors.engines._sglang import SGLangEngine
 
             http_engine = SGLangEngine(url, timeout_s=self.config.request_timeout_s)
         else:
-            from actors.generator._vllm import VLLMEngine
+            from actors.engines._vllm import VLLMEngine
 
             http_engine = VLLMEngine(url, timeout_s=self.config.request_timeout_s)
         await http_engine.start()

@@ -1,84 +1,29 @@
-"""Serving: a generator answers gateway requests over core NATS request/reply (the *serve protocol*).
+"""The generator's side of the serve protocol (`actors.protocol._serve`): answer gateway requests with the engine.
 
-Protocol (orjson objects; ``v`` = :data:`SERVE_PROTOCOL_VERSION`):
+Counters: ``serve_requests``, ``serve_busy``, ``serve_errors``, ``serve_tokens``, gauge ``serve_in_flight``.
 
-* Subject ``fw.<topology>.eph.serve`` (:func:`serve_subject`), queue group :data:`SERVE_QUEUE`: NATS hands
-  each request to one subscribed generator replica, which balances the replicas. Core NATS, not JetStream:
-  a request is answered now or not at all; nothing is stored.
-* Request (published with a reply subject): ``{v, request_id, prompt_ids: [int], params: {SamplingParams
-  fields; stop / stop_token_ids as lists}, stream: bool}``.
-* Replies, all to the request's reply subject:
-  ``{type: "busy", retry_after_s}`` — this replica already has ``max_in_flight`` serve requests or its
-  engine queue is full; sent at once, nothing was started (the gateway may try another replica, then 429).
-  ``{type: "error", status: 400|500, message}`` — bad parameters (400) or an engine failure (500).
-  ``{type: "delta", token_ids: [int]}`` — streaming only: tokens as the engine samples them (a torch engine
-  sends one per decode step; SGLang/vLLM engines have no token stream and send none — the final message
-  carries everything).
-  ``{type: "final", token_ids, logprobs, versions, text, finish_reason, generator}`` — always last.
-* Health: a request on ``fw.<topology>.eph.serve-ping`` (:func:`ping_subject`, same queue group) is
-  answered ``{type: "pong", generator, version, in_flight, max_in_flight}`` even when the replica is busy.
-* A generator that is stopping unsubscribes (new requests go to its siblings), answers what it accepted,
-  and sends ``{type: "error", status: 503}`` for a request it cannot finish.
-
-Non-goals: cancelling a request whose client went away (it runs to its ``max_new_tokens``), fairness between
-gateway traffic and training prompts beyond the engine's FIFO admission, persistence of anything.
+Non-goals: cancelling a request whose client went away (it runs to its ``max_new_tokens``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
 import orjson
 
-from actors.generator._types import Completion, Engine, GenerationRequest, SamplingParams
+from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
+from actors.protocol import SERVE_QUEUE, ping_subject, serve_subject
 from topology.runtime import ActorContext
 
-__all__ = [
-    "SERVE_PROTOCOL_VERSION",
-    "SERVE_QUEUE",
-    "default_max_in_flight",
-    "params_to_wire",
-    "ping_subject",
-    "serve",
-    "serve_subject",
-]
-
-SERVE_PROTOCOL_VERSION = 1
-SERVE_QUEUE = "generators"
-_PARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-_TUPLE_FIELDS = frozenset({"stop", "stop_token_ids"})
-
-
-def serve_subject(topology: str) -> str:
-    """Core NATS subject the gateway sends requests to (the bus's ephemeral namespace)."""
-    return f"fw.{topology}.eph.serve"
-
-
-def ping_subject(topology: str) -> str:
-    """Core NATS subject of the health ping (one serving replica answers)."""
-    return f"fw.{topology}.eph.serve-ping"
+__all__ = ["default_max_in_flight", "serve"]
 
 
 def default_max_in_flight(max_batch_size: int) -> int:
     """Serve requests one replica accepts at once: enough to keep its batch full several times over."""
     return max(64, 8 * max_batch_size)
-
-
-def params_to_wire(params: SamplingParams) -> dict[str, Any]:
-    return {name: list(value) if name in _TUPLE_FIELDS else value for name, value in dataclasses.asdict(params).items()}
-
-
-def params_from_wire(raw: Mapping[str, Any]) -> SamplingParams:
-    """Unknown keys are ignored (a newer gateway may send more); bad values raise ``ValueError``."""
-    fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in raw.items() if k in _PARAM_FIELDS}
-    try:
-        return SamplingParams(**fields)
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
 
 
 async def serve(ctx: ActorContext, engine: Engine, *, max_in_flight: int) -> None:
@@ -212,4 +157,4 @@ def _parse(data: bytes) -> tuple[GenerationRequest, bool]:
         raise ValueError("serve request needs prompt_ids: a list of ints")
     if not isinstance(params, dict):
         raise ValueError("serve request params must be an object")
-    return GenerationRequest(request_id, tuple(prompt_ids), params_from_wire(params)), bool(raw.get("stream"))
+    return GenerationRequest(request_id, tuple(prompt_ids), SamplingParams.from_wire(params)), bool(raw.get("stream"))

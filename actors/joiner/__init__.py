@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actors._lazy import lazy_exports
+from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from ._actor import REVIEW_SOURCE as REVIEW_SOURCE
-    from ._actor import joined_sample as joined_sample
-    from ._actor import selected_for_review as selected_for_review
-    from ._state import JoinState as JoinState
-    from ._state import kv_key as kv_key
+    from actors.joiner._actor import REVIEW_SOURCE as REVIEW_SOURCE
+    from actors.joiner._actor import joined_sample as joined_sample
+    from actors.joiner._actor import selected_for_review as selected_for_review
+    from actors.joiner._state import JoinState as JoinState
+    from actors.joiner._state import kv_key as kv_key
 
 _EXPORTS = {
     "JoinState": "_state",

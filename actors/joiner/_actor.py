@@ -12,7 +12,7 @@ Contract:
 - The joined sample is off-policy data: the completion's token ids, behavior logprobs and versions are the
   served ones; ``origin`` is ``review`` for labels from ``flywheel review``, else ``feedback``; the reward
   is the feedback's score (labels were mapped to scores by whoever published them, see
-  ``actors._messages.FEEDBACK_LABELS``: good/thumbs_up/accept → 1, bad/thumbs_down/reject → 0) clipped to
+  ``actors.protocol._messages.FEEDBACK_LABELS``: good/thumbs_up/accept → 1, bad/thumbs_down/reject → 0) clipped to
   [0, 1]; domain = the config's ``domain``, else the request's, else ``"feedback"``. It is published with
   the id ``joined.<request id>``: a crash between publish and the "applied" mark re-publishes the same id,
   which JetStream stores once inside its dedupe window.
@@ -32,9 +32,9 @@ from typing import Any
 import anyio
 import orjson
 
-from actors._messages import FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
 from actors.joiner._config import JoinerConfig
 from actors.joiner._state import JoinState
+from actors.protocol import FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext, iterate_until
 

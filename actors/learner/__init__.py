@@ -7,35 +7,35 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actors._lazy import lazy_exports
+from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from ._advantages import AdvantageEstimator as AdvantageEstimator
-    from ._advantages import RunningStats as RunningStats
-    from ._advantages import is_stale as is_stale
-    from ._advantages import staleness as staleness
-    from ._batcher import DomainBatcher as DomainBatcher
-    from ._checkpoint import Checkpointer as Checkpointer
-    from ._config import LearnerConfig as LearnerConfig
-    from ._eval import EvalResult as EvalResult
-    from ._eval import EvalTracker as EvalTracker
-    from ._eval import eval_message_id as eval_message_id
-    from ._export import export_safetensors as export_safetensors
-    from ._ledger import AppliedLedger as AppliedLedger
-    from ._loss import LossStats as LossStats
-    from ._loss import PPOConfig as PPOConfig
-    from ._loss import decoupled_ppo_loss as decoupled_ppo_loss
-    from ._loss import importance_weights as importance_weights
-    from ._loss import k3_kl as k3_kl
-    from ._metrics import MetricsWriter as MetricsWriter
-    from ._metrics import plot_heldout as plot_heldout
-    from ._metrics import read_metrics as read_metrics
-    from ._trainer import StepStats as StepStats
-    from ._trainer import Trainer as Trainer
-    from ._trainer import TrainSample as TrainSample
-    from ._warmstart import WarmStartResult as WarmStartResult
-    from ._warmstart import reference_pairs as reference_pairs
-    from ._warmstart import warm_start as warm_start
+    from actors.learner._advantages import AdvantageEstimator as AdvantageEstimator
+    from actors.learner._advantages import RunningStats as RunningStats
+    from actors.learner._advantages import is_stale as is_stale
+    from actors.learner._advantages import staleness as staleness
+    from actors.learner._batcher import DomainBatcher as DomainBatcher
+    from actors.learner._checkpoint import Checkpointer as Checkpointer
+    from actors.learner._config import LearnerConfig as LearnerConfig
+    from actors.learner._eval import EvalResult as EvalResult
+    from actors.learner._eval import EvalTracker as EvalTracker
+    from actors.learner._eval import eval_message_id as eval_message_id
+    from actors.learner._export import export_safetensors as export_safetensors
+    from actors.learner._ledger import AppliedLedger as AppliedLedger
+    from actors.learner._loss import LossStats as LossStats
+    from actors.learner._loss import PPOConfig as PPOConfig
+    from actors.learner._loss import decoupled_ppo_loss as decoupled_ppo_loss
+    from actors.learner._loss import importance_weights as importance_weights
+    from actors.learner._loss import k3_kl as k3_kl
+    from actors.learner._metrics import MetricsWriter as MetricsWriter
+    from actors.learner._metrics import plot_heldout as plot_heldout
+    from actors.learner._metrics import read_metrics as read_metrics
+    from actors.learner._trainer import StepStats as StepStats
+    from actors.learner._trainer import Trainer as Trainer
+    from actors.learner._trainer import TrainSample as TrainSample
+    from actors.learner._warmstart import WarmStartResult as WarmStartResult
+    from actors.learner._warmstart import reference_pairs as reference_pairs
+    from actors.learner._warmstart import warm_start as warm_start
 
 _EXPORTS = {
     "AdvantageEstimator": "_advantages",

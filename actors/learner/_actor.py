@@ -50,7 +50,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from actors._messages import ScoredMsg
 from actors.learner._advantages import AdvantageEstimator, staleness
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer
@@ -61,6 +60,7 @@ from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.policy import Policy
 from actors.policy._prompting import encode_completion
+from actors.protocol import ScoredMsg
 from actors.weights import WeightPublisher
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext

@@ -23,8 +23,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from actors._messages import ScoredMsg
-from actors.source import Task
+from actors.domains import Task
+from actors.protocol import ScoredMsg
 
 __all__ = ["EvalResult", "EvalTracker", "eval_message_id"]
 

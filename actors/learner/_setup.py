@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 import torch
 
+from actors.domains import domains_from_spec
 from actors.learner._checkpoint import Checkpointer
 from actors.learner._eval import EvalTracker
 from actors.learner._ledger import AppliedLedger
@@ -28,7 +29,6 @@ from actors.learner._metrics import MetricsWriter
 from actors.learner._trainer import Trainer
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy
-from actors.source import domains_from_spec
 from actors.weights import WeightPublisher, WeightTransport
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from actors.domains import Domain, DomainSampler
 from actors.learner._trainer import Trainer, adamw
-from actors.source import Domain, DomainSampler
 
 __all__ = ["WarmStartResult", "lr_at", "reference_pairs", "warm_start"]
 

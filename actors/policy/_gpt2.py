@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._tiny_gpt import KVCache, padded_causal_mask, positions_from_mask
+from actors.policy._tiny_gpt import KVCache, padded_causal_mask, positions_from_mask
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

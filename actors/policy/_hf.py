@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._gpt2 import gpt2_forward, native_gpt2_unsupported
-from ._tiny_gpt import KVCache, positions_from_mask
-from ._tokenizer import HFTokenizer
+from actors.policy._gpt2 import gpt2_forward, native_gpt2_unsupported
+from actors.policy._tiny_gpt import KVCache, positions_from_mask
+from actors.policy._tokenizer import HFTokenizer
 
 
 class HFCausalLM(nn.Module):

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._tiny_gpt import PRESETS, GPTConfig, KVCache, TinyGPT, positions_from_mask
-from ._tokenizer import CharTokenizer, HFTokenizer
+from actors.policy._tiny_gpt import PRESETS, GPTConfig, KVCache, TinyGPT, positions_from_mask
+from actors.policy._tokenizer import CharTokenizer, HFTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _BUILTIN_EXTRA_KEYS = ("preset", "seed", "dtype")
@@ -81,7 +81,7 @@ class Policy:
 
     @classmethod
     def from_hf(cls, path: str | Path, *, dtype: torch.dtype | None = None, native_forward: bool = True) -> Policy:
-        from ._hf import load_hf
+        from actors.policy._hf import load_hf
 
         module, tokenizer = load_hf(path, dtype=dtype, native=native_forward)
         return cls(

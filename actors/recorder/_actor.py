@@ -31,8 +31,8 @@ import anyio
 import nats.js.errors as js_errors
 from pydantic import BaseModel
 
+from actors.protocol import CHANNEL_MODELS, rows_of
 from actors.recorder._config import RecorderConfig
-from actors.recorder._schema import CHANNEL_MODELS, rows_of
 from actors.recorder._writer import ChannelWriter
 from topology.bus import Bus, Delivery
 from topology.runtime import Actor, ActorContext, iterate_until

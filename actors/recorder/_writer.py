@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from actors.recorder._schema import frame
+from actors.protocol import frame
 
 __all__ = ["ChannelWriter", "parse_range", "partition_of"]
 

@@ -8,45 +8,45 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actors._lazy import lazy_exports
+from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from ._items import ReplayItem as ReplayItem
-    from ._items import load_items as load_items
-    from ._promote import (
+    from actors.replay._items import ReplayItem as ReplayItem
+    from actors.replay._items import load_items as load_items
+    from actors.replay._promote import (
         Decision as Decision,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         decide as decide,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         decisions_path as decisions_path,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         promote as promote,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         read_decisions as read_decisions,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         record as record,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         rollback as rollback,
     )
-    from ._promote import (
+    from actors.replay._promote import (
         serving_manifest as serving_manifest,
     )
-    from ._report import build_report as build_report
-    from ._report import mean_reward as mean_reward
-    from ._report import write_report as write_report
-    from ._run import Outcome as Outcome
-    from ._run import Replayer as Replayer
-    from ._run import ReplayRun as ReplayRun
-    from ._run import request_seed as request_seed
-    from ._weights import ResolvedWeights as ResolvedWeights
-    from ._weights import WeightsNotFound as WeightsNotFound
-    from ._weights import resolve_weights as resolve_weights
+    from actors.replay._report import build_report as build_report
+    from actors.replay._report import mean_reward as mean_reward
+    from actors.replay._report import write_report as write_report
+    from actors.replay._run import Outcome as Outcome
+    from actors.replay._run import Replayer as Replayer
+    from actors.replay._run import ReplayRun as ReplayRun
+    from actors.replay._run import request_seed as request_seed
+    from actors.replay._weights import ResolvedWeights as ResolvedWeights
+    from actors.replay._weights import WeightsNotFound as WeightsNotFound
+    from actors.replay._weights import resolve_weights as resolve_weights
 
 _EXPORTS = {
     "Decision": "_promote",

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from actors.recorder import read_recordings
+from actors.protocol import read_recordings
 
 __all__ = ["ReplayItem", "load_items"]
 

@@ -27,11 +27,12 @@ from typing import Any
 import anyio
 import torch
 
-from actors.generator._torch_engine import TorchEngine
-from actors.generator._types import GenerationRequest, SamplingParams
+from actors.domains import DomainVerifier, Scorer
+from actors.engines._torch import TorchEngine
+from actors.engines._types import GenerationRequest, SamplingParams
 from actors.policy import Policy
 from actors.replay._items import ReplayItem
-from actors.verify import DomainVerifier, SandboxPool, Scorer
+from actors.sandbox import SandboxPool
 
 __all__ = ["Outcome", "ReplayRun", "Replayer", "request_seed"]
 

@@ -6,7 +6,7 @@ Contract:
 - Replica i samples with `random.Random(seed + i)`, so two replicas never emit the same sequence and a run is
   reproducible given its seeds. Only training tasks are published (`heldout: false`); held-out tasks never
   leave through this actor.
-- Each message is a `PromptMsg` payload (`actors._messages`), envelope type `"prompt"`, with a fresh
+- Each message is a `PromptMsg` payload (`actors.protocol._messages`), envelope type `"prompt"`, with a fresh
   message id per emission (the same task drawn twice is two prompts; `task_id` stays the task's stable id).
 - Backpressure: before each batch the actor reads the channel's *backlog* from JetStream — for every
   consumer group on the stream, messages not yet delivered plus delivered but not yet acked; the backlog is
@@ -54,12 +54,11 @@ import anyio
 import nats.js.errors as js_errors
 import orjson
 
-from actors._messages import SOLVED_SUBJECT, PromptMsg
+from actors.domains._domains import DomainSampler, domains_from_spec
+from actors.protocol import SOLVED_SUBJECT, PromptMsg
+from actors.source._config import SourceConfig
 from topology.bus import new_id
 from topology.runtime import Actor
-
-from ._config import SourceConfig
-from ._domains import DomainSampler, domains_from_spec
 
 __all__ = ["SourceActor"]
 

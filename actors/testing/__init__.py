@@ -5,8 +5,8 @@
 engine clients — and the whole loop — run without GPUs. Importing this package imports torch.
 """
 
-from ._fake_sglang import FakeSGLangServer
-from ._fake_vllm import FakeVLLMServer
-from ._server import AppServer, free_port
+from actors.testing._fake_sglang import FakeSGLangServer
+from actors.testing._fake_vllm import FakeVLLMServer
+from actors.testing._server import AppServer, free_port
 
 __all__ = ["AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port"]

@@ -23,8 +23,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from actors.generator._torch_engine import TorchEngine
-from actors.generator._types import Completion, GenerationRequest, SamplingParams, WeightUpdateError
+from actors.engines._torch import TorchEngine
+from actors.engines._types import Completion, GenerationRequest, SamplingParams, WeightUpdateError
 from actors.testing._host import EngineHost
 from actors.testing._server import AppServer
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from actors.generator._torch_engine import TorchEngine
-from actors.generator._types import Completion, GenerationRequest, WeightUpdateError
-from actors.generator._weights_group import WeightGroup, receive_weights
+from actors.engines._group import WeightGroup, receive_weights
+from actors.engines._torch import TorchEngine
+from actors.engines._types import Completion, GenerationRequest, WeightUpdateError
 
 __all__ = ["EngineHost"]
 

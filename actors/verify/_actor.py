@@ -10,7 +10,7 @@ The ``python-expr`` verifier remembers the sandbox's answer per expression text 
 ``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved.
 
 Solved groups: for a domain with `skip_solved` set in the spec, a training group whose completions all scored
-full marks (reward ≥ 1) is announced on the ephemeral subject ``solved`` (``actors._messages.SOLVED_SUBJECT``) so
+full marks (reward ≥ 1) is announced on the ephemeral subject ``solved`` (``actors.protocol.SOLVED_SUBJECT``) so
 the source can pass over that prompt for a while; counted in ``solved_announced``.
 
 Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
@@ -24,10 +24,10 @@ from typing import Any
 
 import anyio
 
-from actors._messages import SOLVED_SUBJECT, RolloutMsg, ScoredCompletion, ScoredMsg
+from actors.domains._score import DomainVerifier, Scorer
+from actors.protocol import SOLVED_SUBJECT, RolloutMsg, ScoredCompletion, ScoredMsg
+from actors.sandbox._pool import SandboxPool
 from actors.verify._config import VerifyConfig
-from actors.verify._pool import SandboxPool
-from actors.verify._score import DomainVerifier, Scorer
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 

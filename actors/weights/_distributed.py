@@ -11,8 +11,8 @@ One version, two phases (:meth:`DistributedTransport.put_announced`, driven by
 1. the manifest goes into KV first; its ``location`` is the rendezvous: ``{address, port, backend,
    group, ranks: {"<actor>.<replica>": rank}, join_by}`` (``join_by`` = wall-clock deadline to join);
 2. the learner hosts the TCPStore at ``address:port`` and broadcasts every tensor (sorted by name) to the
-   members, who build their side with :class:`~actors.generator._weights_group.WeightGroup` and stage what they
-   receive with :func:`~actors.generator._weights_group.receive_weights` before the engine swaps it in.
+   members, who build their side with :class:`~actors.engines._group.WeightGroup` and stage what they
+   receive with :func:`~actors.engines._group.receive_weights` before the engine swaps it in.
 
 The broadcast runs in a worker thread on a copy of the weights, so the learner keeps training meanwhile; the
 next publish first waits for the previous broadcast (at most ``join_timeout_s`` plus the transfer). A member
@@ -164,7 +164,7 @@ class DistributedTransport:
         return manifest
 
     def _send(self, location: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        from actors.generator._weights_group import WeightBroadcaster
+        from actors.engines._group import WeightBroadcaster
 
         broadcaster = WeightBroadcaster(
             location["address"],
@@ -232,7 +232,7 @@ class DistributedTransport:
     def _receive(
         self, manifest: WeightManifest, location: dict[str, Any], rank: int, timeout_s: float
     ) -> dict[str, torch.Tensor]:
-        from actors.generator._weights_group import WeightGroup, parse_dtype, receive_weights
+        from actors.engines._group import WeightGroup, parse_dtype, receive_weights
 
         names = sorted(manifest.tensors)
         dtypes = [manifest.tensors[n].dtype for n in names]

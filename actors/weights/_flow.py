@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import torch
 
-from actors.generator._types import Engine
+from actors.engines._types import Engine
 from actors.weights._manifest import WeightManifest, WeightPayloadError
 from actors.weights._transports import CollectiveTransport, WeightTransport
 from topology.bus import Bus

@@ -12,7 +12,7 @@ several versions a second must not delete the one a generator is still reading (
 10 s without data and the generator moves on to the newest version, but those seconds serve stale weights) — and 2
 on disk (full model copies; a read of a pruned directory fails at once and the next version is taken). The
 torch.distributed broadcast path lives
-in :mod:`actors.generator._weights_group` (it moves tensors peer to peer and needs no transport object).
+in :mod:`actors.engines._group` (it moves tensors peer to peer and needs no transport object).
 
 Non-goals: no compression, no partial (delta) updates, no authentication beyond the bus's own.
 """

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import ScoredMsg
+from actors.protocol import ScoredMsg
 from topology import load_spec
 from topology.bus import Bus
 from topology.runtime import SingleProcessRuntime

@@ -27,7 +27,7 @@ def test_example_spec_validates(path: Path) -> None:
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_example_spec_domains_open(path: Path) -> None:
-    from actors.source._domains import domains_from_spec
+    from actors.domains._domains import domains_from_spec
 
     spec, _ = check_spec(path)
     assert spec is not None

@@ -4,14 +4,14 @@ See ``_bus`` (Bus), ``_consumer`` (deliveries), ``_outbox`` (coalesced publish-t
 ``_envelope`` (wire format).
 """
 
-from ._bus import Bus, EphemeralMessage, EphemeralSubscription
-from ._consumer import ChannelConsumer, Delivery
-from ._envelope import ENVELOPE_VERSION, Envelope, decode, encode, new_id
-from ._errors import BusError, EnvelopeError
-from ._outbox import Outbox
-from ._server import EmbeddedNats, find_nats_server
-from ._settings import DEADLETTER, BusSettings, stream_name, subject
-from ._stats import BusStats
+from topology.bus._bus import Bus, EphemeralMessage, EphemeralSubscription
+from topology.bus._consumer import ChannelConsumer, Delivery
+from topology.bus._envelope import ENVELOPE_VERSION, Envelope, decode, encode, new_id
+from topology.bus._errors import BusError, EnvelopeError
+from topology.bus._outbox import Outbox
+from topology.bus._server import EmbeddedNats, find_nats_server
+from topology.bus._settings import DEADLETTER, BusSettings, stream_name, subject
+from topology.bus._stats import BusStats
 
 __all__ = [
     "DEADLETTER",

@@ -34,12 +34,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from ._consumer import ChannelConsumer
-from ._envelope import Envelope, encode
-from ._errors import BusError
-from ._kv import STALL_S, Stores
-from ._settings import DEADLETTER, BusSettings, consumer_name, stream_name, subject
-from ._stats import BusStats
+from topology.bus._consumer import ChannelConsumer
+from topology.bus._envelope import Envelope, encode
+from topology.bus._errors import BusError
+from topology.bus._kv import STALL_S, Stores
+from topology.bus._settings import DEADLETTER, BusSettings, consumer_name, stream_name, subject
+from topology.bus._stats import BusStats
 
 __all__ = ["Bus", "EphemeralMessage", "EphemeralSubscription"]
 

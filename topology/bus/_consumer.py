@@ -29,12 +29,12 @@ import orjson
 import pydantic
 from nats.aio.msg import Msg
 
-from ._envelope import Envelope, decode
-from ._errors import BusError, EnvelopeError
-from ._settings import DEADLETTER
+from topology.bus._envelope import Envelope, decode
+from topology.bus._errors import BusError, EnvelopeError
+from topology.bus._settings import DEADLETTER
 
 if TYPE_CHECKING:
-    from ._bus import Bus
+    from topology.bus._bus import Bus
 
 __all__ = ["ChannelConsumer", "Delivery"]
 

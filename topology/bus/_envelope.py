@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ._errors import EnvelopeError
+from topology.bus._errors import EnvelopeError
 
 __all__ = ["ENVELOPE_VERSION", "Envelope", "decode", "encode", "new_id"]
 

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from ._errors import BusError
+from topology.bus._errors import BusError
 
 __all__ = ["Stores"]
 

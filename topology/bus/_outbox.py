@@ -25,13 +25,13 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._errors import BusError
+from topology.bus._errors import BusError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ._bus import Bus
-    from ._consumer import Delivery
+    from topology.bus._bus import Bus
+    from topology.bus._consumer import Delivery
 
 
 @dataclass

@@ -35,7 +35,7 @@ from types import TracebackType
 
 import anyio
 
-from ._errors import BusError
+from topology.bus._errors import BusError
 
 __all__ = ["EmbeddedNats", "find_nats_server"]
 

@@ -17,11 +17,11 @@ _COMMANDS: dict[str, str] = {
     "plan": "topology.cli._validate:plan",
     "up": "topology.cli._up:up",
     "status": "topology.cli._up:status",
-    "sandbox": "actors.verify._cli:sandbox",
-    "replay": "topology.cli._replay:replay",
-    "review": "topology.cli._review:review",
-    "promote": "topology.cli._promote:promote",
-    "rollback": "topology.cli._promote:rollback",
+    "sandbox": "actors.commands._sandbox:sandbox",
+    "replay": "actors.commands._replay:replay",
+    "review": "actors.commands._review:review",
+    "promote": "actors.commands._promote:promote",
+    "rollback": "actors.commands._promote:rollback",
 }
 
 

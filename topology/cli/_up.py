@@ -21,7 +21,7 @@ import anyio
 import click
 import structlog
 
-from topology.cli._progress import LearningView
+from actors.commands._live import LearningView
 
 _STATE_STYLE = {
     "running": "green",

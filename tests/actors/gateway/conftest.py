@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from actors._messages import FeedbackMsg, TrafficMsg
 from actors.gateway._actor import GatewayActor
 from actors.generator._actor import GeneratorActor
+from actors.protocol import FeedbackMsg, TrafficMsg
 from tests.conftest import fresh_topology
 from topology import load_spec
 from topology.bus import Bus, EmbeddedNats

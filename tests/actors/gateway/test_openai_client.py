@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from actors._messages import TrafficMsg
 from actors.policy import CharTokenizer, encode_prompt
+from actors.protocol import TrafficMsg
 from tests.actors.gateway.conftest import API_KEY, Running
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
+from actors.engines import SamplingParams, TorchEngine
 from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeClient
-from actors.generator import SamplingParams, TorchEngine
-from actors.generator._serve import params_to_wire, serve
+from actors.generator._serve import serve
 from actors.policy import GPTConfig, Policy
 from topology import load_spec
 from topology.bus import Bus
@@ -37,7 +37,7 @@ def context(bus: Bus, tmp_path: Path) -> ActorContext:
 
 
 def params(n: int) -> dict[str, Any]:
-    return params_to_wire(SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True).to_wire()
 
 
 async def test_stream_busy_and_bad_params(bus: Bus, tmp_path: Path) -> None:

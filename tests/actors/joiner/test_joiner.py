@@ -11,10 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import ScoredMsg, TrafficMsg
 from actors.joiner import selected_for_review
 from actors.joiner._actor import JoinerActor
 from actors.joiner._config import JoinerConfig
+from actors.protocol import ScoredMsg, TrafficMsg
 from tests.actors.recorder._support import feedback, traffic
 from topology import Spec, load_spec
 from topology.bus import Bus, BusSettings, EmbeddedNats

@@ -11,12 +11,12 @@ from typing import Any
 
 import anyio
 
-from actors._messages import ScoredMsg
 from actors.learner import read_metrics
 from actors.learner._actor import LearnerActor
 from actors.learner._config import LearnerConfig
 from actors.policy import CharTokenizer
 from actors.policy._prompting import encode_prompt
+from actors.protocol import ScoredMsg
 from topology import load_spec
 from topology._spec import Spec
 from topology.bus import Bus, BusSettings

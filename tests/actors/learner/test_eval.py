@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from actors._messages import ScoredCompletion, ScoredMsg
+from actors.domains import open_source
 from actors.learner._config import LearnerConfig
 from actors.learner._eval import EvalTracker, eval_message_id
-from actors.source import open_source
+from actors.protocol import ScoredCompletion, ScoredMsg
 
 
 def scored(rewards: list[float], temperature: float) -> ScoredMsg:

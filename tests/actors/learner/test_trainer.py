@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from actors.domains import Domain, DomainSampler, open_source
 from actors.learner import PPOConfig, Trainer, TrainSample, reference_pairs, warm_start
 from actors.policy import GPTConfig, Policy
 from actors.policy._prompting import encode_completion, encode_prompt
-from actors.source import Domain, DomainSampler, open_source
 
 
 def tiny() -> Policy:

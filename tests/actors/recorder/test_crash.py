@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors.recorder import read_recordings
+from actors.protocol import read_recordings
 from tests.actors.recorder._support import recorder_spec
 from topology.bus import Bus, EmbeddedNats
 

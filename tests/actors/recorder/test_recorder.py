@@ -13,7 +13,8 @@ import anyio
 import polars as pl
 import pytest
 
-from actors.recorder import ChannelWriter, read_recordings, schema
+from actors.protocol import read_recordings, schema
+from actors.recorder import ChannelWriter
 from actors.recorder._actor import RecorderActor
 from actors.recorder._config import RecorderConfig
 from tests.actors.recorder._support import feedback, recorder_spec, scored, traffic

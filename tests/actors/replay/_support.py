@@ -10,8 +10,8 @@ import orjson
 from safetensors.torch import save_file
 
 from actors.policy import GPTConfig, Policy
+from actors.protocol import rows_of
 from actors.recorder import ChannelWriter
-from actors.recorder._schema import rows_of
 from actors.replay import Replayer, ReplayItem
 from topology import Spec, load_spec
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from actors._messages import PromptMsg
+from actors.protocol import PromptMsg
 from topology.bus import Bus
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import PromptMsg
-from actors.source import DomainSampler, SourceError, domains_from_spec
+from actors.domains import DomainSampler, SourceError, domains_from_spec
+from actors.protocol import PromptMsg
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
 from tests.actors.source._helpers import drawn_task_ids, wait_for

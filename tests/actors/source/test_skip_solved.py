@@ -11,11 +11,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from actors._messages import RolloutMsg, ScoredMsg
-from actors.source import Domain, DomainSampler, open_source
+from actors.domains import Domain, DomainSampler, open_source
+from actors.domains._task import task_id
+from actors.protocol import RolloutMsg, ScoredMsg
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
-from actors.source._task import task_id
 from actors.verify._actor import VerifyActor
 from actors.verify._config import VerifyConfig
 from tests.actors.source._helpers import drawn_task_ids, wait_for

@@ -60,7 +60,7 @@ class Receiver(Actor[ReceiverConfig]):
     engine: Any = None
 
     async def start(self) -> None:
-        from actors.generator._torch_engine import TorchEngine
+        from actors.engines._torch import TorchEngine
         from actors.policy import Policy
 
         self.engine = TorchEngine(Policy.from_spec(self.ctx.spec.policy), num_threads=1)

@@ -1,0 +1,111 @@
+"""``flywheel sandbox run FILE [--tests TESTS] [--timeout S] [--memory MB]``: one program, one JSON line.
+
+Prints a single JSON object: verdict, reward, isolation, elapsed_s, stdout, stderr (capped), detail.
+Reward is 1.0 only when tests were given and all passed; a program run without tests earns 0.0 whatever
+it does (verdict ``pass`` then only says it ran to completion: end of file or ``exit(0)``). Exit status
+0 for every verdict; non-zero only when the sandbox itself could not run (or the required isolation is
+missing: verdict ``isolation_refused``, exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import click
+import structlog
+
+from actors.sandbox._isolation import IsolationRefused
+from actors.sandbox._pool import SandboxLimits, SandboxPool
+from actors.sandbox._verdict import SandboxResult, Verdict
+
+
+@click.group()
+def sandbox() -> None:
+    """Run programs in the verifier sandbox."""
+
+
+async def _run(
+    code: str, tests: str | None, limits: SandboxLimits, isolation: str, min_isolation: str
+) -> SandboxResult:
+    async with SandboxPool(
+        workers=1, limits=limits, isolation=cast(Any, isolation), min_isolation=cast(Any, min_isolation)
+    ) as pool:
+        return await pool.run(code, tests=tests)
+
+
+@sandbox.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--tests",
+    "tests_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="assert-style tests run after FILE",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.01),
+    default=5.0,
+    show_default=True,
+    help="wall-clock seconds",
+)
+@click.option(
+    "--memory",
+    "memory_mb",
+    type=click.IntRange(min=16),
+    default=512,
+    show_default=True,
+    help="address-space MB",
+)
+@click.option(
+    "--isolation",
+    type=click.Choice(["auto", "bwrap", "unshare", "rlimits"]),
+    default="auto",
+    show_default=True,
+)
+@click.option(
+    "--min-isolation",
+    type=click.Choice(["bwrap", "unshare", "rlimits"]),
+    default="rlimits",
+    show_default=True,
+)
+def run(
+    file: Path, tests_file: Path | None, timeout_s: float, memory_mb: int, isolation: str, min_isolation: str
+) -> None:
+    """Run FILE in the sandbox and print one JSON object with the verdict."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    try:
+        code = file.read_text(errors="replace")
+        tests = tests_file.read_text(errors="replace") if tests_file else None
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {exc.filename}: {exc.strerror}") from None
+    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=max(1, int(timeout_s) + 1))
+    try:
+        result = asyncio.run(_run(code, tests, limits, isolation, min_isolation))
+    except IsolationRefused as exc:
+        out = SandboxResult(Verdict.ISOLATION_REFUSED, str(exc)).as_dict()
+        out["reward"] = 0.0
+        click.echo(json.dumps(out))
+        sys.exit(3)
+    except Exception as exc:
+        click.echo(
+            json.dumps({"verdict": str(Verdict.INTERNAL_ERROR), "reward": 0.0, "detail": f"sandbox failed: {exc}"})
+        )
+        sys.exit(2)
+    out = result.as_dict()
+    if tests is None:
+        out["reward"] = 0.0
+        if result.passed:
+            out["detail"] = "ran to completion; no tests given, so the reward is 0.0"
+    if result.verdict is Verdict.INTERNAL_ERROR:
+        click.echo(json.dumps(out))
+        sys.exit(2)
+    click.echo(json.dumps(out))

@@ -1,0 +1,148 @@
+"""``python-tests`` and ``python-expr`` verifiers: run the completion in the sandbox pool.
+
+python-tests: the completion (its last fenced ```python block if there is one, else the whole text) runs,
+then the task's ``tests`` (assert-style source) in the same namespace; reward 1.0 only when the sandbox
+reports PASS, i.e. the per-run nonce came back after every test ran (see ``_worker``).
+
+python-expr: the completion (stripped; first line) must ``re.fullmatch`` the task's optional ``pattern`` and,
+evaluated in the sandbox as an expression, be an exact builtin literal whose value equals ``target``
+(numbers within ``rel_tol``/``abs_tol``, bools are not numbers, containers element-wise). The value is
+compared here, outside the sandbox, so an object with a lying ``__eq__`` or ``__repr__`` earns nothing.
+Expressions are taken to be pure: the sandbox's answer for an expression (a value, or the exception it raised)
+is remembered (the last ``memo_size`` distinct expressions, per verifier) and reused for the same text; calls
+made while a run of the same text is under way share that run's answer, whatever it is. A group of samples
+often repeats an expression and a policy that has learnt a task repeats it across prompts; each sandbox job is a
+fork of the warm worker, so this removes most of the verify actor's CPU in the embedded default (80 % of
+expressions answered from the memo in a 10-minute run). Limits hit (timeout, memory, output) and crashes are
+never remembered: a later call runs again. An expression whose value is not a function of its text (``id([])``,
+a clock, a random draw) keeps its first value — a non-goal: targets are fixed literals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from actors.domains._verifiers._base import VerifierError, VerifyResult, read_literal
+from actors.sandbox._pool import SandboxPool
+from actors.sandbox._verdict import SandboxResult, Verdict
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    blocks = _FENCE.findall(text)
+    return blocks[-1] if blocks else text
+
+
+class PythonTestsVerifier:
+    name = "python-tests"
+
+    def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, tests_field: str = "tests") -> None:
+        self.pool, self.timeout_s, self.tests_field = pool, timeout_s, tests_field
+
+    async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
+        tests = task.get(self.tests_field)
+        if not isinstance(tests, str) or not tests.strip():
+            raise VerifierError(f"python-tests verifier: the task has no {self.tests_field!r} source")
+        result = await self.pool.run(extract_code(completion_text), tests=tests, timeout_s=self.timeout_s)
+        return VerifyResult(1.0 if result.passed else 0.0, str(result.verdict), result.detail, result.elapsed_s)
+
+
+def values_equal(got: Any, want: Any, *, rel_tol: float, abs_tol: float) -> bool:
+    if isinstance(got, bool) or isinstance(want, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(got, int | float) and isinstance(want, int | float):
+        return math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
+    if isinstance(got, list | tuple) and isinstance(want, list | tuple):
+        return len(got) == len(want) and all(
+            values_equal(g, w, rel_tol=rel_tol, abs_tol=abs_tol) for g, w in zip(got, want, strict=True)
+        )
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(
+            values_equal(got[k], want[k], rel_tol=rel_tol, abs_tol=abs_tol) for k in got
+        )
+    return type(got) is type(want) and bool(got == want)
+
+
+class PythonExprVerifier:
+    name = "python-expr"
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        *,
+        timeout_s: float | None = None,
+        rel_tol: float = 1e-9,
+        abs_tol: float = 1e-9,
+        max_chars: int = 2000,
+        memo_size: int = 4096,
+    ) -> None:
+        self.pool, self.timeout_s = pool, timeout_s
+        self.rel_tol, self.abs_tol, self.max_chars = rel_tol, abs_tol, max_chars
+        self.memo_size = memo_size
+        self._memo: OrderedDict[str, SandboxResult] = OrderedDict()
+        self._running: dict[str, tuple[anyio.Event, list[SandboxResult]]] = {}  # jobs under way, by text
+        self.sandbox_runs = 0  # jobs sent to the sandbox
+        self.memo_hits = 0  # expressions answered from the memo (or by a job already under way)
+
+    async def evaluate(self, expr: str) -> SandboxResult:
+        """The sandbox's verdict on ``expr`` (mode ``expr``), from the memo when it holds one, or shared with a
+        run of the same text already under way."""
+        known = self._memo.get(expr)
+        if known is not None:
+            self._memo.move_to_end(expr)
+            self.memo_hits += 1
+            return known
+        running = self._running.get(expr)
+        if running is not None:
+            done, answer = running
+            await done.wait()
+            if answer:
+                self.memo_hits += 1
+                return answer[0]
+        done, answer = anyio.Event(), []
+        self._running[expr] = (done, answer)
+        try:
+            self.sandbox_runs += 1
+            result = await self.pool.run(expr, mode="expr", timeout_s=self.timeout_s)
+            answer.append(result)
+            if result.verdict in (Verdict.PASS, Verdict.FAIL) and self.memo_size > 0:
+                self._memo[expr] = result
+                if len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+            return result
+        finally:
+            if self._running.get(expr) == (done, answer):
+                del self._running[expr]
+            done.set()
+
+    async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
+        started = time.monotonic()
+        if "target" not in task:
+            raise VerifierError("python-expr verifier: the task has no 'target' field")
+        lines = completion_text.strip().splitlines()
+        expr = lines[0].strip() if lines else ""
+        if not expr or len(expr) > self.max_chars:
+            return VerifyResult(0.0, "fail", "empty or over-long expression", time.monotonic() - started)
+        pattern = task.get("pattern")
+        if pattern and not re.fullmatch(str(pattern), expr):
+            return VerifyResult(
+                0.0, "fail", "expression does not match the required pattern", time.monotonic() - started
+            )
+        result = await self.evaluate(expr)
+        if result.verdict is not Verdict.PASS or result.value is None:
+            return VerifyResult(0.0, str(result.verdict), result.detail, result.elapsed_s)
+        try:
+            got = read_literal(result.value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return VerifyResult(0.0, "fail", "value is not a literal", result.elapsed_s)
+        ok = values_equal(got, task["target"], rel_tol=self.rel_tol, abs_tol=self.abs_tol)
+        detail = f"value {result.value[:60]} {'=' if ok else '≠'} target {task['target']!r}"[:200]
+        return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, result.elapsed_s)

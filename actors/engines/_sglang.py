@@ -1,0 +1,285 @@
+"""SGLangEngine: the :class:`Engine` protocol over a running SGLang server's HTTP API.
+
+Contract (shapes in ``reference/ENGINES.md``):
+
+* ``generate`` posts one ``/generate`` per request with ``input_ids``, ``return_logprob`` and
+  ``logprob_start_len=-1``; token ids and behavior logprobs come from ``meta_info.output_token_logprobs``
+  and each token's version from ``meta_info.weight_version`` (the tracked version when the server does not
+  report one). A request the server aborts (``finish_reason.type == "abort"``, e.g. by a pause for a weight
+  update) is resubmitted with its prompt plus the tokens it already has, up to ``max_resubmits`` times, so
+  every chunk carries the version that really produced it; past that it is returned with
+  ``finish_reason="abort"``.
+* ``update_weights(version, source)``: a directory of safetensors → ``/update_weights_from_disk``; a
+  :class:`DistributedWeights` → ``/init_weights_update_group`` once, then ``/update_weights_from_distributed``
+  posted while the trainer broadcasts from a worker thread. Unless the caller already paused, the update is
+  bracketed by ``/pause_generation {mode: abort}`` and ``/continue_generation``, so no request mixes versions.
+  On failure the server keeps its old weights and the tracked version does not move.
+* Every failure is an :class:`EngineHTTPError` naming the server URL and the call.
+
+Non-goals: no streaming, no ``text`` prompts (callers tokenize), no CUDA-IPC ``update_weights_from_tensor``
+(it needs a colocated trainer), no routing across several servers (run one engine per server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from actors.engines._group import DistributedWeights, describe
+from actors.engines._http import EngineHTTPError, HTTPCaller
+from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+
+__all__ = ["SGLangEngine"]
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+def _sampling_params(request: GenerationRequest, remaining: int) -> dict[str, Any]:
+    p = request.params
+    params: dict[str, Any] = {
+        "max_new_tokens": remaining,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,  # SGLang: -1 = off
+        "ignore_eos": p.ignore_eos,
+    }
+    if p.stop:
+        params["stop"] = list(p.stop)
+    if p.stop_token_ids:
+        params["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        params["sampling_seed"] = p.seed
+    return params
+
+
+def _finish_reason(meta: Mapping[str, Any]) -> FinishReason:
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, Mapping) else reason
+    if kind in ("stop", "length", "abort"):
+        return kind  # type: ignore[no-any-return]
+    raise ValueError(f"unexpected finish_reason {reason!r}")
+
+
+def _as_version(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class SGLangEngine:
+    """Drive one SGLang server. ``await engine.start()`` (or ``async with``) before use."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_resubmits: int = 16,
+        pause_mode: PauseMode = "abort",
+        group_name: str = "weight_update_group",
+        rank_offset: int = 1,
+        update_timeout_s: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
+        if max_resubmits < 0:
+            raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")
+        self._http = HTTPCaller(
+            self.name,
+            url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            api_key=api_key,
+        )
+        self.url = self._http.url
+        self.max_resubmits = max_resubmits
+        self.pause_mode: PauseMode = pause_mode
+        self.group_name = group_name
+        self.rank_offset = rank_offset
+        self.update_timeout_s = update_timeout_s
+        self.server_info: dict[str, Any] = {}
+        self.resubmitted = 0  # requests resubmitted after an abort (a statistic for report())
+        self._version = 0
+        self._paused = False
+        self._group_joined: object | None = None  # the broadcaster whose group the server has joined
+        self._update_lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def start(self, *, health_timeout_s: float = 60.0) -> None:
+        """Wait until the server can generate, then read its model info and weight version."""
+        await self.wait_healthy(timeout_s=health_timeout_s)
+        info = await self._http.call("GET", "/get_model_info")
+        self.server_info = dict(info) if isinstance(info, Mapping) else {}
+        await self.refresh_version()
+
+    async def wait_healthy(self, *, timeout_s: float = 60.0) -> None:
+        await self._http.wait_healthy(("/health_generate", "/health"), timeout_s)
+
+    async def refresh_version(self) -> int:
+        """Adopt the server's ``weight_version`` when it is an integer (servers start at "default")."""
+        body = await self._http.call("GET", "/get_weight_version")
+        found = _as_version(body.get("weight_version")) if isinstance(body, Mapping) else None
+        if found is not None:
+            self._version = found
+        return self._version
+
+    async def __aenter__(self) -> SGLangEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ---- generation ------------------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    async def _generate_one(self, request: GenerationRequest) -> Completion:
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        text = ""
+        finish: FinishReason = "abort"
+        for attempt in range(self.max_resubmits + 1):
+            remaining = request.params.max_new_tokens - len(token_ids)
+            payload = {
+                "input_ids": list(request.prompt_ids) + token_ids,
+                "sampling_params": _sampling_params(request, remaining),
+                "return_logprob": True,
+                "logprob_start_len": -1,
+                "rid": request.request_id if attempt == 0 else f"{request.request_id}#{attempt}",
+            }
+            body = await self._http.call("POST", "/generate", json=payload, idempotent=False)
+            try:
+                meta = body["meta_info"]
+                pairs = meta.get("output_token_logprobs") or []
+                chunk_ids = [int(entry[1]) for entry in pairs]
+                chunk_logprobs = [float(entry[0]) for entry in pairs]
+                if not pairs and body.get("output_ids"):
+                    raise ValueError("output_token_logprobs missing although return_logprob was set")
+                finish = _finish_reason(meta)
+                version = _as_version(meta.get("weight_version"))
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise EngineHTTPError(
+                    self.name, self.url, "POST", "/generate", 200, f"malformed response: {exc}"
+                ) from None
+            token_ids += chunk_ids
+            logprobs += [lp if math.isfinite(lp) else -math.inf for lp in chunk_logprobs]
+            versions += [self._version if version is None else version] * len(chunk_ids)
+            text += str(body.get("text") or "")
+            if finish != "abort":
+                break
+            if len(token_ids) >= request.params.max_new_tokens:
+                finish = "length"
+                break
+            if attempt < self.max_resubmits:
+                self.resubmitted += 1
+        return Completion(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            versions=tuple(versions),
+            text=text,
+            finish_reason=finish,
+        )
+
+    # ---- control ---------------------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Stop generating; in-flight requests are aborted (and resubmitted by their callers)."""
+        await self._http.call("POST", "/pause_generation", json={"mode": self.pause_mode})
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self._http.call("POST", "/continue_generation", json={})
+        self._paused = False
+
+    async def flush_cache(self) -> None:
+        await self._http.call("POST", "/flush_cache", idempotent=False)
+
+    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
+        async with self._update_lock:
+            bracket = not self._paused
+            if bracket:
+                await self.pause()
+            try:
+                if isinstance(source, DistributedWeights):
+                    await self._update_from_group(version, source)
+                elif isinstance(source, str):
+                    await self._http.call(
+                        "POST",
+                        "/update_weights_from_disk",
+                        json={
+                            "model_path": source,
+                            "load_format": "safetensors",
+                            "abort_all_requests": False,
+                            "flush_cache": True,
+                            "weight_version": str(version),
+                        },
+                        idempotent=False,
+                        timeout_s=self.update_timeout_s,
+                    )
+                else:
+                    raise TypeError(
+                        "SGLangEngine.update_weights takes a safetensors directory path or DistributedWeights; "
+                        f"got {type(source).__name__} (write in-memory tensors to disk first)"
+                    )
+                self._version = version
+            finally:
+                if bracket:
+                    await self.resume()
+
+    async def _update_from_group(self, version: int, source: DistributedWeights) -> None:
+        broadcaster = source.broadcaster
+        if self._group_joined is not broadcaster:
+            # Both sides block until they meet on the store, so they must run concurrently.
+            join = self._http.call(
+                "POST",
+                "/init_weights_update_group",
+                json={
+                    "master_address": broadcaster.master_address,
+                    "master_port": broadcaster.master_port,
+                    "rank_offset": self.rank_offset,
+                    "world_size": broadcaster.world_size,
+                    "group_name": broadcaster.group_name,
+                    "backend": broadcaster.backend,
+                },
+                idempotent=False,
+                timeout_s=broadcaster.timeout_s,
+            )
+            await asyncio.gather(join, asyncio.to_thread(broadcaster.connect))
+            self._group_joined = broadcaster
+        names, dtypes, shapes = describe(source.tensors)
+        receive = self._http.call(
+            "POST",
+            "/update_weights_from_distributed",
+            json={
+                "names": names,
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "group_name": broadcaster.group_name,
+                "flush_cache": True,
+                "abort_all_requests": False,
+                "weight_version": str(version),
+            },
+            idempotent=False,
+            timeout_s=self.update_timeout_s,
+        )
+        await asyncio.gather(receive, asyncio.to_thread(broadcaster.broadcast, source.tensors))
+
+    async def close(self) -> None:
+        await self._http.aclose()

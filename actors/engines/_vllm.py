@@ -1,0 +1,288 @@
+"""VLLMEngine: the :class:`Engine` protocol over a running vLLM OpenAI-compatible server.
+
+Contract (shapes in ``reference/ENGINES.md``; the control routes need ``VLLM_SERVER_DEV_MODE=1``):
+
+* ``generate`` posts one ``/v1/completions`` per request with the prompt as a list of token ids,
+  ``logprobs=0`` (the sampled token's logprob only), ``return_token_ids`` and
+  ``return_tokens_as_token_ids`` (so ids survive on servers that ignore ``return_token_ids``). This is the
+  primary path because every vLLM release of the last year serves it; ``/inference/v1/generate`` is newer
+  and optional. A request finishing with ``"abort"`` is resubmitted with its prompt plus the tokens it
+  already has, up to ``max_resubmits`` times.
+* Versions: completions carry no weight version, so each token gets the version the client tracked when
+  its request (or resubmission) was sent. Updates pause with ``mode=keep`` (requests freeze and continue on
+  the new weights after ``/resume``), so a request that straddles an update is labelled with the *older*
+  version — the conservative side for staleness. Use ``pause_mode="abort"`` for exact per-token versions.
+* ``update_weights(version, source)``:
+  - :class:`DistributedWeights` → ``/init_weight_transfer_engine`` once (concurrently with the trainer's
+    ``connect``), then per update ``/start_weight_update``, ``/update_weights`` (concurrently with the
+    broadcast) and ``/finish_weight_update {weight_version}``. Real vLLM's transfer engine rendezvouses with
+    its own ``NCCLWeightTransferEngine.trainer_init``; pass a broadcaster wrapping that (see
+    :class:`Broadcaster`) — our :class:`WeightBroadcaster` speaks to the fake server and to SGLang.
+  - a safetensors directory → ``/collective_rpc {method: "reload_weights", kwargs: {weights_path}}``
+    (vLLM's worker-side reload; no disk route exists), then ``/reset_prefix_cache`` and
+    ``/update_weight_version`` (tolerated when missing on older servers).
+  Both are bracketed by ``/pause?mode=…`` and ``/resume`` unless the caller already paused.
+* Every failure is an :class:`EngineHTTPError` naming the server URL and the call.
+
+Non-goals: no streaming, no chat endpoint, no LoRA hot-swap, no multi-server routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from actors.engines._group import DistributedWeights, describe
+from actors.engines._http import EngineHTTPError, HTTPCaller
+from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+
+__all__ = ["VLLMEngine"]
+
+PauseMode = Literal["keep", "abort", "wait"]
+
+
+def _token_id(entry: Any) -> int:
+    text = str(entry)
+    if not text.startswith("token_id:"):
+        raise ValueError(f"logprob token {text!r} is not 'token_id:N' (return_tokens_as_token_ids ignored?)")
+    return int(text.removeprefix("token_id:"))
+
+
+class VLLMEngine:
+    """Drive one vLLM server. ``await engine.start()`` (or ``async with``) before use."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_resubmits: int = 16,
+        pause_mode: PauseMode = "keep",
+        rank_offset: int = 1,
+        update_timeout_s: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
+        if max_resubmits < 0:
+            raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")
+        self._http = HTTPCaller(
+            self.name,
+            url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            api_key=api_key,
+        )
+        self.url = self._http.url
+        self.model = model
+        self.max_resubmits = max_resubmits
+        self.pause_mode: PauseMode = pause_mode
+        self.rank_offset = rank_offset
+        self.update_timeout_s = update_timeout_s
+        self.resubmitted = 0
+        self._version = 0
+        self._paused = False
+        self._group_joined: object | None = None
+        self._update_lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def start(self, *, health_timeout_s: float = 60.0) -> None:
+        """Wait for ``/health``, learn the served model name and, where the server reports one, its version."""
+        await self.wait_healthy(timeout_s=health_timeout_s)
+        if self.model is None:
+            models = await self._http.call("GET", "/v1/models")
+            try:
+                self.model = str(models["data"][0]["id"])
+            except (KeyError, IndexError, TypeError):
+                raise EngineHTTPError(self.name, self.url, "GET", "/v1/models", 200, "no served model listed") from None
+        await self.refresh_version()
+
+    async def wait_healthy(self, *, timeout_s: float = 60.0) -> None:
+        await self._http.wait_healthy(("/health",), timeout_s)
+
+    async def refresh_version(self) -> int:
+        try:
+            body = await self._http.call("GET", "/weight_info", retries=0)
+        except EngineHTTPError as exc:
+            if exc.status == 404:  # older servers do not track versions; keep ours
+                return self._version
+            raise
+        try:
+            self._version = int(body["weight_version"])
+        except (KeyError, TypeError, ValueError):
+            pass  # "default" / None before the first update
+        return self._version
+
+    async def __aenter__(self) -> VLLMEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ---- generation ------------------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    def _payload(self, request: GenerationRequest, prefix: list[int]) -> dict[str, Any]:
+        p = request.params
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(request.prompt_ids) + prefix,
+            "max_tokens": p.max_new_tokens - len(prefix),
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k if p.top_k > 0 else -1,
+            "ignore_eos": p.ignore_eos,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+        }
+        if p.stop:
+            payload["stop"] = list(p.stop)
+        if p.stop_token_ids:
+            payload["stop_token_ids"] = list(p.stop_token_ids)
+        if p.seed is not None:
+            payload["seed"] = p.seed
+        return payload
+
+    async def _generate_one(self, request: GenerationRequest) -> Completion:
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        text = ""
+        finish: FinishReason = "abort"
+        for attempt in range(self.max_resubmits + 1):
+            version = self._version
+            body = await self._http.call(
+                "POST", "/v1/completions", json=self._payload(request, token_ids), idempotent=False
+            )
+            try:
+                choice = body["choices"][0]
+                lp = choice["logprobs"]
+                chunk_logprobs = [float(x) if x is not None else -math.inf for x in lp["token_logprobs"]]
+                ids = choice.get("token_ids")
+                chunk_ids = [int(t) for t in ids] if ids is not None else [_token_id(t) for t in lp["tokens"]]
+                if len(chunk_ids) != len(chunk_logprobs):
+                    raise ValueError(f"{len(chunk_ids)} token ids but {len(chunk_logprobs)} logprobs")
+                reason = choice.get("finish_reason")
+                if reason not in ("stop", "length", "abort"):
+                    raise ValueError(f"unexpected finish_reason {reason!r}")
+                finish = reason
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise EngineHTTPError(
+                    self.name, self.url, "POST", "/v1/completions", 200, f"malformed response: {exc}"
+                ) from None
+            token_ids += chunk_ids
+            logprobs += chunk_logprobs
+            versions += [version] * len(chunk_ids)
+            text += str(choice.get("text") or "")
+            if finish != "abort":
+                break
+            if len(token_ids) >= request.params.max_new_tokens:
+                finish = "length"
+                break
+            if attempt < self.max_resubmits:
+                self.resubmitted += 1
+        return Completion(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            versions=tuple(versions),
+            text=text,
+            finish_reason=finish,
+        )
+
+    # ---- control ---------------------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        await self._http.call("POST", "/pause", params={"mode": self.pause_mode})
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self._http.call("POST", "/resume")
+        self._paused = False
+
+    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
+        async with self._update_lock:
+            bracket = not self._paused
+            if bracket:
+                await self.pause()
+            try:
+                if isinstance(source, DistributedWeights):
+                    await self._update_from_group(version, source)
+                elif isinstance(source, str):
+                    await self._http.call(
+                        "POST",
+                        "/collective_rpc",
+                        json={"method": "reload_weights", "kwargs": {"weights_path": source}},
+                        idempotent=False,
+                        timeout_s=self.update_timeout_s,
+                    )
+                    await self._http.call("POST", "/reset_prefix_cache", idempotent=False)
+                    await self._set_server_version(version)
+                else:
+                    raise TypeError(
+                        "VLLMEngine.update_weights takes a safetensors directory path or DistributedWeights; "
+                        f"got {type(source).__name__} (write in-memory tensors to disk first)"
+                    )
+                self._version = version
+            finally:
+                if bracket:
+                    await self.resume()
+
+    async def _set_server_version(self, version: int) -> None:
+        try:
+            await self._http.call("POST", "/update_weight_version", json={"new_version": str(version)}, retries=0)
+        except EngineHTTPError as exc:
+            if exc.status != 404:  # older servers: the client-side version is all there is
+                raise
+
+    async def _update_from_group(self, version: int, source: DistributedWeights) -> None:
+        broadcaster = source.broadcaster
+        if self._group_joined is not broadcaster:
+            init = self._http.call(
+                "POST",
+                "/init_weight_transfer_engine",
+                json={
+                    "init_info": {
+                        "master_address": broadcaster.master_address,
+                        "master_port": broadcaster.master_port,
+                        "rank_offset": self.rank_offset,
+                        "world_size": broadcaster.world_size,
+                    }
+                },
+                idempotent=False,
+                timeout_s=broadcaster.timeout_s,
+            )
+            await asyncio.gather(init, asyncio.to_thread(broadcaster.connect))
+            self._group_joined = broadcaster
+        names, dtypes, shapes = describe(source.tensors)
+        await self._http.call("POST", "/start_weight_update", json={"is_checkpoint_format": True}, idempotent=False)
+        receive = self._http.call(
+            "POST",
+            "/update_weights",
+            json={"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": False}},
+            idempotent=False,
+            timeout_s=self.update_timeout_s,
+        )
+        await asyncio.gather(receive, asyncio.to_thread(broadcaster.broadcast, source.tensors))
+        await self._http.call("POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False)
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,160 @@
+"""The payloads that travel on the durable channels, validated at every consumer.
+
+One model per channel; consumers pass it to ``Bus.consume(model=…)`` so that a malformed message goes to the
+dead-letter channel with the validation error instead of reaching actor code. Every model ignores unknown
+fields (``extra="ignore"``) so a newer producer can add fields without breaking an older consumer; missing or
+mistyped required fields are errors.
+
+Flow: ``prompts`` (source) → ``rollouts`` (generator: a group of completions per prompt) → ``scored`` (verify,
+or the joiner for production feedback) → learner. ``heldout`` prompts travel the same path greedily and are
+scored but never trained on: they are how held-out accuracy is measured, by version.
+
+Production: the gateway publishes one ``traffic`` message per served request (envelope id = ``request_id``)
+and one ``feedback`` message per accepted ``/v1/feedback`` call; the joiner pairs them by ``request_id``
+whichever arrives first.
+
+Hints (ephemeral, core NATS, may be lost): the verify actor announces on ``SOLVED_SUBJECT`` each training group
+whose completions all scored full marks, ``{"domain", "task_id"}``, for sources whose domains skip solved prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "FEEDBACK_LABELS",
+    "SOLVED_SUBJECT",
+    "CompletionRecord",
+    "FeedbackMsg",
+    "PromptMsg",
+    "RolloutMsg",
+    "ScoredCompletion",
+    "ScoredMsg",
+    "TrafficMsg",
+]
+
+_CONFIG = ConfigDict(extra="ignore", frozen=True)
+
+SOLVED_SUBJECT = "solved"  # ephemeral subject suffix of the solved-group hints (see the module docstring)
+
+
+class PromptMsg(BaseModel):
+    """``prompts``: one task to sample ``group_size`` completions for."""
+
+    model_config = _CONFIG
+    task_id: str
+    domain: str
+    prompt: str
+    group_size: int = Field(ge=1, le=1024)
+    verifier_fields: dict[str, Any] = Field(default_factory=dict)
+    reference: str = ""
+    heldout: bool = False
+    temperature: float | None = Field(default=None, ge=0)  # None: the generator's own; 0 for held-out evals
+
+
+class CompletionRecord(BaseModel):
+    """One sampled completion with what off-policy learning needs: tokens, behavior logprobs, versions."""
+
+    model_config = _CONFIG
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # behavior logprob log μ_t per token
+    versions: list[int]  # weight version per token
+    finish_reason: Literal["stop", "length", "abort"]
+
+
+class RolloutMsg(BaseModel):
+    """``rollouts``: a prompt's group of completions, as generated."""
+
+    model_config = _CONFIG
+    task_id: str
+    domain: str
+    prompt: str
+    prompt_ids: list[int]
+    verifier_fields: dict[str, Any] = Field(default_factory=dict)
+    heldout: bool = False
+    temperature: float = Field(ge=0)
+    generator: str = ""  # "<actor>/<replica>" that produced it
+    generate_s: float = 0.0
+    completions: list[CompletionRecord] = Field(min_length=1)
+    reference: str = ""  # the task's reference answer, passed along for the learner's `failed_groups: reference`
+
+
+class ScoredCompletion(CompletionRecord):
+    reward: float
+    verdict: str
+    detail: str = ""
+
+
+class ScoredMsg(BaseModel):
+    """``scored``: a group (or a single production sample) with rewards, ready for the learner."""
+
+    model_config = _CONFIG
+    task_id: str
+    domain: str
+    prompt_ids: list[int]
+    heldout: bool = False
+    temperature: float = Field(ge=0)
+    origin: Literal["domain", "feedback", "review"] = "domain"
+    generator: str = ""
+    generate_s: float = 0.0
+    verify_s: float = 0.0
+    completions: list[ScoredCompletion] = Field(min_length=1)
+    prompt: str = ""  # the prompt text (recorded for replay; empty from producers that predate it)
+    verifier_fields: dict[str, Any] = Field(default_factory=dict)  # what the verifier checked against (replay)
+    reference: str = ""  # the task's reference answer (domain groups; empty for production feedback)
+
+
+class TrafficMsg(BaseModel):
+    """``traffic``: one request the gateway served — enough to train on it off-policy once feedback arrives."""
+
+    model_config = _CONFIG
+    request_id: str  # also the envelope id, so a re-published record is stored once
+    ts: float  # unix time the gateway received the request
+    model: str  # the model name the client asked for
+    route: Literal["chat", "completions"]  # /v1/chat/completions or /v1/completions
+    domain: str | None = None  # x-flywheel-domain header, else the gateway's default_domain
+    prompt: str  # the prompt text the policy saw (chat messages rendered by the chat template)
+    messages: list[dict[str, Any]] = Field(default_factory=list)  # chat route: the messages as sent
+    prompt_ids: list[int]
+    completion: CompletionRecord  # text, token_ids, behavior logprobs, versions, finish_reason
+    temperature: float = Field(ge=0)
+    top_p: float = 1.0
+    max_tokens: int
+    stream: bool = False
+    generator: str = ""  # "<actor>/<replica>" that generated it
+    latency_s: float = 0.0  # request received → completion ready at the gateway
+
+
+# Labels /v1/feedback accepts instead of a numeric score, and the score each one stands for.
+FEEDBACK_LABELS: dict[str, float] = {
+    "good": 1.0,
+    "thumbs_up": 1.0,
+    "up": 1.0,
+    "positive": 1.0,
+    "correct": 1.0,
+    "accept": 1.0,
+    "neutral": 0.5,
+    "bad": 0.0,
+    "thumbs_down": 0.0,
+    "down": 0.0,
+    "negative": 0.0,
+    "incorrect": 0.0,
+    "reject": 0.0,
+}
+
+
+class FeedbackMsg(BaseModel):
+    """``feedback``: a user's rating of a served request, possibly long after it (or before its traffic
+    record reached the joiner). The envelope id hashes (request_id, score, label, comment): a retried POST
+    is stored once inside the dedupe window, and the joiner applies a repeat at most once."""
+
+    model_config = _CONFIG
+    request_id: str
+    score: float = Field(ge=0, le=1)  # 1 = good; a label is mapped through FEEDBACK_LABELS
+    label: str | None = None  # the label as sent, when the client sent one
+    comment: str = ""
+    ts: float  # unix time the gateway accepted it
+    key_id: str = ""  # which API key sent it: a short hash, never the key

@@ -1,0 +1,436 @@
+"""SandboxPool: N warm sandbox workers behind a bounded queue, with an async API.
+
+    async with SandboxPool(workers=2) as pool:
+        result = await pool.run("def f(x): return x + 1", tests="assert f(1) == 2", timeout_s=2)
+
+Contract: ``run`` waits for room in a bounded queue (backpressure), then for a worker; it always returns
+a ``SandboxResult`` (never raises for anything the job does). Each worker slot owns one warm process; a
+slot enforces a parent-side deadline (the job's timeout plus a grace) on the worker's reply and kills the
+worker's whole pid namespace when it expires, so a wedged or killed worker costs one job, not the pool.
+Workers are replaced after ``max_jobs_per_worker`` jobs and after any job that hit a limit, crashed or
+left processes behind. A job whose worker died before answering runs once more on a fresh worker; it is
+``crashed`` only if that worker dies too (counted in ``crash_retries``). Frames are length-prefixed; the
+pool never waits on a pipe's EOF.
+``statistics()`` counts jobs per verdict; every non-pass verdict is logged.
+Non-goals: scheduling fairness between callers, cross-host pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import struct
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import structlog
+
+from actors.sandbox._isolation import (
+    IS_ROOT,
+    Isolation,
+    IsolationRefused,
+    default_python,
+    probe_isolation,
+    worker_command,
+)
+from actors.sandbox._verdict import RECYCLE_AFTER, SandboxResult, Verdict, classify
+
+_log = structlog.get_logger("flywheel.sandbox")
+_GRACE_S = 2.0  # parent-side deadline beyond the job's own timeout, for a worker that stopped answering
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 5.0  # wall clock per job
+    memory_mb: int = 512  # RLIMIT_AS of the job process (address space, not RSS)
+    cpu_s: int = 10  # RLIMIT_CPU, rounded up to whole seconds (SIGXCPU, then SIGKILL one second later)
+    max_processes: int = 32  # RLIMIT_NPROC for the job's private uid (threads count too)
+    max_file_mb: float = 4.0  # RLIMIT_FSIZE: any one file, stdout and stderr included
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    output_cap_bytes: int = 64 * 1024  # stdout/stderr returned to the caller are truncated to this
+
+
+@dataclass
+class PoolStatistics:
+    isolation: str
+    workers: int
+    queued: int
+    queue_size: int
+    jobs: int = 0
+    verdicts: Counter[str] = field(default_factory=Counter)
+    workers_started: int = 0
+    workers_recycled: int = 0
+    crash_retries: int = 0  # jobs run again on a fresh worker after their worker died mid-job
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **{k: v for k, v in self.__dict__.items() if k != "verdicts"},
+            "verdicts": dict(self.verdicts),
+        }
+
+
+@dataclass
+class _Job:
+    frame: dict[str, Any]
+    timeout_s: float
+    file_limit: int
+    future: asyncio.Future[SandboxResult]
+
+
+class _Worker:
+    """One warm process; owned by one slot task, so never used concurrently."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, jobs: int = 0) -> None:
+        self.proc = proc
+        self.jobs = jobs
+
+    async def read_frame(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        (size,) = struct.unpack(">I", await self.proc.stdout.readexactly(4))
+        frame: dict[str, Any] = json.loads(await self.proc.stdout.readexactly(size))
+        return frame
+
+    async def exit_status(self) -> str:
+        """How the process ended, for a crash's detail ("exit 1", "killed by SIGKILL", "still running")."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 1.0)
+        code = self.proc.returncode
+        if code is None:
+            return "worker still running"
+        if code < 0:
+            try:
+                return f"worker killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker killed by signal {-code}"
+        return f"worker exit {code}"
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        data = json.dumps(frame).encode()
+        self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+        await self.proc.stdin.drain()
+
+    async def kill(self) -> None:
+        # Killing bwrap (or unshare --kill-child) takes the namespace's init down, and with it every
+        # process in the pid namespace, setsid grandchildren included.
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+
+class SandboxPool:
+    def __init__(
+        self,
+        *,
+        workers: int = 2,
+        limits: SandboxLimits | None = None,
+        min_isolation: Literal["bwrap", "unshare", "rlimits"] | Isolation = "rlimits",
+        isolation: Literal["auto", "bwrap", "unshare", "rlimits"] = "auto",
+        max_jobs_per_worker: int = 1000,
+        queue_size: int | None = None,
+        python: str | None = None,
+        tmp_mb: int = 64,
+        job_uid_base: int | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.limits = limits or SandboxLimits()
+        self.python = python or default_python()
+        self._min = min_isolation if isinstance(min_isolation, Isolation) else Isolation.parse(min_isolation)
+        self._wanted = isolation
+        self._n = workers
+        self._max_jobs = max_jobs_per_worker
+        self._tmp_mb = tmp_mb
+        # Each pool needs uids of its own: RLIMIT_NPROC counts a uid's processes machine-wide, so two pools (two
+        # verify replicas, two test workers) sharing uids would let a fork bomb in one starve the other's jobs.
+        self._uid_base = job_uid_base if job_uid_base is not None else _private_uid_base(workers)
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size or 4 * workers)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._live: dict[int, _Worker] = {}  # slot -> its running worker
+        self._host_tmp: str | None = None
+        self.isolation: Isolation | None = None
+        self._stats = PoolStatistics(isolation="", workers=workers, queued=0, queue_size=self._queue.maxsize)
+        self._next_id = 0
+
+    @classmethod
+    def from_config(cls, config: Any) -> SandboxPool:
+        """A pool from a spec's ``sandbox`` block (``actors.verify._config.SandboxConfig``)."""
+        limits = SandboxLimits(
+            timeout_s=config.wall_s,
+            memory_mb=config.memory_mb,
+            cpu_s=max(1, int(config.cpu_s + 0.999)),
+            max_processes=config.max_processes,
+            max_file_mb=config.max_file_mb,
+            max_open_files=config.max_open_files,
+            output_cap_bytes=config.max_output_kb * 1024,
+        )
+        return cls(
+            workers=config.workers,
+            limits=limits,
+            isolation=config.isolation,
+            min_isolation=config.min_isolation,
+            max_jobs_per_worker=config.max_jobs_per_worker,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SandboxPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        if self._wanted == "auto":
+            level, reasons = await asyncio.to_thread(probe_isolation, self.python, job_uid_base=self._uid_base)
+        else:
+            level, reasons = Isolation.parse(self._wanted), []
+        if level < self._min:
+            raise IsolationRefused(
+                f"sandbox isolation {self._min} is required but only {level} is available here ({'; '.join(reasons)})"
+            )
+        if level < Isolation.BWRAP:
+            _log.warning(
+                "sandbox_isolation_degraded",
+                isolation=str(level),
+                reasons=reasons,
+                hint="install bubblewrap (apt-get install bubblewrap) for full isolation",
+            )
+        if not IS_ROOT and level < Isolation.UNSHARE:
+            _log.warning(
+                "sandbox_no_private_uid",
+                hint="setsid grandchildren of a job cannot be reaped without a pid namespace",
+            )
+        self.isolation = level
+        self._stats.isolation = str(level)
+        if level < Isolation.BWRAP:
+            self._host_tmp = tempfile.mkdtemp(prefix="flywheel-sandbox-")
+            os.chmod(self._host_tmp, 0o711)
+        first = await asyncio.gather(*(self._spawn(slot) for slot in range(self._n)))
+        self._tasks = [asyncio.create_task(self._slot(slot, worker)) for slot, worker in enumerate(first)]
+        _log.info("sandbox_pool_started", isolation=str(level), workers=self._n)
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        while not self._queue.empty():
+            job = self._queue.get_nowait()
+            if not job.future.done():
+                job.future.set_result(SandboxResult(Verdict.INTERNAL_ERROR, "sandbox pool closed", str(self.isolation)))
+        if self._host_tmp:
+            shutil.rmtree(self._host_tmp, ignore_errors=True)
+            self._host_tmp = None
+
+    # -- API -------------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        *,
+        tests: str | None = None,
+        mode: Literal["exec", "expr"] = "exec",
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> SandboxResult:
+        """Run ``code`` (then ``tests``) in a sandbox; ``mode="expr"`` evaluates ``code`` as an expression."""
+        if not self._tasks:
+            raise RuntimeError("SandboxPool is not started; use `async with SandboxPool(...)`")
+        lim = self.limits
+        timeout = float(timeout_s if timeout_s is not None else lim.timeout_s)
+        memory = int(memory_mb if memory_mb is not None else lim.memory_mb)
+        file_limit = int(lim.max_file_mb * (1 << 20))
+        self._next_id += 1
+        frame = {
+            "id": self._next_id,
+            "code": code,
+            "tests": tests or "",
+            "mode": mode,
+            "timeout_s": timeout,
+            "output_cap": lim.output_cap_bytes,
+            "limits": {
+                "memory_bytes": memory << 20,
+                "cpu_s": max(1, int(min(lim.cpu_s, timeout + 1) + 0.999)),
+                "nproc": lim.max_processes,
+                "file_bytes": file_limit,
+                "nofile": lim.max_open_files,
+            },
+        }
+        future: asyncio.Future[SandboxResult] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(frame, timeout, file_limit, future))
+        return await future
+
+    def worker_pids(self) -> list[int]:
+        """Host pids of the running workers' top processes (bwrap, unshare or python), by slot."""
+        return [self._live[slot].proc.pid for slot in sorted(self._live)]
+
+    def statistics(self) -> PoolStatistics:
+        self._stats.queued = self._queue.qsize()
+        return self._stats
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    async def _spawn(self, slot: int) -> _Worker:
+        assert self.isolation is not None
+        cmd = worker_command(
+            self.isolation,
+            python=self.python,
+            slot=slot,
+            job_uid_base=self._uid_base,
+            tmp_mb=self._tmp_mb,
+            host_tmp=self._host_tmp,
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *cmd.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env={},
+            start_new_session=True,
+            limit=1 << 22,
+        )
+        worker = _Worker(proc)
+        try:
+            hello = await asyncio.wait_for(worker.read_frame(), 15)
+        except (TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            await worker.kill()
+            raise RuntimeError(f"sandbox worker ({self.isolation}) failed to start: {exc!r}") from exc
+        if not hello.get("ready"):
+            await worker.kill()
+            raise RuntimeError(f"sandbox worker sent {hello!r} instead of a ready frame")
+        self._stats.workers_started += 1
+        self._live[slot] = worker
+        return worker
+
+    async def _reap_uid(self, slot: int) -> None:
+        """Without a pid namespace, kill whatever still runs as the slot's private uid."""
+        if self.isolation is not Isolation.RLIMITS or not IS_ROOT:
+            return
+        uid = self._uid_base + slot
+        proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-I",
+            "-S",
+            "-c",
+            "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+        )
+        await proc.wait()
+
+    async def _slot(self, slot: int, worker: _Worker | None) -> None:
+        try:
+            while True:
+                job = await self._queue.get()
+                if job.future.cancelled():
+                    continue
+                if worker is None:
+                    try:
+                        worker = await self._spawn(slot)
+                    except Exception as exc:
+                        self._finish(job, SandboxResult(Verdict.INTERNAL_ERROR, str(exc), str(self.isolation)))
+                        await asyncio.sleep(0.5)
+                        continue
+                result, healthy = await self._one(worker, job)
+                worker.jobs += 1
+                if result.verdict is Verdict.CRASHED:
+                    # The worker died before answering. Its job may have killed it, or something outside did
+                    # (seen once in CI, cause unknown): a correct answer must not score 0 for that, so the job
+                    # runs once more on a fresh worker, and `crashed` stands only if that one dies too.
+                    _log.warning("sandbox_worker_died", slot=slot, detail=result.detail, retrying=True)
+                    await self._recycle(slot, worker)
+                    self._stats.crash_retries += 1
+                    try:
+                        worker = await self._spawn(slot)
+                    except Exception:
+                        worker = None
+                    else:
+                        result, healthy = await self._one(worker, job)
+                        worker.jobs += 1
+                        if result.verdict is Verdict.CRASHED:
+                            result = replace(result, detail=result.detail + ", on a fresh worker too")
+                self._finish(job, result)
+                if worker is not None and (
+                    not healthy or result.verdict in RECYCLE_AFTER or worker.jobs >= self._max_jobs
+                ):
+                    await self._recycle(slot, worker)
+                    worker = None
+        finally:
+            self._live.pop(slot, None)
+            if worker is not None:
+                await worker.kill()
+
+    async def _recycle(self, slot: int, worker: _Worker) -> None:
+        self._live.pop(slot, None)
+        await worker.kill()
+        await self._reap_uid(slot)
+        self._stats.workers_recycled += 1
+
+    async def _one(self, worker: _Worker, job: _Job) -> tuple[SandboxResult, bool]:
+        iso = str(self.isolation)
+        started = time.monotonic()
+        try:
+            await worker.send(job.frame)
+            report = await asyncio.wait_for(worker.read_frame(), job.timeout_s + _GRACE_S)
+        except TimeoutError:
+            return SandboxResult(
+                Verdict.TIMEOUT,
+                f"worker did not answer within {job.timeout_s + _GRACE_S:g} s",
+                iso,
+                time.monotonic() - started,
+            ), False
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, ValueError) as exc:
+            # The worker died mid-job (e.g. killed by its own job, or its namespace's init was killed).
+            elapsed = time.monotonic() - started
+            return SandboxResult(
+                Verdict.CRASHED,
+                f"sandbox worker died during the job ({type(exc).__name__}; {await worker.exit_status()})",
+                iso,
+                elapsed,
+            ), False
+        if report.get("id") != job.frame["id"]:
+            return SandboxResult(Verdict.INTERNAL_ERROR, "worker answered out of order", iso), False
+        verdict, detail = classify(report, file_limit_bytes=job.file_limit, timeout_s=job.timeout_s)
+        result = SandboxResult(
+            verdict=verdict,
+            detail=detail,
+            isolation=iso,
+            elapsed_s=float(report.get("elapsed_s", time.monotonic() - started)),
+            stdout=str(report.get("stdout", "")),
+            stderr=str(report.get("stderr", "")),
+            value=report.get("value") if verdict is Verdict.PASS else None,
+            extra={"stray_processes": report.get("stray_processes", 0)},
+        )
+        return result, not report.get("stray_processes")
+
+    def _finish(self, job: _Job, result: SandboxResult) -> None:
+        self._stats.jobs += 1
+        self._stats.verdicts[str(result.verdict)] += 1
+        if result.verdict is not Verdict.PASS:
+            _log.debug("sandbox_verdict", verdict=str(result.verdict), detail=result.detail[:200])
+        if not job.future.done():
+            job.future.set_result(result)
+
+
+_pools_created = itertools.count()
+
+
+def _private_uid_base(slots: int) -> int:
+    """A uid range for one pool, distinct per process and per pool within it (well above system/user uids)."""
+    index = (os.getpid() * 64 + next(_pools_created)) % 1_000_000
+    return 1_000_000 + index * max(64, slots)

@@ -1,0 +1,69 @@
+"""`flywheel review`: queued samples are shown, labelled from the keyboard, and come back as feedback."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+from click.testing import CliRunner
+
+from actors.protocol import FeedbackMsg
+from tests.actors.recorder._support import traffic
+from topology.bus import Bus, EmbeddedNats
+from topology.cli import main
+from topology.runtime._rundir import RunInfo, write_run_info
+
+
+def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    topology = f"rv-{uuid.uuid4().hex[:8]}"
+    write_run_info(
+        tmp_path,
+        RunInfo(
+            topology=topology,
+            bus_url=embedded_nats.url,
+            pid=os.getpid(),
+            spec_path="spec.yaml",
+            started_at=time.time(),
+            heartbeat_s=1.0,
+        ),
+    )
+
+    async def queue() -> None:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:
+            for rid, text in (("a", "41"), ("b", "42"), ("c", "43"), ("d", "44")):
+                await bus.publish("review", "review", traffic(rid, text=text), id=f"review.{rid}")
+
+    anyio.run(queue, backend="asyncio")
+    result = CliRunner().invoke(main, ["review", str(tmp_path), "--wait", "2"], input="g\nb\ns\nq\n")
+    assert result.exit_code == 0, result.output
+    assert "What is 40+2?" in result.output and "42" in result.output
+    assert "labelled 2 (good 1, bad 1), skipped 1" in result.output
+
+    async def labels() -> list[tuple[str, str, float, str | None]]:
+        out = []
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="check") as bus:
+            with anyio.move_on_after(3):
+                async with bus.consume("feedback", "check", model=FeedbackMsg) as deliveries:
+                    async for delivery in deliveries:
+                        fb = delivery.payload
+                        out.append((delivery.envelope.source, fb.request_id, fb.score, fb.label))
+                        await delivery.ack()
+                        if len(out) == 2:
+                            break
+            # "d" was not answered (quit): it is still queued
+            async with bus.consume("review", "review") as rest:
+                with anyio.fail_after(10):
+                    left = await rest.__anext__()
+                    await left.nak()
+            out.append(("queue", str(left.payload["request_id"]), -1.0, None))
+        return out
+
+    got = anyio.run(labels, backend="asyncio")
+    assert got == [("review", "a", 1.0, "good"), ("review", "b", 0.0, "bad"), ("queue", "d", -1.0, None)]
+
+
+pytestmark = pytest.mark.timeout(60)

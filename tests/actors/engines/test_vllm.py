@@ -1,0 +1,148 @@
+"""VLLMEngine against FakeVLLMServer (a real TorchEngine behind vLLM's HTTP shapes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines._group import DistributedWeights, WeightBroadcaster
+from actors.engines._http import EngineHTTPError
+from actors.engines._vllm import VLLMEngine
+from actors.policy import GPTConfig, Policy
+from actors.testing import FakeVLLMServer, free_port
+
+PROMPT = (23, 17, 23, 35)
+
+
+def make_engine() -> TorchEngine:
+    return TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=256), seed=0))
+
+
+def perturbed(engine: TorchEngine, seed: int = 1) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
+    }
+
+
+def request(rid: str = "r", tokens: int = 12) -> GenerationRequest:
+    return GenerationRequest(
+        rid, PROMPT, SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=7, ignore_eos=True)
+    )
+
+
+def run(scenario: Callable[[TorchEngine, FakeVLLMServer, VLLMEngine], Awaitable[None]]) -> None:
+    async def main() -> None:
+        engine = make_engine()
+        try:
+            async with FakeVLLMServer(engine) as server:
+                client = VLLMEngine(server.url, timeout_s=30)
+                await client.start(health_timeout_s=10)
+                try:
+                    await scenario(engine, server, client)
+                finally:
+                    await client.close()
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_generate_matches_the_engine_token_for_token() -> None:
+    async def scenario(engine: TorchEngine, server: FakeVLLMServer, client: VLLMEngine) -> None:
+        assert client.model == server.model
+        [remote] = await client.generate([request()])
+        [local] = await engine.generate([request("local")])
+        assert remote.token_ids == local.token_ids and len(remote.token_ids) == 12
+        assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-6)
+        assert remote.versions == (0,) * 12 and remote.finish_reason == "length"
+
+    run(scenario)
+
+
+def test_update_from_disk_via_collective_rpc(tmp_path: Path) -> None:
+    async def scenario(engine: TorchEngine, server: FakeVLLMServer, client: VLLMEngine) -> None:
+        [before] = await client.generate([request()])
+        save_file(perturbed(engine), str(tmp_path / "model.safetensors"))
+        await client.update_weights(2, str(tmp_path))
+        assert client.version == 2 and await client.refresh_version() == 2
+        [after] = await client.generate([request()])
+        assert after.versions == (2,) * 12 and after.logprobs != before.logprobs
+        assert not server.host.paused
+
+    run(scenario)
+
+
+def test_bad_disk_payload_is_rejected_and_old_version_keeps_serving(tmp_path: Path) -> None:
+    async def scenario(engine: TorchEngine, server: FakeVLLMServer, client: VLLMEngine) -> None:
+        [before] = await client.generate([request()])
+        bad = perturbed(engine)
+        bad["not.a.parameter"] = torch.zeros(2)
+        save_file(bad, str(tmp_path / "model.safetensors"))
+        with pytest.raises(EngineHTTPError) as info:
+            await client.update_weights(1, str(tmp_path))
+        assert info.value.status == 400 and info.value.path == "/collective_rpc" and server.url in str(info.value)
+        assert "not.a.parameter" in str(info.value)
+        assert client.version == 0 and engine.version == 0 and not server.host.paused
+        [after] = await client.generate([request()])
+        assert after.token_ids == before.token_ids
+
+    run(scenario)
+
+
+def test_update_through_a_gloo_group() -> None:
+    async def scenario(engine: TorchEngine, server: FakeVLLMServer, client: VLLMEngine) -> None:
+        [before] = await client.generate([request()])
+        broadcaster = WeightBroadcaster("127.0.0.1", free_port(), world_size=2, timeout_s=30)
+        try:
+            for version, seed in ((1, 1), (2, 2)):  # the second update reuses the group
+                new = perturbed(engine, seed=seed)
+                await client.update_weights(version, DistributedWeights(broadcaster, new))
+                assert client.version == version and server.weight_version == str(version)
+                for name, tensor in engine.policy.state_dict().items():
+                    assert torch.equal(tensor, new[name])
+            [after] = await client.generate([request()])
+            assert after.versions == (2,) * 12 and after.logprobs != before.logprobs
+        finally:
+            broadcaster.close()
+
+    run(scenario)
+
+
+def test_pause_keep_freezes_until_resume() -> None:
+    async def scenario(engine: TorchEngine, server: FakeVLLMServer, client: VLLMEngine) -> None:
+        await client.pause()
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False) as raw:
+            assert (await raw.get("/is_paused")).json() == {"is_paused": True}
+        pending = asyncio.ensure_future(client.generate([request(tokens=4)]))
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        await client.resume()
+        [done] = await asyncio.wait_for(pending, 10)
+        assert done.finish_reason == "length" and len(done.token_ids) == 4
+
+    run(scenario)
+
+
+def test_server_down_fails_fast_naming_url_and_call() -> None:
+    async def main() -> None:
+        url = f"http://127.0.0.1:{free_port()}"
+        client = VLLMEngine(url, model="m", retries=1, backoff_s=0.05, connect_timeout_s=1)
+        started = time.monotonic()
+        with pytest.raises(EngineHTTPError) as info:
+            await client.generate([request()])
+        assert time.monotonic() - started < 10
+        assert url in str(info.value) and "POST /v1/completions" in str(info.value)
+        with pytest.raises(EngineHTTPError, match="POST /pause"):
+            await client.pause()
+        await client.close()
+
+    asyncio.run(main())

@@ -1,0 +1,126 @@
+"""Weight broadcast groups: trainer (rank 0) ↔ fake SGLang server (rank 1), and across two processes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines._group import DistributedWeights, WeightBroadcaster, describe, parse_dtype
+from actors.engines._http import EngineHTTPError
+from actors.engines._sglang import SGLangEngine
+from actors.policy import GPTConfig, Policy
+from actors.testing import FakeSGLangServer, free_port
+
+
+def make_engine() -> TorchEngine:
+    return TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=256), seed=0))
+
+
+def perturbed(engine: TorchEngine, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
+    }
+
+
+REQUEST = GenerationRequest(
+    "r", (23, 17, 23, 35), SamplingParams(max_new_tokens=10, temperature=1.0, seed=3, ignore_eos=True)
+)
+
+
+def test_sglang_update_through_a_gloo_group() -> None:
+    async def main() -> None:
+        engine = make_engine()
+        broadcaster = WeightBroadcaster("127.0.0.1", free_port(), world_size=2, timeout_s=30)
+        try:
+            async with FakeSGLangServer(engine) as server, SGLangEngine(server.url) as client:
+                [before] = await client.generate([REQUEST])
+                for version in (1, 2):  # joins once, then reuses the group
+                    new = perturbed(engine, seed=version)
+                    await client.update_weights(version, DistributedWeights(broadcaster, new))
+                    assert client.version == version == engine.version
+                    assert all(torch.equal(t, new[n]) for n, t in engine.policy.state_dict().items())
+                [after] = await client.generate([REQUEST])
+                assert after.versions == (2,) * 10 and after.logprobs != before.logprobs
+                assert not server.host.paused
+        finally:
+            broadcaster.close()
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_bad_broadcast_is_drained_rejected_and_old_weights_serve() -> None:
+    async def main() -> None:
+        engine = make_engine()
+        broadcaster = WeightBroadcaster("127.0.0.1", free_port(), world_size=2, timeout_s=30)
+        try:
+            async with FakeSGLangServer(engine) as server, SGLangEngine(server.url) as client:
+                [before] = await client.generate([REQUEST])
+                bad = perturbed(engine, seed=1)
+                name = sorted(bad)[0]
+                bad[name] = torch.ones(5, 5)
+                with pytest.raises(EngineHTTPError) as info:
+                    await asyncio.wait_for(client.update_weights(1, DistributedWeights(broadcaster, bad)), 30)
+                assert info.value.status == 400 and name in str(info.value) and "still serving 0" in str(info.value)
+                assert engine.version == client.version == 0 and not server.host.paused
+                [after] = await client.generate([REQUEST])
+                assert after.token_ids == before.token_ids
+                good = perturbed(engine, seed=2)  # the group is still usable after a rejected payload
+                await client.update_weights(1, DistributedWeights(broadcaster, good))
+                assert engine.version == 1
+        finally:
+            broadcaster.close()
+            await engine.close()
+
+    asyncio.run(main())
+
+
+RECEIVER = textwrap.dedent(
+    """
+    import sys, torch
+    from actors.engines._group import WeightGroup, receive_weights
+    port = int(sys.argv[1])
+    group = WeightGroup("127.0.0.1", port, 2, 1, timeout_s=30)
+    expected = {"a.weight": ((3, 4), torch.float32), "b.bias": ((5,), torch.float32)}
+    got = receive_weights(group, ["a.weight", "b.bias"], ["bfloat16", "float32"], [[3, 4], [5]], expected)
+    group.close()  # left to interpreter teardown, gloo's threads can outlive it: "terminate called ..." (abort)
+    print(repr({n: (t.dtype, float(t.sum())) for n, t in sorted(got.items())}))
+    """
+)
+
+
+@pytest.mark.slow  # a second interpreter importing torch
+def test_two_process_broadcast_in_name_order() -> None:
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER, str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    broadcaster = WeightBroadcaster("127.0.0.1", port, world_size=2, timeout_s=30)
+    try:
+        tensors = {"b.bias": torch.arange(5.0), "a.weight": torch.full((3, 4), 2.0, dtype=torch.bfloat16)}
+        assert describe(tensors) == (["a.weight", "b.bias"], ["bfloat16", "float32"], [[3, 4], [5]])
+        broadcaster.connect()
+        assert broadcaster.broadcast(tensors) == ["a.weight", "b.bias"]
+        out, err = receiver.communicate(timeout=60)
+        assert receiver.returncode == 0, err
+        assert out.strip() == "{'a.weight': (torch.float32, 24.0), 'b.bias': (torch.float32, 10.0)}"
+    finally:
+        broadcaster.close()
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+
+
+def test_parse_dtype_names_the_bad_string() -> None:
+    assert parse_dtype("torch.bfloat16") is torch.bfloat16
+    with pytest.raises(ValueError, match="'float33'"):
+        parse_dtype("float33")
+    with pytest.raises(ValueError, match="world_size"):
+        WeightBroadcaster("127.0.0.1", 1, world_size=1)
