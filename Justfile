@@ -18,11 +18,12 @@ demo *ARGS: bootstrap
 test *ARGS: bootstrap
     {{py}} -m pytest -q -n 2 --dist loadgroup {{ARGS}}
 
-# ruff (format and lint) + mypy (strict on topology/ and actors/).
+# ruff (format and lint), mypy (strict on topology/ and actors/), and the import contracts (the layering).
 lint: bootstrap
     {{venv}}/bin/ruff format --check .
     {{venv}}/bin/ruff check .
     {{venv}}/bin/mypy
+    {{venv}}/bin/lint-imports --no-cache
 
 # Benchmarks; each writes bench/results/<name>.json and prints a markdown table. `just bench --quick`.
 bench *ARGS: bootstrap

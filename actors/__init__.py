@@ -1,8 +1,15 @@
-"""Builtin actor kinds. Importing this package registers every builtin kind (config models only).
+"""flywheel's application: online continual RL of language models, on the `topology` framework.
 
-Each ``actors/<kind>/_config.py`` is a light module — a pydantic config model and one
-``register_actor_kind`` call, no torch — so ``flywheel validate`` and ``plan`` stay fast. The actor classes
-are imported lazily by the runtime through each kind's factory string.
+Importing this package registers the application with the framework (the ``flywheel.plugins`` entry point names
+it): each actor kind from its light ``actors/<kind>/_config.py`` (a config model and one `register_actor_kind`
+call), the ``policy`` and ``domains`` spec sections with their checks, the application's commands and the live
+view of ``flywheel up``. Nothing heavy is imported here: factories, commands and the view are named by strings and
+imported when used, so ``flywheel validate`` stays fast.
+
+Layers (checked by `just lint`): the kinds (source, generator, verify, learner, gateway, joiner, recorder, gate)
+never import each other and meet on the bus and through `actors.protocol`; the libraries (policy, engines,
+domains, sandbox, weights, replay, testing) and `actors.protocol` never import a kind; `actors.commands` uses the
+libraries, never a kind.
 """
 
 from actors.gate import _config as _gate_config
@@ -10,11 +17,63 @@ from actors.gateway import _config as _gateway_config
 from actors.generator import _config as _generator_config
 from actors.joiner import _config as _joiner_config
 from actors.learner import _config as _learner_config
+from actors.protocol import DomainSpec, PolicySpec
 from actors.recorder import _config as _recorder_config
 from actors.source import _config as _source_config
 from actors.verify import _config as _verify_config
+from topology import (
+    Command,
+    KeyPath,
+    SectionCheck,
+    SpecSection,
+    register_command,
+    register_live_view,
+    register_spec_section,
+)
 
 __all__: list[str] = []
 
+
+def _check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> PolicySpec:
+    from actors.policy import check_policy
+
+    return check_policy(check, path, policy)
+
+
+def _check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> DomainSpec:
+    from actors.domains._checks import check_domain  # opens task sources: imported when a spec is checked
+
+    return check_domain(check, path, domain)
+
+
+register_spec_section(
+    SpecSection(
+        name="policy",
+        model=PolicySpec,
+        required=True,
+        summary="the language model being trained and served",
+        check=_check_policy,
+    )
+)
+register_spec_section(
+    SpecSection(
+        name="domains",
+        model=DomainSpec,
+        keyed=True,
+        entry_noun="domain",
+        summary="task domains: where prompts come from and how completions are scored",
+        check=_check_domain,
+    )
+)
+for _command in (
+    Command("replay", "actors.commands._replay:replay", "re-issue recorded prompts against a weight version"),
+    Command("review", "actors.commands._review:review", "label production samples routed to human review"),
+    Command("promote", "actors.commands._promote:promote", "move the serving version to a weight version"),
+    Command("rollback", "actors.commands._promote:rollback", "move the serving version back"),
+    Command("sandbox", "actors.commands._sandbox:sandbox", "run a program in the sandbox, print a JSON verdict"),
+):
+    register_command(_command)
+register_live_view("actors.commands._live:LearningView")
+
 del _gateway_config, _generator_config, _joiner_config, _learner_config, _recorder_config, _source_config
-del _verify_config, _gate_config
+del _verify_config, _gate_config, _command

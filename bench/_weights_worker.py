@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from actors.engines import TorchEngine
-from actors.engines._group import WeightGroup, receive_weights
+from actors.engines import TorchEngine, WeightGroup, receive_weights
 from actors.policy import PRESETS, GPTConfig, Policy
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightSubscriber, weights_bucket
+from actors.protocol import weights_bucket
+from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightSubscriber
 from topology.bus import Bus
 
 

@@ -29,11 +29,12 @@ from nats.js import api
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import markdown_table, percentile, write_results
-from topology.bus import Bus, BusSettings, EmbeddedNats
+from topology import BusSpec
+from topology.bus import Bus, EmbeddedNats
 
 PAYLOAD = {"data": "x" * 1000}  # ~1 KiB on the wire
 TARGETS = {"throughput_eps": 20_000, "p99_ms": 5.0, "ratio": 0.5}
-SETTINGS = BusSettings(max_ack_pending=1024, max_deliver=5, ack_wait_s=30, dedupe_window_s=120)
+SETTINGS = BusSpec(max_ack_pending=1024, max_deliver=5, ack_wait_s=30, dedupe_window_s=120)
 
 
 def _topology() -> str:

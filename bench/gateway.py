@@ -37,7 +37,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.engines import SamplingParams
-from actors.gateway._client import ServeClient
+from actors.gateway import ServeClient
 from actors.policy import CharTokenizer, encode_prompt
 from bench._common import markdown_table, percentile, write_results
 from topology.bus import Bus

@@ -8,8 +8,6 @@ Variants (each a fresh run for ``--duration`` seconds of the topology, warm star
   ``--nonorm group`` for GRPO's per-group std instead);
 * ``guided`` — async with ``learner.failed_groups: reference``: a group whose completions all scored 0 gets the
   task's reference answer as one more completion (off-policy guidance);
-* ``skipsolved`` — async with ``skip_solved: N`` (``--skip-solved``, default 2) on every domain: a prompt whose
-  last group scored full marks is passed over its next N draws.
 
 Each variant is a temporary spec that ``include:``s the original and overrides the learner (deep merge), run with
 ``topology.runtime.LocalRuntime`` (``--runtime ray``: each variant runs locally, then with ``RayRuntime``
@@ -54,22 +52,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
+from actors.protocol import policy_of  # noqa: E402
 from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 
-_STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1)), "skipsolved": "-."}
+_STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1))}
 _QUICK = {"actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
 
 
-VARIANTS = ("async", "sync", "nonorm", "guided", "skipsolved")
+VARIANTS = ("async", "sync", "nonorm", "guided")
 
 
-def variant_overrides(
-    name: str, nonorm: str, *, domains: list[str] | None = None, skip_solved: int = 2
-) -> dict[str, Any]:
+def variant_overrides(name: str, nonorm: str) -> dict[str, Any]:
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}; expected some of: {', '.join(VARIANTS)}")
-    if name == "skipsolved":
-        return {"domains": {d: {"skip_solved": skip_solved} for d in domains or []}}
     learner: dict[str, Any] = {
         "async": {},
         "sync": {"mode": "sync"},
@@ -128,7 +123,7 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
 
 
 def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
-    from actors.learner._metrics import read_metrics
+    from actors.learner import read_metrics
 
     evals = read_metrics(run_dir, "eval")
     steps = read_metrics(run_dir, "step")
@@ -270,7 +265,6 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=420.0, help="seconds per variant (warm start included)")
     parser.add_argument("--variants", default="async,sync,nonorm")
     parser.add_argument("--nonorm", choices=("none", "group"), default="none", help="normalize of the nonorm run")
-    parser.add_argument("--skip-solved", type=int, default=2, help="N of the skipsolved variant")
     parser.add_argument("--runtime", choices=("local", "ray"), default="local")
     parser.add_argument("--quick", action="store_true", help="≤ 60 s: async only, ≤ 60 warm-start steps, 40 s run")
     args = parser.parse_args()
@@ -282,12 +276,11 @@ def main() -> None:
     from topology import load_spec
 
     base = load_spec(args.spec)
-    spec_domains = list(base.domains)
     # --quick shortens a warm start the spec would run; it never adds one (an hf: model starts as given)
-    quick = _merge(_QUICK, {"policy": {"warm_start": {"steps": min(60, base.policy.warm_start_steps)}}})
+    quick = _merge(_QUICK, {"policy": {"warm_start": {"steps": min(60, policy_of(base).warm_start_steps)}}})
     with tempfile.TemporaryDirectory(prefix="flywheel-learn-") as tmp:
         for variant in variants:
-            overrides = variant_overrides(variant, args.nonorm, domains=spec_domains, skip_solved=args.skip_solved)
+            overrides = variant_overrides(variant, args.nonorm)
             if args.quick:
                 overrides = _merge(quick, overrides)
             spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)

@@ -128,7 +128,7 @@ def main() -> None:
 
     import torch
 
-    from actors.policy._testing import write_tiny_hf_model
+    from actors.policy import write_tiny_hf_model
 
     torch.set_num_threads(2)
     out: Path = args.out

@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.engines._group import WeightBroadcaster, describe
 from actors.policy import PRESETS, GPTConfig, Policy
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, weights_bucket
+from actors.protocol import weights_bucket
+from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher
 from bench._common import markdown_table, write_results
 from topology.bus import Bus, EmbeddedNats
 

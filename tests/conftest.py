@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from topology.bus import Bus, BusSettings, EmbeddedNats
+from topology import BusSpec
+from topology.bus import Bus, EmbeddedNats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,12 +31,12 @@ def fresh_topology() -> str:
 
 
 @pytest.fixture
-def bus_settings() -> BusSettings:
-    return BusSettings(ack_wait_s=1.0, max_deliver=3)
+def bus_settings() -> BusSpec:
+    return BusSpec(ack_wait_s=1.0, max_deliver=3)
 
 
 @pytest.fixture
-async def bus(embedded_nats: EmbeddedNats, bus_settings: BusSettings) -> AsyncIterator[Bus]:
+async def bus(embedded_nats: EmbeddedNats, bus_settings: BusSpec) -> AsyncIterator[Bus]:
     async with await Bus.connect(
         embedded_nats.url, topology=fresh_topology(), name="test", settings=bus_settings
     ) as connected:

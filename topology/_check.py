@@ -2,24 +2,24 @@
 
 Contract: `check_spec(path)` never raises for a user mistake; it returns ``(spec or None, issues)``, where
 issues hold all errors and warnings (sorted by file and line). `load_spec` raises `SpecError` when there is
-any error. Each top-level section, each domain, each channel and each actor block is validated on its own,
-so one bad block does not hide the errors of the others. Cross-reference checks: unknown actor kinds (with
-a did-you-mean), domains referenced by actors but not defined, channels consumed with no producer (unless
-``external: true``), missing ``jsonl:`` files; warnings for channels nobody consumes, channel settings no
-actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere).
+any error. Each top-level section, each entry of a keyed section (an application's domains, say), each channel
+and each actor block is validated on its own, so one bad block does not hide the errors of the others. Then each
+application section's hook runs on its validated value (it may resolve paths and open files, reporting through the
+checker). Cross-reference checks: unknown actor kinds (with a did-you-mean), config fields a kind declares as
+references to a keyed section that name no entry of it, channels consumed with no producer (unless ``external:
+true``); warnings for channels nobody consumes, channel settings no actor uses, and resources this machine cannot
+give (local runtime only: a Ray cluster is elsewhere).
 
-The domains' task sources are opened as the source actor opens them (pure Python: builtin options, JSONL
-rows, held-out splits), so their mistakes carry a line too.
-
-Non-goals: importing heavy actor code or user verifier modules (validation must stay fast and side-effect free).
+Non-goals: importing heavy actor code or user modules (validation must stay fast and side-effect free; what a
+section hook imports is the application's business).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,8 +29,10 @@ from pydantic import BaseModel, ValidationError
 from topology._errors import SpecError, SpecIssue, format_path
 from topology._machine import machine_issues
 from topology._messages import did_you_mean, issues_from_validation, unknown_key_message
-from topology._registry import ActorKind, actor_kinds
+from topology._names import channel_subject
+from topology._registry import ActorKind, SpecSection, actor_kinds, spec_sections
 from topology._spec import (
+    FRAMEWORK_KEYS,
     KEY_PATTERN,
     NAME_PATTERN,
     ActorCommon,
@@ -38,18 +40,14 @@ from topology._spec import (
     BusSpec,
     ChannelOverride,
     ChannelSpec,
-    DomainSpec,
-    PolicySpec,
     RuntimeSpec,
     Spec,
     show,
-    subject_for,
 )
 from topology._yaml import Document, KeyPath, load_document, parse_text
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-TOP_LEVEL_KEYS = ("name", "description", "include", "bus", "runtime", "policy", "domains", "actors", "channels")
-_REQUIRED = ("name", "policy", "actors")
+_REQUIRED = ("name", "actors")
 # channels whose readers are people and their tools (flywheel review, dead-letter inspection), not actors
 _READ_BY_PEOPLE = frozenset({"deadletter", "review"})
 
@@ -63,13 +61,18 @@ class _Checker:
         self.wiring: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # actor → (consumes, publishes)
         self.channels_known = True  # false when an actor's channels cannot be known (unknown kind, bad block)
 
-    def error(self, path: KeyPath, message: str, *, at_key: bool = False, severity: str = "error") -> None:
+    def error(self, path: KeyPath, message: str, *, warning: bool = False, at_key: bool = False) -> None:
         loc = self.doc.key_loc(path) if at_key else self.doc.value_loc(path)
         self.issues.append(
-            SpecIssue(
-                loc.file, loc.line, loc.col, format_path(path), message, "warning" if severity == "warning" else "error"
-            )
+            SpecIssue(loc.file, loc.line, loc.col, format_path(path), message, "warning" if warning else "error")
         )
+
+    def base_dir(self, path: KeyPath) -> Path:
+        return self.doc.base_dir(path)
+
+    def where(self, path: KeyPath) -> str:
+        loc = self.doc.value_loc(path)
+        return f"{loc.file}:{loc.line}"
 
     def validate(
         self, model: type[ModelT], data: Any, path: KeyPath, allowed_extra: tuple[str, ...] = ()
@@ -100,31 +103,17 @@ class _Checker:
         return {}
 
     # -- the whole spec ------------------------------------------------------------------------------
-    def check_hf_model(self, model: str) -> str:
-        """``hf:<dir>`` with a relative dir that exists beside the file that set it resolves to that dir, like every
-        other path in a spec; anything else stays as written (a hub id, or a path on the machines that run the
-        model) with a warning when it is not a model directory here."""
-        given = Path(model[3:]).expanduser()
-        candidate = given if given.is_absolute() else (self.doc.base_dir(("policy", "model")) / given).resolve()
-        if (candidate / "config.json").is_file():
-            return f"hf:{candidate}"
-        self.error(
-            ("policy", "model"),
-            f"expected a Hugging Face model directory with a config.json, but {candidate} "
-            "is none on this machine: fine for a hub id or a path that exists where the model is served "
-            "(an HTTP engine's server), an error for the builtin torch engine and the learner",
-            severity="warning",
-        )
-        return model
-
     def run(self, source_path: Path) -> Spec | None:
         data = self.doc.data
         if not isinstance(data, dict):
             return None
+        sections = spec_sections()
+        top_level = (*FRAMEWORK_KEYS, *sections)
         for key in data:
-            if key not in TOP_LEVEL_KEYS:
-                self.error((key,), unknown_key_message(key, TOP_LEVEL_KEYS, "top-level key"), at_key=True)
-        for key in _REQUIRED if not self.doc.incomplete else ():
+            if key not in top_level:
+                self.error((key,), unknown_key_message(key, top_level, "top-level key"), at_key=True)
+        required = (*_REQUIRED, *(s.name for s in sections.values() if s.required))
+        for key in required if not self.doc.incomplete else ():
             if key not in data:
                 loc = self.doc.root
                 self.issues.append(
@@ -139,15 +128,7 @@ class _Checker:
             self.error(("description",), f"expected a string, got {show(description)}")
         bus = self.validate(BusSpec, data.get("bus") or {}, ("bus",))
         runtime = self.validate(RuntimeSpec, data.get("runtime") or {}, ("runtime",))
-        policy = self.validate(PolicySpec, data["policy"], ("policy",)) if "policy" in data else None
-        domains_raw = self.mapping(data.get("domains"), ("domains",), "domain name → domain")
-        domains: dict[str, DomainSpec] = {}
-        for dname, block in domains_raw.items():
-            path: KeyPath = ("domains", dname)
-            if self.named(path, KEY_PATTERN, "a domain name"):
-                domain = self.validate(DomainSpec, block, path)
-                if domain is not None:
-                    domains[dname] = self.check_domain_files(dname, domain)
+        values = {s.name: self.check_section(s, data[s.name]) for s in sections.values() if s.name in data}
         channels_raw = self.mapping(data.get("channels"), ("channels",), "channel name → settings")
         overrides: dict[str, ChannelOverride] = {}
         for cname, block in channels_raw.items():
@@ -155,13 +136,12 @@ class _Checker:
                 override = self.validate(ChannelOverride, block or {}, ("channels", cname))
                 if override is not None:
                     overrides[cname] = override
-        actors = self.check_actors(data, set(domains_raw))
+        actors = self.check_actors(data, sections)
         if runtime is not None:
             self.check_colocate(runtime, data)
         channels = self.check_channels(actors, overrides, channels_raw, name or "topology")
-        if any(i.is_error for i in self.issues) or name is None or None in (bus, runtime, policy):
+        if any(i.is_error for i in self.issues) or name is None or bus is None or runtime is None:
             return None
-        assert bus is not None and runtime is not None and policy is not None
         run_dir = runtime.run_dir
         if not run_dir.is_absolute():
             run_dir = (
@@ -170,26 +150,20 @@ class _Checker:
                 else source_path.parent
             ) / run_dir
         runtime = runtime.model_copy(update={"run_dir": run_dir.resolve()})
-        if policy.model.startswith("hf:"):
-            policy = policy.model_copy(update={"model": self.check_hf_model(policy.model)})
-        if policy.checkpoint and not Path(policy.checkpoint).is_absolute():
-            checkpoint = (self.doc.base_dir(("policy", "checkpoint")) / policy.checkpoint).resolve()
-            policy = policy.model_copy(update={"checkpoint": str(checkpoint)})
         spec = Spec(
             name=name,
             bus=bus,
             runtime=runtime,
-            policy=policy,
-            domains=domains,
             actors={a.name: a for a in actors.values() if a is not None} if actors else {},
             channels=channels,
             source_path=source_path.resolve(),
             description=str(description),
             data=data,
+            sections=values,
         )
         if runtime.kind == "local":
             for where, message in machine_issues(spec):
-                self.error(where, message, severity="warning")
+                self.error(where, message, warning=True)
         warnings = tuple(sorted((i for i in self.issues if not i.is_error), key=lambda i: (i.file, i.line, i.col)))
         return dataclasses.replace(spec, warnings=warnings)
 
@@ -204,53 +178,24 @@ class _Checker:
                         f"expected an actor name ({', '.join(names) or 'none defined'}), got {show(name)}",
                     )
 
-    def check_domain_files(self, name: str, domain: DomainSpec) -> DomainSpec:
-        """Check ``jsonl:`` files exist and the source opens; returns the domain with those paths made absolute."""
-        before = len(self.issues)
-        resolved: dict[str, str] = {}
-        for field in ("source", "heldout"):
-            value = getattr(domain, field)
-            if isinstance(value, str) and value.startswith("jsonl:"):
-                path: KeyPath = ("domains", name, field)
-                target = (self.doc.base_dir(path) / os.path.expanduser(value.removeprefix("jsonl:"))).resolve()
-                resolved[field] = f"jsonl:{target}"
-                if not target.is_file():
-                    self.error(path, f"expected an existing JSONL file, got {show(value)} ({target} does not exist)")
-        module, sep, _ = domain.verifier.partition(":")
-        if sep and importlib.util.find_spec(module.split(".")[0]) is None:
-            self.error(
-                ("domains", name, "verifier"),
-                f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
-                severity="warning",
-            )
-        domain = domain.model_copy(update=resolved) if resolved else domain
-        if not any(issue.severity == "error" for issue in self.issues[before:]):  # a missing file: said already
-            self.check_domain_opens(name, domain)
-        return domain
-
-    def check_domain_opens(self, name: str, domain: DomainSpec) -> None:
-        """Open the domain's task source as the source actor does at start (builtin options, every JSONL row,
-        the held-out split), so a bad option or row is reported at its line now, not as a traceback at `up`."""
-        from actors.domains import SourceError, open_source
-
-        path: KeyPath = ("domains", name)
-        try:
-            open_source(domain.source, domain=name, heldout=domain.heldout, options=domain.source_options)
-        except SourceError as err:
-            message = str(err)
-            if err.option is not None and err.option in domain.source_options:
-                at: KeyPath = ("source_options", err.option)
-                query = domain.source.partition("?")[2].split("&")
-                if any(part.partition("=")[0] == err.option for part in query):  # given twice: the other half may
-                    # sit in another file (include: merges source_options key by key)
-                    loc = self.doc.value_loc((*path, "source"))
-                    message += f" (the source string is at {loc.file}:{loc.line})"
-            else:
-                at = ("source",) if err.option is not None else (err.key or "source",)
-            self.error(path + at, message)
+    def check_section(self, section: SpecSection, raw: Any) -> Any:
+        """Validate one application section (each entry on its own, when keyed) and run its hook."""
+        path: KeyPath = (section.name,)
+        if not section.keyed:
+            value = self.validate(section.model, raw, path)
+            return section.check(self, path, value) if value is not None and section.check else value
+        entries: dict[str, Any] = {}
+        noun = section.entry_noun or "entry"
+        for key, block in self.mapping(raw, path, f"{noun} name → {noun}").items():
+            entry_path: KeyPath = (section.name, key)
+            if self.named(entry_path, KEY_PATTERN, f"a {noun} name"):
+                entry = self.validate(section.model, block, entry_path)
+                if entry is not None:
+                    entries[key] = section.check(self, entry_path, entry) if section.check else entry
+        return entries
 
     # -- actors --------------------------------------------------------------------------------------
-    def check_actors(self, data: dict[str, Any], domain_names: set[str]) -> dict[str, ActorSpec | None]:
+    def check_actors(self, data: dict[str, Any], sections: Mapping[str, SpecSection]) -> dict[str, ActorSpec | None]:
         raw = self.mapping(data.get("actors"), ("actors",), "actor name → actor")
         if "actors" in data and data["actors"] in (None, {}):
             self.error(("actors",), "expected at least one actor, got none")
@@ -267,10 +212,12 @@ class _Checker:
                 )
                 self.channels_known = False
                 continue
-            actors[name] = self.check_actor(name, block, kinds, domain_names)
+            actors[name] = self.check_actor(name, block, kinds, sections)
         return actors
 
-    def check_actor(self, name: str, block: dict[str, Any], kinds: Any, domain_names: set[str]) -> ActorSpec | None:
+    def check_actor(
+        self, name: str, block: dict[str, Any], kinds: Any, sections: Mapping[str, SpecSection]
+    ) -> ActorSpec | None:
         path: KeyPath = ("actors", name)
         kind_name = block.get("kind", name)
         common_fields = tuple(ActorCommon.model_fields)
@@ -300,7 +247,7 @@ class _Checker:
             return None
         config = self.validate(kind.config, {k: v for k, v in block.items() if k in config_fields}, path, common_fields)
         if config is not None:
-            self.check_domain_refs(path, kind, config, domain_names)
+            self.check_references(path, kind, config, sections)
         consumes, publishes = kind.default_channels(config) if config is not None else (kind.consumes, kind.publishes)
         if common is not None:
             consumes = common.consumes if common.consumes is not None else consumes
@@ -320,9 +267,15 @@ class _Checker:
             config=config,
         )
 
-    def check_domain_refs(self, path: KeyPath, kind: ActorKind, config: BaseModel, domain_names: set[str]) -> None:
-        defined = ", ".join(sorted(domain_names)) or "none"
-        for field in kind.domain_fields:
+    def check_references(
+        self, path: KeyPath, kind: ActorKind, config: BaseModel, sections: Mapping[str, SpecSection]
+    ) -> None:
+        """Each config field the kind declares as a reference must name an entry of its keyed section."""
+        for field, section_name in kind.references.items():
+            section = sections.get(section_name)
+            noun = section.entry_noun if section is not None and section.entry_noun else section_name
+            names = set(self.mapping_keys(section_name))
+            defined = ", ".join(sorted(names)) or "none"
             value = getattr(config, field, None)
             refs: list[tuple[KeyPath, Any]]
             if isinstance(value, list | tuple):
@@ -330,11 +283,16 @@ class _Checker:
             else:
                 refs = [((*path, field), value)] if value is not None else []
             for ref_path, ref in refs:
-                if ref not in domain_names:
+                if ref not in names:
                     self.error(
                         ref_path,
-                        f"unknown domain '{ref}'{did_you_mean(str(ref), domain_names)} — defined domains: {defined}",
+                        f"unknown {noun} '{ref}'{did_you_mean(str(ref), names)} — defined {section_name}: {defined}",
                     )
+
+    def mapping_keys(self, key: str) -> list[str]:
+        """The entry names a keyed top-level section was written with (whether or not each entry is valid)."""
+        raw = self.doc.data.get(key) if isinstance(self.doc.data, dict) else None
+        return [k for k in raw if isinstance(k, str)] if isinstance(raw, dict) else []
 
     # -- channels ------------------------------------------------------------------------------------
     def check_channels(
@@ -372,7 +330,7 @@ class _Checker:
                     ("actors", names[0]),
                     f"publishes channel '{channel}' but no actor consumes it (messages will pile up)",
                     at_key=True,
-                    severity="warning",
+                    warning=True,
                 )
         for channel in overrides:
             if channel not in producers and channel not in consumers:
@@ -380,13 +338,13 @@ class _Checker:
                     ("channels", channel),
                     f"channel '{channel}' is configured but no actor uses it",
                     at_key=True,
-                    severity="warning",
+                    warning=True,
                 )
         resolved: dict[str, ChannelSpec] = {}
         for channel in sorted({*producers, *consumers, *overrides}):
             settings = overrides.get(channel, ChannelOverride())
             resolved[channel] = ChannelSpec(
-                name=channel, subject=subject_for(topology, channel), **settings.model_dump()
+                name=channel, subject=channel_subject(topology, channel), **settings.model_dump()
             )
         return resolved
 
@@ -431,4 +389,4 @@ def load_spec_text(text: str, filename: str = "<spec>", environ: dict[str, str] 
     return spec
 
 
-__all__ = ["TOP_LEVEL_KEYS", "check_spec", "load_spec", "load_spec_text"]
+__all__ = ["check_spec", "load_spec", "load_spec_text"]

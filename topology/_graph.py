@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from topology._errors import SpecIssue
+from topology._names import replica_id
 from topology._registry import actor_kinds
 from topology._spec import ResourcesSpec, Spec
 
@@ -36,7 +37,7 @@ class ActorNode:
     @property
     def replica_ids(self) -> tuple[str, ...]:
         """``("generator/0", "generator/1")`` — how logs, heartbeats and status name replicas."""
-        return tuple(f"{self.name}/{i}" for i in range(self.replicas))
+        return tuple(replica_id(self.name, i) for i in range(self.replicas))
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,49 @@
-"""The actor-kind registry: which kinds exist, their config models, default channels and factories.
+"""The registry: what an application adds to the framework — actor kinds, spec sections, commands, a live view.
 
-Contract: a kind registers itself from a *light* module (``actors/<kind>/_config.py``: a pydantic model
-and one `register_actor_kind` call — no torch, no engine imports), so validating or planning a spec never
-imports heavy code. The actor class itself is named by a ``"module:attribute"`` factory string and
-imported only by `resolve_factory`, at run time. Third-party kinds register through the entry-point group
-``flywheel.actors`` (an entry point may name a module that registers on import, or an `ActorKind`).
+The framework knows no application. An application is a Python package that, when imported, registers:
+- its **actor kinds** (`register_actor_kind`): a config model and a ``"module:attribute"`` factory string;
+- its **spec sections** (`register_spec_section`): top-level keys of the spec beside the framework's own (name,
+  bus, runtime, actors, channels), each validated into its model and then checked by the section's hook;
+- its **commands** (`register_command`): ``flywheel <name>``, named by a ``"module:attribute"`` click command;
+- optionally a **live view** (`register_live_view`): what ``flywheel up`` draws above the replica table.
 
-Non-goals: unregistering, versioning of kinds.
+Applications are found through the entry-point group ``flywheel.plugins`` (an entry point names a module that
+registers on import, or an `ActorKind`), and through ``FLYWHEEL_PLUGINS`` (comma-separated module names, for
+projects that are not installed and for tests; replica processes inherit it).
+
+Contract: registration happens in *light* modules (pydantic models and strings — no torch, no engines), so
+validating or planning a spec imports no heavy code. Factories, commands and views are imported only when used.
+
+Non-goals: unregistering, versioning of plugins, ordering between plugins (two that register one name clash,
+which is an error unless it is the same registration again, as on a module reload).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pydantic
 
-ENTRY_POINT_GROUP = "flywheel.actors"
+if TYPE_CHECKING:
+    from topology._yaml import KeyPath
+
+ENTRY_POINT_GROUP = "flywheel.plugins"
+PLUGINS_ENV = "FLYWHEEL_PLUGINS"
 
 # (consumes, publishes) computed from a validated config, for kinds whose channels depend on it
 ChannelsFn = Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+class PluginError(Exception):
+    """A module named in ``FLYWHEEL_PLUGINS`` could not be imported."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +56,8 @@ class ActorKind:
     consumes: tuple[str, ...] = ()  # default channels consumed
     publishes: tuple[str, ...] = ()  # default channels published
     summary: str = ""  # one line for `plan` and did-you-mean help
-    domain_fields: tuple[str, ...] = ()  # config fields holding a domain name or a list of names
+    # config field → spec section whose entry names it holds (one name or a list), e.g. {"domains": "domains"}
+    references: Mapping[str, str] = field(default_factory=dict)
     channels: ChannelsFn | None = None  # optional: default channels that depend on the config
 
     def default_channels(self, config: pydantic.BaseModel) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -47,55 +67,179 @@ class ActorKind:
         return self.consumes, self.publishes
 
 
+class SectionCheck(Protocol):
+    """What a section's hook may do while the spec is checked (implemented by the spec checker)."""
+
+    def error(self, path: KeyPath, message: str, *, warning: bool = False, at_key: bool = False) -> None:
+        """Report an issue at ``path`` (a full key path, e.g. ``("domains", "math", "source")``)."""
+
+    def base_dir(self, path: KeyPath) -> Path:
+        """The directory of the spec file that set ``path``: relative paths in a value resolve against it."""
+
+    def where(self, path: KeyPath) -> str:
+        """``file:line`` of the value at ``path``, for messages that point elsewhere."""
+
+
+# A section hook: (checker, key path of the section or entry, its validated model) → the model to keep (for
+# instance with relative paths made absolute). Errors are reported through the checker, never raised.
+SectionHook = Callable[[SectionCheck, "KeyPath", Any], Any]
+
+
+@dataclass(frozen=True)
+class SpecSection:
+    """One application section of the spec: a top-level key, its model and its checks."""
+
+    name: str  # the top-level key, e.g. "policy"
+    model: type[pydantic.BaseModel]  # the section's model (of one entry, when keyed)
+    keyed: bool = False  # a mapping of entry names (the spec's key pattern) → model, like domains
+    required: bool = False  # the spec is incomplete without it
+    entry_noun: str = ""  # keyed sections: what one entry is called in messages ("domain")
+    summary: str = ""  # one line for help texts
+    check: SectionHook | None = None  # runs on each validated value (each entry when keyed)
+
+
+@dataclass(frozen=True)
+class Command:
+    """``flywheel <name>``: a click command named by ``"module:attribute"``, imported when invoked."""
+
+    name: str
+    target: str
+    summary: str = ""
+
+
 _KINDS: dict[str, ActorKind] = {}
+_SECTIONS: dict[str, SpecSection] = {}
+_COMMANDS: dict[str, Command] = {}
+_VIEW: list[str] = []
 _LOADED = False
+
+
+def _register(table: dict[str, Any], key: str, value: Any, what: str, same: Callable[[Any, Any], bool]) -> None:
+    existing = table.get(key)
+    if existing is not None and not same(existing, value):
+        raise ValueError(f"{what} {key!r} is already registered ({existing!r}); refusing to replace it with {value!r}")
+    table[key] = value
 
 
 def register_actor_kind(kind: ActorKind) -> None:
     """Register (or re-register, e.g. on module reload) an actor kind under ``kind.name``."""
-    existing = _KINDS.get(kind.name)
-    if existing is not None and existing.factory != kind.factory:
-        raise ValueError(
-            f"actor kind {kind.name!r} is already registered with factory {existing.factory!r}; "
-            f"refusing to replace it with {kind.factory!r}"
-        )
-    _KINDS[kind.name] = kind
+    _register(_KINDS, kind.name, kind, "actor kind", lambda a, b: a.factory == b.factory)
 
 
-def _load_builtin_and_plugins() -> None:
+def register_spec_section(section: SpecSection) -> None:
+    """Register an application section of the spec under its top-level key."""
+    from topology._spec import FRAMEWORK_KEYS
+
+    if section.name in FRAMEWORK_KEYS:
+        raise ValueError(f"spec section {section.name!r} is the framework's own key")
+    _register(_SECTIONS, section.name, section, "spec section", lambda a, b: a.model.__name__ == b.model.__name__)
+
+
+def register_command(command: Command) -> None:
+    """Register ``flywheel <command.name>``."""
+    _register(_COMMANDS, command.name, command, "command", lambda a, b: a.target == b.target)
+
+
+def register_live_view(target: str) -> None:
+    """Name the live view of ``flywheel up`` (``"module:attribute"`` of a class built with no arguments, with
+    ``renderable(records)`` → a rich renderable or None and ``line(records)`` → a str or None)."""
+    _VIEW[:] = [target]
+
+
+def import_plugins(value: str | None = None) -> list[str]:
+    """Import the modules named in ``FLYWHEEL_PLUGINS`` (or ``value``); raises `PluginError` naming a bad one."""
+    names = [n.strip() for n in (os.environ.get(PLUGINS_ENV, "") if value is None else value).split(",")]
+    imported: list[str] = []
+    for name in filter(None, names):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise PluginError(f"{PLUGINS_ENV}: cannot import {name!r}: {exc}") from exc
+        imported.append(name)
+    return imported
+
+
+def load_plugins() -> None:
+    """Import every installed application (entry points) and those named in ``FLYWHEEL_PLUGINS``, once; raises
+    `PluginError` (and tries again on the next call) when a module named in ``FLYWHEEL_PLUGINS`` fails."""
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
-    importlib.import_module("actors")  # builtin kinds register from their light _config modules
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = entry.load()
         except Exception as exc:  # a broken plugin must not break validation of every spec
-            warnings.warn(f"flywheel: actor plugin {entry.name!r} failed to load: {exc}", stacklevel=2)
+            warnings.warn(f"flywheel: plugin {entry.name!r} failed to load: {exc}", stacklevel=2)
             continue
         if isinstance(loaded, ActorKind):
             register_actor_kind(loaded)
+    import_plugins()
+    _LOADED = True
 
 
 def actor_kinds() -> Mapping[str, ActorKind]:
-    """All registered kinds (builtin and plugins), by name; read-only."""
-    _load_builtin_and_plugins()
+    """All registered kinds, by name; read-only."""
+    load_plugins()
     return MappingProxyType(_KINDS)
+
+
+def spec_sections() -> Mapping[str, SpecSection]:
+    """All registered application sections of the spec, by top-level key; read-only."""
+    load_plugins()
+    return MappingProxyType(_SECTIONS)
+
+
+def commands() -> Mapping[str, Command]:
+    """All registered application commands, by name; read-only."""
+    load_plugins()
+    return MappingProxyType(_COMMANDS)
+
+
+def live_view() -> str | None:
+    """The registered live view's ``"module:attribute"``, if any."""
+    load_plugins()
+    return _VIEW[0] if _VIEW else None
+
+
+def resolve(target: str, what: str) -> Any:
+    """Import ``"module:attribute"`` (attribute may be dotted)."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{what}: {target!r} is not 'module:attribute'")
+    found: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def resolve_factory(kind: ActorKind) -> type[Any]:
     """Import the actor class named by ``kind.factory`` (``"module:attribute"``)."""
-    module_name, sep, attribute = kind.factory.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"actor kind {kind.name!r}: factory {kind.factory!r} is not 'module:attribute'")
-    module = importlib.import_module(module_name)
-    target: Any = module
-    for part in attribute.split("."):
-        target = getattr(target, part)
+    target = resolve(kind.factory, f"actor kind {kind.name!r}")
     if not isinstance(target, type):
         raise TypeError(f"actor kind {kind.name!r}: factory {kind.factory!r} is not a class")
     return target
 
 
-__all__ = ["ENTRY_POINT_GROUP", "ActorKind", "ChannelsFn", "actor_kinds", "register_actor_kind", "resolve_factory"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PLUGINS_ENV",
+    "ActorKind",
+    "ChannelsFn",
+    "Command",
+    "PluginError",
+    "SectionCheck",
+    "SectionHook",
+    "SpecSection",
+    "actor_kinds",
+    "commands",
+    "import_plugins",
+    "live_view",
+    "load_plugins",
+    "register_actor_kind",
+    "register_command",
+    "register_live_view",
+    "register_spec_section",
+    "resolve",
+    "resolve_factory",
+    "spec_sections",
+]

@@ -1,24 +1,25 @@
 """Typed models of a topology spec (pydantic v2, frozen, ``extra="forbid"``) and the validated `Spec`.
 
-Contract: each section of the YAML has one model here; `topology._check` validates every section (and
-every actor block, against its kind's registered config model) separately, so one run reports all errors.
+Contract: each of the framework's sections of the YAML (bus, runtime, actors, channels) has one model here;
+applications register their own sections (`topology._registry.SpecSection`). `topology._check` validates every
+section, every entry of a keyed section and every actor block (against its kind's registered config model)
+separately, so one run reports all errors.
 Validation runs in pydantic's *strict JSON* mode: YAML ``"2"`` is not an integer and ``"yes"`` is not a
 boolean, but ``2`` is a valid float and a YAML list is a valid tuple. Messages raised from validators here
 are phrased "expected …, got …" because they are shown to users verbatim.
 
 `Spec` is the validated whole that other parts consume: ``spec.actors["generator"].config`` is an instance
 of the generator kind's config model, ``spec.channels`` lists every channel used (resolved subjects),
-``spec.runtime.run_dir`` is absolute.
+``spec.runtime.run_dir`` is absolute, ``spec.sections`` holds the application's sections.
 
-Non-goals: defaults that depend on the machine (that is `plan`'s warnings), validating ``policy.config``
-(the generator owns the model's hyper-parameters).
+Non-goals: defaults that depend on the machine (that is `plan`'s warnings).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,11 +29,8 @@ from topology._errors import SpecIssue
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"  # topology name: used in NATS subjects and stream names
 KEY_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"  # actor, domain and channel names
-BUILTIN_MODELS = ("tiny-gpt",)
-BUILTIN_SOURCES = ("arithmetic", "pyexpr", "extract")
-BUILTIN_VERIFIERS = ("math", "python-tests", "python-expr", "json-fields")
-CANONICAL_CHANNELS = ("prompts", "rollouts", "scored", "traffic", "feedback", "review", "deadletter")
-_CALLABLE_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+# the framework's own top-level keys; applications add theirs as spec sections (topology._registry)
+FRAMEWORK_KEYS = ("name", "description", "include", "bus", "runtime", "actors", "channels")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 ChannelName = str  # validated against KEY_PATTERN where used
@@ -170,94 +168,6 @@ class RuntimeSpec(SpecModel):
         return self
 
 
-class WarmStartSpec(SpecModel):
-    """Supervised warm start run by the learner when no checkpoint exists."""
-
-    # null: 200 for a builtin model (random weights: RL needs some reward to climb from), 0 for an hf: model (a
-    # trained model's weights are the starting point; an SFT phase it did not ask for would change them); 0 disables
-    steps: int | None = Field(default=None, ge=0)
-    lr: float = Field(default=1e-3, gt=0)  # supervised learning rate (RL rates are far smaller; see learner.lr)
-    batch_size: int = Field(default=32, ge=1)
-
-
-class PolicySpec(SpecModel):
-    """The language model being trained and served."""
-
-    model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id>
-    tokenizer: str | None = None  # null: the model's own tokenizer
-    config: dict[str, Any] = Field(default_factory=dict)  # free-form model hyper-parameters (builtin models)
-    checkpoint: str | None = None  # start from these weights (path, relative to the spec file); null: fresh
-    warm_start: WarmStartSpec = WarmStartSpec()
-
-    @property
-    def warm_start_steps(self) -> int:
-        """``warm_start.steps``, its default resolved by the kind of model (see `WarmStartSpec`)."""
-        if self.warm_start.steps is not None:
-            return self.warm_start.steps
-        return 200 if self.model.startswith("builtin:") else 0
-
-    @field_validator("model")
-    @classmethod
-    def _check_model(cls, model: str) -> str:
-        scheme, sep, rest = model.partition(":")
-        if scheme == "builtin" and sep:
-            if rest not in BUILTIN_MODELS:
-                raise ValueError(f"expected a builtin model ({', '.join(BUILTIN_MODELS)}), got {show(model)}")
-            return model
-        if scheme == "hf" and sep and rest:
-            return model
-        raise ValueError(f"expected builtin:<name> or hf:<path or hub id>, got {show(model)}")
-
-
-class DomainSpec(SpecModel):
-    """A task domain: where prompts come from and how completions are scored."""
-
-    source: str  # builtin:<arithmetic|pyexpr|extract>[?option=value&…] or jsonl:<path relative to the spec>
-    source_options: dict[str, Any] = Field(default_factory=dict)  # options of a builtin source (e.g. max_operand)
-    verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
-    verifier_config: dict[str, Any] = Field(default_factory=dict)  # passed to the verifier as keyword arguments
-    weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
-    #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
-    group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples
-    heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
-    max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts
-    # a prompt whose last group scored full marks in every completion is passed over its next N draws (0: off);
-    # pays where prompts repeat (a JSONL file drawn several times over), the groups it saves carry no signal
-    skip_solved: int = Field(default=0, ge=0)
-    # a group with no correct completion: skip it when all scored 0, or train on the task's reference answer
-    # added to it (partial credit counts as not correct)
-    # (null: the learner's `failed_groups`, skip by default) — see actors/learner/_actor.py `_guidance`
-    failed_groups: Literal["skip", "reference"] | None = None
-
-    @field_validator("source")
-    @classmethod
-    def _check_source(cls, source: str) -> str:
-        scheme, sep, rest = source.partition(":")
-        if scheme == "builtin" and sep:
-            if rest.partition("?")[0] not in BUILTIN_SOURCES:
-                raise ValueError(f"expected a builtin source ({', '.join(BUILTIN_SOURCES)}), got {show(source)}")
-            return source
-        if scheme == "jsonl" and sep and rest:
-            return source
-        raise ValueError(f"expected builtin:<name> or jsonl:<path>, got {show(source)}")
-
-    @field_validator("verifier")
-    @classmethod
-    def _check_verifier(cls, verifier: str) -> str:
-        if verifier in BUILTIN_VERIFIERS or _CALLABLE_REF.match(verifier):
-            return verifier
-        raise ValueError(f"expected one of {', '.join(BUILTIN_VERIFIERS)} or module:function, got {show(verifier)}")
-
-    @field_validator("heldout", mode="before")
-    @classmethod
-    def _check_heldout(cls, heldout: Any) -> Any:
-        if isinstance(heldout, int) and not isinstance(heldout, bool) and heldout >= 0:
-            return heldout
-        if isinstance(heldout, str) and heldout.startswith("jsonl:") and len(heldout) > len("jsonl:"):
-            return heldout
-        raise ValueError(f"expected a count >= 0 or jsonl:<path>, got {show(heldout)}")
-
-
 class ResourcesSpec(SpecModel):
     """What one replica of an actor needs (Ray places by it; the local runtime sizes thread pools by it)."""
 
@@ -325,26 +235,19 @@ class Spec:
     name: str
     bus: BusSpec
     runtime: RuntimeSpec
-    policy: PolicySpec
-    domains: dict[str, DomainSpec]
     actors: dict[str, ActorSpec]
     channels: dict[str, ChannelSpec]
     source_path: Path  # the spec file (absolute)
     description: str = ""
     warnings: tuple[SpecIssue, ...] = ()  # non-fatal issues (e.g. resources this machine cannot give)
     data: Mapping[str, Any] | None = None  # merged plain data after includes and ${ENV} (for run.json)
-
-
-def subject_for(topology: str, channel: str) -> str:
-    """NATS subject of a channel: ``fw.<topology>.<channel>``."""
-    return f"fw.{topology}.{channel}"
+    # the application's sections by top-level key: the section's model, or for a keyed section a dict of entry
+    # name → model; a registered section the spec leaves out is absent (the application supplies defaults)
+    sections: Mapping[str, Any] = field(default_factory=dict)
 
 
 __all__ = [
-    "BUILTIN_MODELS",
-    "BUILTIN_SOURCES",
-    "BUILTIN_VERIFIERS",
-    "CANONICAL_CHANNELS",
+    "FRAMEWORK_KEYS",
     "KEY_PATTERN",
     "NAME_PATTERN",
     "ActorCommon",
@@ -352,13 +255,9 @@ __all__ = [
     "BusSpec",
     "ChannelOverride",
     "ChannelSpec",
-    "DomainSpec",
-    "PolicySpec",
     "ResourcesSpec",
     "RestartSpec",
     "RuntimeSpec",
     "SpecModel",
-    "WarmStartSpec",
     "show",
-    "subject_for",
 ]

@@ -48,8 +48,9 @@ def _who() -> str:
 async def _manifest_for(bus: Any, run_dir: Path, version: int) -> Any:
     import orjson
 
+    from actors.protocol import CURRENT, SERVING, weights_bucket
     from actors.replay import read_decisions
-    from actors.weights import CURRENT, SERVING, WeightManifest, weights_bucket
+    from actors.weights import WeightManifest
 
     bucket = weights_bucket(bus.topology)
     for key in (CURRENT, SERVING):

@@ -58,8 +58,7 @@ async def _review(run_dir: Path, limit: int | None, wait_s: float) -> dict[str, 
     from rich.console import Console
     from rich.panel import Panel
 
-    from actors.joiner import REVIEW_SOURCE
-    from actors.protocol import TrafficMsg
+    from actors.protocol import REVIEW_SOURCE, TrafficMsg
 
     console = Console()
     counts = {"good": 0, "bad": 0, "skip": 0}

@@ -19,9 +19,7 @@ from typing import Any, cast
 import click
 import structlog
 
-from actors.sandbox._isolation import IsolationRefused
-from actors.sandbox._pool import SandboxLimits, SandboxPool
-from actors.sandbox._verdict import SandboxResult, Verdict
+from actors.sandbox import IsolationRefused, SandboxLimits, SandboxPool, SandboxResult, Verdict
 
 
 @click.group()

@@ -65,8 +65,8 @@ _EXPORTS = {
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
-    "ArithmeticOptions",
     "BUILTIN_SOURCES",
+    "ArithmeticOptions",
     "BuiltinSource",
     "Domain",
     "DomainSampler",

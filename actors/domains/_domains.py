@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import random
-from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +31,7 @@ from actors.domains._extract import ExtractGenerator, ExtractOptions
 from actors.domains._jsonl import JsonlSource, read_jsonl_tasks
 from actors.domains._pyexpr import PyExprGenerator, PyExprOptions
 from actors.domains._task import SourceError, Task
-
-_MAX_PASS_OVER = 16  # solved tasks passed over in a row before one is taken anyway
-_MAX_SOLVED = 200_000  # solved marks kept per domain (the oldest go first)
+from actors.protocol import domains_of
 
 __all__ = ["BUILTIN_SOURCES", "Domain", "DomainSampler", "DomainSource", "domains_from_spec", "open_source"]
 
@@ -154,7 +151,6 @@ class Domain:
     weight: float = 1.0  # sampling weight > 0
     group_size: int = 1  # completions per prompt (GRPO group)
     verifier_config: Mapping[str, Any] = field(default_factory=dict)
-    skip_solved: int = 0  # pass over a solved prompt's next N draws (see DomainSampler.mark_solved)
 
 
 class _DomainSpecLike(Protocol):
@@ -169,17 +165,17 @@ def domains_from_spec(spec: Any, names: Iterable[str] | None = None) -> dict[str
     """Open the domains `names` (default: all) of a validated spec, resolving paths against its folder.
 
     Reads `source, verifier, verifier_config, weight, group_size, heldout` and, when the spec model has them,
-    `source_options` (a mapping of builtin options) and `skip_solved` from each domain entry.
+    `source_options` (a mapping of builtin options) from each domain entry.
     """
     source_path = getattr(spec, "source_path", None)
     base_dir = Path(source_path).parent if source_path is not None else None
     out: dict[str, Domain] = {}
-    wanted = list(spec.domains) if names is None else list(names)
+    wanted = list(domains_of(spec)) if names is None else list(names)
     for name in wanted:
-        if name not in spec.domains:
-            known = ", ".join(spec.domains) or "none"
+        if name not in domains_of(spec):
+            known = ", ".join(domains_of(spec)) or "none"
             raise SourceError(f"unknown domain {name!r}; the spec declares: {known}")
-        entry = spec.domains[name]
+        entry = domains_of(spec)[name]
         d: _DomainSpecLike = entry
         try:
             src = open_source(
@@ -198,21 +194,12 @@ def domains_from_spec(spec: Any, names: Iterable[str] | None = None) -> dict[str
             weight=float(d.weight),
             group_size=int(d.group_size),
             verifier_config=dict(getattr(entry, "verifier_config", None) or {}),
-            skip_solved=int(getattr(entry, "skip_solved", 0) or 0),
         )
     return out
 
 
 class DomainSampler:
-    """Draws (domain, task) pairs: domain by weight, then a training task from its source.
-
-    Solved prompts (`skip_solved`): `mark_solved(domain, task_id)` says a group of that task just scored full
-    marks in every completion. While its count lasts, drawing that task again passes it over (one count used up
-    per draw) and draws another from the same domain, at most `_MAX_PASS_OVER` times in a row, so a domain whose
-    every prompt is solved still yields tasks. A solved prompt is drawn again once its count is used up; if its
-    next group is solved too it is marked again. At most `_MAX_SOLVED` marks are kept per domain (oldest go).
-    Domains with `skip_solved: 0` ignore marks.
-    """
+    """Draws (domain, task) pairs: domain by weight, then a training task from its source."""
 
     def __init__(self, domains: Mapping[str, Domain], rng: random.Random) -> None:
         if not domains:
@@ -224,44 +211,11 @@ class DomainSampler:
         self.rng = rng
         self._names = list(self.domains)
         self._cum_weights = list(_accumulate([self.domains[n].weight for n in self._names]))
-        self._solved: dict[str, OrderedDict[str, int]] = {
-            n: OrderedDict() for n, d in self.domains.items() if d.skip_solved > 0
-        }  # task id → draws to pass over
-        self.passed_over: Counter[str] = Counter()  # draws passed over, by domain
-
-    @property
-    def skips_solved(self) -> bool:
-        return bool(self._solved)
-
-    def mark_solved(self, domain: str, task_id: str) -> bool:
-        """Pass over `task_id`'s next `skip_solved` draws; False (and nothing kept) for a domain that does not
-        skip solved prompts or is not sampled here."""
-        solved = self._solved.get(domain)
-        if solved is None:
-            return False
-        solved[task_id] = self.domains[domain].skip_solved
-        solved.move_to_end(task_id)
-        if len(solved) > _MAX_SOLVED:
-            solved.popitem(last=False)
-        return True
 
     def next(self) -> tuple[Domain, Task]:
         (name,) = self.rng.choices(self._names, cum_weights=self._cum_weights)
         domain = self.domains[name]
-        task = domain.source.sample(self.rng)
-        solved = self._solved.get(name)
-        if solved:
-            for _ in range(_MAX_PASS_OVER):
-                left = solved.get(task.id)
-                if left is None:
-                    break
-                if left <= 1:
-                    del solved[task.id]
-                else:
-                    solved[task.id] = left - 1
-                self.passed_over[name] += 1
-                task = domain.source.sample(self.rng)
-        return domain, task
+        return domain, domain.source.sample(self.rng)
 
 
 def _accumulate(values: Sequence[float]) -> list[float]:

@@ -17,7 +17,7 @@ import structlog
 
 from actors.domains._verifiers import Verifier, VerifierError, VerifyResult, build_verifier
 from actors.domains._verifiers._registry import PLAIN_VERIFIERS
-from actors.sandbox._pool import SandboxPool
+from actors.sandbox import SandboxPool
 
 _log = structlog.get_logger("flywheel.verify")
 

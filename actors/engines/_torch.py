@@ -14,8 +14,8 @@ Contract:
   One hop to the thread runs up to ``steps_per_call`` steps back to back (default 4): it returns sooner when
   requests wait and the batch has room for them, when a row was aborted, or when the engine is paused or
   closing. A tiny model's step takes a few milliseconds, about what the hop back through a busy event loop
-  (the bus's messages, other tasks) costs, so one step per hop left the decoder idle ~40 % of the time
-  (measured in the embedded default with py-spy). A ``step_hook``, or a streaming request in the batch (its
+  (the bus's messages, other tasks) costs, so one step per hop would leave the decoder idle much of the time.
+  A ``step_hook, or a streaming request in the batch (its
   tokens reach the caller after every step), makes it one step per hop.
 * Logprobs: ``Completion.logprobs`` is ``log μ`` — the log-probability under the exact distribution the
   token was drawn from (temperature, then top-k, then top-p, renormalised; greedy and top_k=1 report
@@ -173,8 +173,7 @@ class TorchEngine:
         seed: int = 0,
     ) -> TorchEngine:
         """Build from the spec's ``policy`` section and a ``GeneratorConfig`` (fields used: ``device``,
-        ``dtype``, ``max_batch_size``, ``kv_cache_on_update``; sampling fields are per-request and belong to the
-        actor)."""
+        ``dtype``, ``max_batch_size``; sampling fields are per-request and belong to the actor)."""
         policy = Policy.from_spec(policy_spec, dtype=config.dtype, device=config.device)
         return cls(
             policy,
@@ -182,7 +181,6 @@ class TorchEngine:
             num_threads=num_threads,
             version=version,
             seed=seed,
-            recompute_cache_on_update=getattr(config, "kv_cache_on_update", "recompute") == "recompute",
         )
 
     # ------------------------------------------------------------------ public API

@@ -24,9 +24,10 @@ import anyio
 import orjson
 
 from actors.gate._config import GateConfig
-from actors.generator._actor import weight_transports
+from actors.protocol import CURRENT, weights_bucket
 from actors.replay import (
     Replayer,
+    build_report,
     decide,
     load_items,
     mean_reward,
@@ -35,8 +36,7 @@ from actors.replay import (
     record,
     serving_manifest,
 )
-from actors.replay._report import build_report
-from actors.weights import CURRENT, WeightManifest, WeightPayloadError, weights_bucket
+from actors.weights import WeightManifest, WeightPayloadError, weight_transports
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["GateActor"]
@@ -60,7 +60,7 @@ class GateActor(Actor[GateConfig]):
         self._bucket = weights_bucket(ctx.topology)
 
     async def start(self) -> None:
-        threads = max(1, int(self.ctx.spec.actors[self.ctx.actor].resources.num_cpus or 1))
+        threads = self.ctx.threads
         self.replayer = await anyio.to_thread.run_sync(lambda: Replayer(self.ctx.spec, num_threads=threads))
         await self.replayer.__aenter__()
         self.ctx.log.info("gate.ready", threshold=self.config.threshold, decided=self.decided)
@@ -87,7 +87,7 @@ class GateActor(Actor[GateConfig]):
         """Decide on one version (and act on the decision); returns the logged entry."""
         assert self.replayer is not None
         serving = await serving_manifest(self.ctx.bus)
-        who = f"{self.ctx.actor}/{self.ctx.replica}"
+        who = self.ctx.replica_id
         if serving is None:
             decision = decide(
                 None,

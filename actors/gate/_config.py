@@ -11,8 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class GateConfig(SpecModel):

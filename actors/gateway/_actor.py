@@ -27,7 +27,7 @@ from actors.gateway._app import ApiKeys, Gateway
 from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._prompt import PromptBuilder, load_tokenizer
-from actors.protocol import ping_subject
+from actors.protocol import ping_subject, policy_of
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "read_api_keys"]
@@ -66,7 +66,7 @@ class GatewayActor(Actor[GatewayConfig]):
 
     async def start(self) -> None:
         spec_dir = self.ctx.spec.source_path.parent
-        tokenizer = await asyncio.to_thread(load_tokenizer, self.ctx.spec.policy, spec_dir)
+        tokenizer = await asyncio.to_thread(load_tokenizer, policy_of(self.ctx.spec), spec_dir)
         keys = ApiKeys(read_api_keys(self.config, spec_dir))
         if not len(keys):
             self.ctx.log.warning(
@@ -87,7 +87,7 @@ class GatewayActor(Actor[GatewayConfig]):
             keys=keys,
             publish=self._publish,
             health=self._check_health,
-            who=f"{self.ctx.actor}/{self.ctx.replica}",
+            who=self.ctx.replica_id,
         )
         self._socket = _bind(self.config.host, self.config.port)
         port = self._socket.getsockname()[1]
@@ -135,7 +135,7 @@ class GatewayActor(Actor[GatewayConfig]):
         return report
 
     async def _publish(self, channel: str, type: str, payload: dict[str, Any], id: str) -> None:
-        await self.ctx.bus.publish(channel, type, payload, id=id, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        await self.ctx.bus.publish(channel, type, payload, id=id, source=self.ctx.replica_id)
 
     async def _check_health(self) -> dict[str, Any]:
         """Ping one serving generator (cached for a second)."""

@@ -10,8 +10,7 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel, show
+from topology import ActorKind, SpecModel, register_actor_kind, show
 
 
 class GatewayConfig(SpecModel):
@@ -57,7 +56,7 @@ register_actor_kind(
         consumes=(),
         publishes=("traffic", "feedback"),
         summary="OpenAI-compatible HTTP API; records traffic and accepts feedback",
-        domain_fields=("default_domain",),
+        references={"default_domain": "domains"},
     )
 )
 

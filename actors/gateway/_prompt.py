@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from actors.engines._types import SamplingParams, Tokenizer
+from actors.engines import SamplingParams, Tokenizer
 
 __all__ = ["ChatRequest", "CompletionRequest", "PromptBuilder", "load_tokenizer"]
 
@@ -100,7 +100,7 @@ class PromptBuilder:
     """Renders chat messages and encodes prompts with the policy's tokenizer (see the module docstring)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        from actors.policy._prompting import encode_prompt
+        from actors.policy import encode_prompt
 
         self.tokenizer = tokenizer
         self._encode_prompt = encode_prompt
@@ -126,7 +126,7 @@ def load_tokenizer(policy_spec: Any, spec_dir: Path) -> Tokenizer:
     model's tokenizer (local files only). Errors are one-line ``ValueError``s."""
     model = str(getattr(policy_spec, "model", "builtin:tiny-gpt"))
     if model.startswith("builtin:"):
-        from actors.policy._tokenizer import CharTokenizer
+        from actors.policy import CharTokenizer
 
         return CharTokenizer()
     if model.startswith("hf:"):
@@ -136,7 +136,7 @@ def load_tokenizer(policy_spec: Any, spec_dir: Path) -> Tokenizer:
         try:
             import transformers
 
-            from actors.policy._tokenizer import HFTokenizer
+            from actors.policy import HFTokenizer
 
             return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))
         except (OSError, ValueError) as exc:

@@ -28,33 +28,17 @@ from typing import Any
 
 import anyio
 
-from actors.engines._types import Completion, Engine, GenerationRequest, SamplingParams
-from actors.generator._config import GeneratorConfig, served_key
-from actors.policy._prompting import encode_prompt
-from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg
-from actors.weights import (
-    DistributedTransport,
-    ObjectStoreTransport,
-    SafetensorsDirTransport,
-    WeightSubscriber,
-    WeightTransport,
-    weights_bucket,
-)
+from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
+from actors.generator._config import GeneratorConfig
+from actors.policy import encode_prompt
+from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
+from actors.weights import WeightSubscriber, weight_transports
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
-__all__ = ["GeneratorActor", "weight_transports"]
+__all__ = ["GeneratorActor"]
 
 _DEFAULT_MAX_NEW_TOKENS = 64
-
-
-def weight_transports(ctx: ActorContext) -> dict[str, WeightTransport]:
-    """Every transport a generator can receive from; the manifest says which one a version used."""
-    return {
-        "object-store": ObjectStoreTransport(ctx.bus, weights_bucket(ctx.topology)),
-        "disk": SafetensorsDirTransport(ctx.run_dir / "weights"),
-        "distributed": DistributedTransport.for_context(ctx),
-    }
 
 
 class GeneratorActor(Actor[GeneratorConfig]):
@@ -91,26 +75,26 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
     async def _build_engine(self) -> tuple[Engine, Any]:
         if self.config.engine == "torch":
-            from actors.engines._torch import TorchEngine
+            from actors.engines import TorchEngine
 
-            threads = max(1, int(self.ctx.spec.actors[self.ctx.actor].resources.num_cpus or 1))
+            threads = self.ctx.threads
             engine = await asyncio.to_thread(
                 TorchEngine.from_config,
-                self.ctx.spec.policy,
+                policy_of(self.ctx.spec),
                 self.config,
                 num_threads=threads,
                 seed=1000 + self.ctx.replica,
             )
             return engine, engine.tokenizer
-        tokenizer = await asyncio.to_thread(_load_tokenizer, self.ctx.spec.policy)
+        tokenizer = await asyncio.to_thread(_load_tokenizer, policy_of(self.ctx.spec))
         url = self.config.url or ""
         http_engine: Any
         if self.config.engine == "sglang":
-            from actors.engines._sglang import SGLangEngine
+            from actors.engines import SGLangEngine
 
             http_engine = SGLangEngine(url, timeout_s=self.config.request_timeout_s)
         else:
-            from actors.engines._vllm import VLLMEngine
+            from actors.engines import VLLMEngine
 
             http_engine = VLLMEngine(url, timeout_s=self.config.request_timeout_s)
         await http_engine.start()
@@ -119,7 +103,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def run(self) -> None:
         assert self.engine is not None and self._subscriber is not None
         limit = anyio.CapacityLimiter(max(1, self.config.max_batch_size))
-        channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        channel_in = self.ctx.input_channel
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_weights)
             tg.start_soon(self._report_loop)
@@ -214,7 +198,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         return [GenerationRequest(f"{message_id}.{i}", prompt_ids, params) for i in range(msg.group_size)]
 
     def _max_new_tokens(self, domain: str) -> int:
-        domain_spec = self.ctx.spec.domains.get(domain)
+        domain_spec = domains_of(self.ctx.spec).get(domain)
         wanted = getattr(domain_spec, "max_new_tokens", None) or _DEFAULT_MAX_NEW_TOKENS
         return min(wanted, self.config.max_new_tokens) if self.config.max_new_tokens else wanted
 
@@ -244,11 +228,10 @@ class GeneratorActor(Actor[GeneratorConfig]):
         )
 
     def _out_channel(self) -> str:
-        publishes = self.ctx.spec.actors[self.ctx.actor].publishes
-        return "rollouts" if "rollouts" in publishes or not publishes else publishes[0]
+        return self.ctx.output_channel("rollouts")
 
     def _who(self) -> str:
-        return f"{self.ctx.actor}/{self.ctx.replica}"
+        return self.ctx.replica_id
 
     async def _report_loop(self) -> None:
         last_tokens, last_t = 0, time.monotonic()

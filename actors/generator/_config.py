@@ -11,8 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel, show
+from topology import ActorKind, SpecModel, register_actor_kind, show
 
 
 class GeneratorConfig(SpecModel):
@@ -22,10 +21,10 @@ class GeneratorConfig(SpecModel):
     url: str | None = None  # base URL of the sglang/vllm server (http://host:30000); required for those engines
     device: Literal["auto", "cpu", "cuda"] = "auto"  # torch engine: where the model runs; auto = cuda if present
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # torch engine: weights and activations
-    max_batch_size: int = Field(default=128, ge=1)  # sequences decoded together; new requests join at step
-    #   boundaries (HTTP engines: requests in flight to the server). Measured on 2 CPU cores (130-s runs, trained
-    #   samples/s): the HF task's GPT-2 520 at 32, 611-700 at 64, 648-665 at 128; the same task on a Llama 436 at 64,
-    #   504 at 128; the embedded default 135 at 64, 153 at 128. The GPU specs set 256
+    # sequences decoded together; new requests join at step boundaries (HTTP engines: requests in flight to the
+    # server). 128 trained the most samples/s of 32, 64 and 128 on 2 CPU cores (bench/RESULTS.md); the GPU specs
+    # set 256
+    max_batch_size: int = Field(default=128, ge=1)
     max_new_tokens: int | None = Field(default=None, ge=1)  # cap per completion; null: each domain's max_new_tokens
     temperature: float = Field(default=1.0, ge=0)  # sampling temperature (the learner must see the same one)
     top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
@@ -35,14 +34,6 @@ class GeneratorConfig(SpecModel):
     follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
     #   serving: only versions the promotion gate promoted (for generators that answer users)
     request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request
-    # torch engine, when new weights arrive mid-completion: recompute the running rows' KV cache with them, so
-    # every token is exactly what its tagged version gives for its prefix (as AReaL), or keep the old cache
-    # (as PipelineRL: post-swap tokens come from new weights over old keys/values; their behavior logprobs are
-    # still the exact ones they were sampled with, which is what the learner's importance weight needs).
-    # Measured on the embedded default's model and domains, one thread, 3 swaps/s: keep decoded 5-14 % more
-    # samples/s in 3 of 4 interleaved 20-s pairs (half the prefill tokens); in the whole embedded loop on 2 cores
-    # it made no difference (449 vs 454 trained samples/s, 200-s runs), so recompute stays the default
-    kv_cache_on_update: Literal["recompute", "keep"] = "recompute"
 
     @model_validator(mode="after")
     def _url_matches_engine(self) -> GeneratorConfig:
@@ -52,11 +43,6 @@ class GeneratorConfig(SpecModel):
             raise ValueError(f"expected no url with engine: torch (url is for sglang/vllm), got {show(self.url)}")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// url, got {show(self.url)}")
-        if self.engine != "torch" and self.kv_cache_on_update != "recompute":
-            raise ValueError(
-                f"expected kv_cache_on_update: recompute with engine: {self.engine} (the server manages "
-                f"its own cache; keep is for engine: torch), got {show(self.kv_cache_on_update)}"
-            )
         return self
 
 
@@ -71,10 +57,4 @@ register_actor_kind(
     )
 )
 
-__all__ = ["GeneratorConfig", "served_key"]
-
-
-def served_key(actor: str, replica: int) -> str:
-    """Key in the weights bucket where a generator replica puts ``{"version": v}`` right after each swap (the
-    source's sync mode waits on it: heartbeats lag by up to a heartbeat period)."""
-    return f"served.{actor}.{replica}"
+__all__ = ["GeneratorConfig"]

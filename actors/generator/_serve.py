@@ -54,7 +54,7 @@ class _Server:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.spawn: Callable[..., Any] | None = None
-        self.who = f"{ctx.actor}/{ctx.replica}"
+        self.who = ctx.replica_id
         self._stream = getattr(engine, "generate_stream", None)
 
     async def on_msg(self, msg: Any) -> None:

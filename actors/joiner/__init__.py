@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from actors.joiner._actor import REVIEW_SOURCE as REVIEW_SOURCE
     from actors.joiner._actor import joined_sample as joined_sample
     from actors.joiner._actor import selected_for_review as selected_for_review
     from actors.joiner._state import JoinState as JoinState
@@ -19,14 +18,12 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "JoinState": "_state",
-    "REVIEW_SOURCE": "_actor",
     "joined_sample": "_actor",
     "kv_key": "_state",
     "selected_for_review": "_actor",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
-    "REVIEW_SOURCE",
     "JoinState",
     "joined_sample",
     "kv_key",

@@ -34,13 +34,11 @@ import orjson
 
 from actors.joiner._config import JoinerConfig
 from actors.joiner._state import JoinState
-from actors.protocol import FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
+from actors.protocol import REVIEW_SOURCE, FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["JoinerActor", "joined_sample", "selected_for_review"]
-
-REVIEW_SOURCE = "review"
 
 
 def selected_for_review(request_id: str, fraction: float) -> bool:
@@ -74,13 +72,11 @@ class JoinerActor(Actor[JoinerConfig]):
     def __init__(self, ctx: ActorContext, config: JoinerConfig) -> None:
         super().__init__(ctx, config)
         self.state = JoinState(ctx.bus, ctx.topology, window_s=config.window_s, max_pending=config.max_pending)
-        spec_actor = ctx.spec.actors[ctx.actor]
         self._in = {name: name for name in ("traffic", "feedback")}
-        if len(spec_actor.consumes) == 2:
-            self._in = {"traffic": spec_actor.consumes[0], "feedback": spec_actor.consumes[1]}
-        publishes = spec_actor.publishes
-        self._out = publishes[0] if publishes else "scored"
-        self._review = next((c for c in publishes if c == "review"), "review")
+        if len(ctx.consumes) == 2:
+            self._in = {"traffic": ctx.consumes[0], "feedback": ctx.consumes[1]}
+        self._out = ctx.output_channel("scored")
+        self._review = "review"
         self._locks: dict[str, anyio.Lock] = {}
 
     async def start(self) -> None:
@@ -172,4 +168,4 @@ class JoinerActor(Actor[JoinerConfig]):
         self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
 
     def _who(self) -> str:
-        return f"{self.ctx.actor}/{self.ctx.replica}"
+        return self.ctx.replica_id

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class JoinerConfig(SpecModel):
@@ -35,7 +34,7 @@ register_actor_kind(
         consumes=("traffic", "feedback"),
         publishes=("scored",),
         summary="joins late feedback to served traffic by request id and publishes scored samples",
-        domain_fields=("domain",),
+        references={"domain": "domains"},
         channels=_channels,
     )
 )

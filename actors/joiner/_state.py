@@ -24,6 +24,7 @@ import nats.js.errors as js_errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
+from actors.protocol import join_bucket
 from topology.bus import Bus
 
 __all__ = ["JoinState", "kv_key"]
@@ -37,10 +38,6 @@ def kv_key(request_id: str) -> str:
     return "h_" + hashlib.sha256(request_id.encode()).hexdigest()[:40]
 
 
-def _bucket(topology: str, what: str) -> str:
-    return f"fw_{topology}_{what}".replace("-", "_")
-
-
 class JoinState:
     """The three buckets of one topology; call :meth:`open` first."""
 
@@ -48,7 +45,7 @@ class JoinState:
         self._bus = bus
         self.window_s = window_s
         self.max_pending = max_pending
-        self.names = {what: _bucket(topology, what) for what in ("traffic", "feedback_pending", "feedback_applied")}
+        self.names = {what: join_bucket(topology, what) for what in ("traffic", "feedback_pending", "feedback_applied")}
         self._kv: dict[str, KeyValue] = {}
 
     async def open(self) -> None:

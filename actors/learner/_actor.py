@@ -30,9 +30,13 @@ Requirements: one replica (the ledger is per process; a sibling would receive un
 after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
 
 Weights go out through the transport named by ``weight_transport`` — the same set the generators receive from
-(:func:`actors.generator._actor.weight_transports`): the object store, a safetensors directory, or a
+(:func:`actors.weights.weight_transports`): the object store, a safetensors directory, or a
 torch.distributed broadcast to the generators configured with ``weight_sync: distributed``; ``auto`` (the default)
 is the directory on the local runtime and the object store on Ray.
+
+Why one file of ~650 lines: the lifecycle, consumption, training loop, publishing and checkpointing are one state
+machine over one set of fields (step, version, buffer, ledger); what is pure lives in its own module (advantages,
+batching, loss, trainer, held-out accounting, warm start, checkpoint files, metrics).
 
 Non-goals: data-parallel learners.
 """
@@ -44,24 +48,29 @@ import os
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import torch
 
+from actors.domains import Domain, domains_from_spec
 from actors.learner._advantages import AdvantageEstimator, staleness
 from actors.learner._batcher import DomainBatcher
-from actors.learner._checkpoint import Checkpointer
+from actors.learner._checkpoint import Checkpointer, learner_state
 from actors.learner._config import LearnerConfig
 from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
 from actors.learner._ledger import AppliedLedger
+from actors.learner._loss import PPOConfig
 from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
-from actors.policy import Policy
-from actors.policy._prompting import encode_completion
-from actors.protocol import ScoredMsg
-from actors.weights import WeightPublisher
+from actors.learner._warmstart import warm_start
+from actors.policy import Policy, encode_completion
+from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
+from actors.weights import WeightPublisher, weight_transports
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
 
@@ -82,7 +91,7 @@ class _Held:
 
 
 class LearnerActor(Actor[LearnerConfig]):
-    # set by start() (actors.learner._setup)
+    # set by start()
     policy: Policy
     trainer: Trainer
     checkpointer: Checkpointer
@@ -102,14 +111,14 @@ class LearnerActor(Actor[LearnerConfig]):
         self._published_step, self._published_at = 0, 0.0  # the last version's step and time.monotonic()
         self.ledger = AppliedLedger()
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
-        names = list(config.domains) if config.domains else list(ctx.spec.domains)
+        names = list(config.domains) if config.domains else list(domains_of(ctx.spec))
         self.domain_names = names
         # the source draws prompts by weight, each bringing group_size completions: batches take each domain's
         # completions in that proportion, or a domain with smaller groups would be owed credit it never fills
         weights = {
-            n: float(ctx.spec.domains[n].weight) * ctx.spec.domains[n].group_size
+            n: float(domains_of(ctx.spec)[n].weight) * domains_of(ctx.spec)[n].group_size
             for n in names
-            if n in ctx.spec.domains
+            if n in domains_of(ctx.spec)
         }
         self.batcher: DomainBatcher[_Held] = DomainBatcher(
             weights,
@@ -124,25 +133,142 @@ class LearnerActor(Actor[LearnerConfig]):
         self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
-        self._channel_out = "prompts" if "prompts" in ctx.spec.actors[ctx.actor].publishes else None
+        self._channel_out = "prompts" if "prompts" in ctx.publishes else None
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self._eval_out = 0  # held-out prompts published and not scored yet
         self._eval_heard = time.monotonic()  # the last held-out publish or score
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
-        ctx = self.ctx
-        actor = ctx.spec.actors[ctx.actor]
-        if actor.replicas != 1:
-            raise ValueError(f"actors.{ctx.actor}.replicas: a learner runs as exactly 1 replica, got {actor.replicas}")
-        from actors.learner._setup import setup_learner
+        """Policy and optimizer; restore the latest checkpoint, or warm start and checkpoint; publish the first
+        version (and, on a fresh start, the baseline held-out round)."""
+        ctx, config = self.ctx, self.config
+        if ctx.actor_spec.replicas != 1:
+            raise ValueError(
+                f"actors.{ctx.actor}.replicas: a learner runs as exactly 1 replica, got {ctx.actor_spec.replicas}"
+            )
+        torch.set_num_threads(ctx.threads)
+        policy_spec = policy_of(ctx.spec)
+        self.policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(policy_spec, device=config.device))
+        self.trainer = Trainer(
+            self.policy,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            grad_clip=config.grad_clip,
+            ppo=PPOConfig(
+                clip_low=config.clip_low,
+                clip_high=config.clip_high,
+                iw_cap=config.iw_cap,
+                kl_coef=config.kl_beta,
+                aggregate=config.loss_aggregation,
+            ),
+            ppo_epochs=config.ppo_epochs,
+            minibatches=config.minibatches,
+            with_reference=config.kl_beta > 0,
+        )
+        self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
+        self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
+        domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
+        self.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
+        transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind)]
+        self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
 
-        await setup_learner(self)
+        latest = self.checkpointer.latest()
+        if latest is not None:
+            self.phase = "restore"
+            await anyio.to_thread.run_sync(self._restore, latest)
+            self.metrics.add(
+                "lifecycle",
+                {
+                    "ts": time.time(),
+                    "event": "resume",
+                    "step": self.step,
+                    "version": self.version,
+                    "checkpoint": latest.name,
+                },
+            )
+            ctx.log.info(
+                "learner.resumed", checkpoint=str(latest), step=self.step, version=self.version, ledger=len(self.ledger)
+            )
+        else:
+            self.metrics.add("lifecycle", {"ts": time.time(), "event": "start", "step": 0, "version": 0})
+            steps = policy_spec.warm_start_steps
+            if policy_spec.checkpoint is None and steps > 0:
+                await self._warm_start(domains, steps)
+            if self.trainer.reference is not None:
+                self.trainer.reset_reference()  # the KL anchor is the post-warm-start policy
+            await self.checkpoint()  # a crash from here on never repeats the warm start
+        self.metrics.flush()
+        await self.publish_weights()
+        if latest is None and config.eval_every_steps > 0:
+            await self.publish_eval(config.baseline_samples)  # the warm-start baseline, read more closely
+        ctx.log.info(
+            "learner.ready",
+            version=self.version,
+            step=self.step,
+            params=self.policy.num_parameters(),
+            device=str(self.policy.device),
+            torch_threads=ctx.threads,
+            mode=config.mode,
+            normalize=config.normalize,
+            max_staleness=self.max_staleness,
+            weight_transport=config.transport_name(ctx.spec.runtime.kind),
+        )
+
+    def _state(self) -> dict[str, Any]:
+        """What a checkpoint holds (`learner_state`)."""
+        reference = self.trainer.reference.weights if self.trainer.reference is not None else None
+        meta = json.dumps(self.meta())
+        return learner_state(
+            self.policy.weights, self.trainer.optimizer, reference, meta=meta, ledger=self.ledger.dumps()
+        )
+
+    def _restore(self, path: Path) -> None:
+        state = self._state()
+        self.checkpointer.restore(path, state)
+        self.load_meta(str(state["extra"]["meta"]))
+        self.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
+        self._last_checkpoint_step = self.step
+
+    async def _warm_start(self, domains: Mapping[str, Domain], steps: int) -> None:
+        ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
+        self.phase = "warmstart"
+        started = time.perf_counter()
+
+        def on_step(step: int, loss: float) -> None:
+            ctx.counters.set("warmstart_step", step)
+            ctx.counters.set("warmstart_loss", round(loss, 4))
+            self.metrics.add("warmstart", {"ts": time.time(), "step": step, "loss": loss})
+            if step == 1 or step % self.config.warm_start_log_every == 0 or step == steps:
+                ctx.log.info("learner.warmstart", step=step, of=steps, loss=round(loss, 4))
+
+        result = await anyio.to_thread.run_sync(
+            lambda: warm_start(
+                self.trainer, domains, steps=steps, lr=warm.lr, batch_size=warm.batch_size, seed=0, on_step=on_step
+            )
+        )
+        if result.skipped_reason:
+            ctx.log.warning("learner.warmstart_skipped", reason=result.skipped_reason, steps_done=result.steps)
+        seconds = time.perf_counter() - started
+        last_loss = result.losses[-1] if result.losses else None
+        self.metrics.add(
+            "lifecycle",
+            {
+                "ts": time.time(),
+                "event": "warmstart",
+                "step": 0,
+                "version": 0,
+                "warmstart_steps": result.steps,
+                "warmstart_loss": last_loss,
+                "seconds": seconds,
+            },
+        )
+        ctx.log.info("learner.warmstart_done", steps=result.steps, seconds=round(seconds, 2), last_loss=last_loss)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
         config = self.config
-        channel = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        channel = self.ctx.input_channel
         window = config.buffer_size + config.batch_size * (config.checkpoint_every_steps + 1)
         max_ack_pending = max(window, self.ctx.spec.bus.max_ack_pending)
         async with (
@@ -188,9 +314,8 @@ class LearnerActor(Actor[LearnerConfig]):
             step=self.step,
             version=self.version,
             buffered=self.batcher.completions,
-            buffered_groups=len(self._held),
-            eval_out=self._eval_out,
             unacked=len(self._unacked),
+            **LearnerStatus(buffered_groups=len(self._held), eval_out=self._eval_out).counters(),
         )
         if len(self._steps_t) >= 2:
             counters["steps_per_s"] = round(
@@ -389,10 +514,8 @@ class LearnerActor(Actor[LearnerConfig]):
         "None correct" is below full marks (`CORRECT`), not all 0: with a pass/fail verifier the same thing, with
         partial credit (json-fields: the share of fields right) a group whose best got half the fields is guided
         too. Such a group has signal without the reference, but only towards half answers; the reference shows
-        the whole one. On the embedded default's extract: +16.5 to +25.0 held-out points in four 600-s runs (final
-        31.2-34.5 %), against +10.8 to +21.2 (29.3 % the day before) when only all-0 groups were guided (README,
-        "Does it learn?")."""
-        domain = self.ctx.spec.domains.get(msg.domain)
+        the whole one (bench/RESULTS.md has the measurements)."""
+        domain = domains_of(self.ctx.spec).get(msg.domain)
         mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
         if (
             mode != "reference"
@@ -405,8 +528,8 @@ class LearnerActor(Actor[LearnerConfig]):
         return encode_completion(self.policy.tokenizer, msg.reference)
 
     def _count_no_signal(self, msg: ScoredMsg) -> None:
-        """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`, the groups a domain's
-        `skip_solved` avoids), all zero (`no_signal_failed`), or another shared reward (`no_signal_other`)."""
+        """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`), all zero
+        (`no_signal_failed`), or another shared reward (`no_signal_other`)."""
         rewards = [c.reward for c in msg.completions]
         kind = (
             "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
@@ -494,9 +617,7 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.step == self._last_checkpoint_step and not self._unacked:
             return
         self.metrics.flush(("applied", "step", "lifecycle"))  # the audit trail reaches disk before the snapshot
-        from actors.learner._setup import app_state
-
-        state = app_state(self)
+        state = self._state()
         started = time.perf_counter()
         await anyio.to_thread.run_sync(self.checkpointer.save, self.step, state)
         self._last_checkpoint_step = self.step
@@ -525,7 +646,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._eval_scored(0)
         self._eval_out += len(items)
         self._eval_heard = time.monotonic()
-        await self.ctx.bus.publish_many(self._channel_out, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        await self.ctx.bus.publish_many(self._channel_out, items, source=self.ctx.replica_id)
         self.ctx.report_soon()  # eval_out: a source steering by max_in_flight does not count these as training
         self.ctx.counters.inc("eval_rounds")
         self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items))

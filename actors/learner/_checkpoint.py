@@ -5,8 +5,11 @@ directory next to it and renamed into place only when torchsnapshot has finished
 half-written one — a learner killed with SIGKILL mid-checkpoint restarts from the previous one. Temporary leftovers
 of such a kill are removed by the next ``save``.
 
-What goes in is the caller's ``app_state`` (model, optimizer, and a ``torchsnapshot.StateDict`` of plain values);
-``restore`` fills the same keys in place.
+What goes in is the caller's ``app_state``; ``restore`` fills the same keys in place. A learner's is built by
+`learner_state`: ``model`` (the policy's weights), ``optim`` (the RL optimizer), ``reference`` (the frozen KL
+reference, only when ``kl_beta > 0``: the post-warm-start policy, which a restart could not rebuild otherwise) and
+``extra`` (a ``torchsnapshot.StateDict`` with ``meta``, JSON of step, version, phase, advantage statistics and
+cumulative counters, and ``ledger``, the applied message ids).
 
 Non-goals: sharded / multi-rank checkpoints (one learner replica), cloud storage paths.
 """
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "learner_state"]
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
@@ -67,6 +70,17 @@ class Checkpointer:
         from torchsnapshot import Snapshot
 
         Snapshot(str(path)).restore(dict(app_state))
+
+
+def learner_state(model: Any, optimizer: Any, reference: Any | None, *, meta: str, ledger: str) -> dict[str, Any]:
+    """A learner's checkpoint contents (see the module docstring); restore into the same dict, then read
+    ``state["extra"]["meta"]`` and ``["ledger"]`` back."""
+    from torchsnapshot import StateDict
+
+    state: dict[str, Any] = {"model": model, "optim": optimizer, "extra": StateDict(meta=meta, ledger=ledger)}
+    if reference is not None:
+        state["reference"] = reference
+    return state
 
 
 def _fsync_dir(path: Path) -> None:

@@ -17,16 +17,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class LearnerConfig(SpecModel):
     """Fields of a `learner` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
     mode: Literal["async", "sync"] = "async"  # sync: one batch per version, max_staleness forced to 0 (baseline)
-    lr: float = Field(default=1e-4, gt=0)  # RL learning rate: what both measured specs use (embedded.yaml, the HF
-    #   task of bench/make_hf_task.py): 3e-5 barely moved in 4 minutes; 2e-4 no faster, 3e-4 and above collapsed
+    lr: float = Field(default=1e-4, gt=0)  # RL learning rate (bench/RESULTS.md has the sweeps behind the default)
     weight_decay: float = Field(default=0.0, ge=0)  # AdamW weight decay of the RL optimizer
     batch_size: int = Field(default=64, ge=1)  # completions per optimizer step
     ppo_epochs: int = Field(
@@ -44,9 +42,8 @@ class LearnerConfig(SpecModel):
     eval_temperature: float = Field(default=0.0, ge=0)  # 0: greedy; > 0: sampled at this temperature (the
     #   generators' measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it)
     eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt; accuracy is their mean
-    # completions per prompt in the post-warm-start round, the one every gain is measured from: one round read once
-    # is ±3 points at 200 prompts x 1 sample, and that noise lands on every gain; null: eval_samples, at least 4,
-    # when sampled, 1 when greedy (greedy completions of a prompt are all the same)
+    # completions per prompt in the post-warm-start round, the one every gain is measured from (its noise lands on
+    # every gain); null: eval_samples, at least 4, when sampled, 1 when greedy (greedy completions are all the same)
     eval_baseline_samples: int | None = Field(default=None, ge=1)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
@@ -66,8 +63,8 @@ class LearnerConfig(SpecModel):
     fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
     weight_transport: Literal["auto", "object-store", "disk", "distributed"] = "auto"  # how generators get weights;
-    #   auto: disk on the local runtime (every replica shares the run dir: no bus round trip; 551 -> 620 samples/s
-    #   on the HF task), the bus's object store on ray (nodes need not share a filesystem) — see `transport_name`
+    #   auto: disk on the local runtime (every replica shares the run dir: no bus round trip), the bus's object store
+    #   on ray (nodes need not share a filesystem) — see `transport_name`
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
@@ -123,7 +120,7 @@ register_actor_kind(
         consumes=("scored",),
         publishes=("prompts",),
         summary="off-policy policy-gradient learner; publishes new weight versions and held-out eval prompts",
-        domain_fields=("domains",),
+        references={"domains": "domains"},
         channels=_channels,
     )
 )

@@ -10,7 +10,7 @@ domain yields references the warm start is skipped with a reason.
 Learning rate (:func:`lr_at`): a linear warmup over the first ``WARMUP_FRACTION`` of the steps to ``warm_start.lr``,
 then a cosine decay to ``FINAL_LR_FRACTION`` of it at the last step. With a few hundred steps on a tiny model the
 decay is what turns a low loss into greedy answers that are exactly right (a constant rate leaves the weights
-bouncing around the minimum; measured: held-out accuracy a few % with a constant 1e-3, see specs/embedded.yaml).
+bouncing around the minimum).
 
 Non-goals: epochs over a fixed dataset, evaluation (the learner publishes a held-out evaluation right after the
 warm start).

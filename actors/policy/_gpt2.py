@@ -3,8 +3,8 @@
 Why: at the sizes flywheel trains on a CPU (a few layers, width 128, batches of 64 rows, one token per
 decode step) the transformers module stack — output dataclasses, decorators, cache objects, mask
 builders — costs as much as the arithmetic. This forward runs the same computation as
-``GPT2LMHeadModel.forward`` in eval mode in a few dozen tensor ops: a decode step takes ~0.55x the time,
-a prefill ~0.65x, a training forward + backward ~0.85x (bench numbers in the module's commit).
+``GPT2LMHeadModel.forward`` in eval mode in a few dozen tensor ops, and is faster for it at these sizes
+(bench/RESULTS.md).
 
 Contract: :func:`gpt2_forward` has the builtin model's forward contract (``actors.policy._tiny_gpt``):
 left-padded rows, explicit positions counting real tokens, a cache of per-layer ``(keys, values)``

@@ -7,7 +7,7 @@ use_cache)`` behaves like :class:`~actors.policy._tiny_gpt.TinyGPT`'s: the cache
 ``(keys, values)`` tensors ``[B, heads, past, head_dim]`` (converted to and from transformers'
 ``DynamicCache`` around each call), and position ids are passed explicitly (GPT-2's absolute positions
 otherwise count left padding — ALGORITHMS.md). GPT-2 models in eval mode skip transformers' module
-stack for the same computation written out in ``_gpt2`` (≈1.8x faster decode steps at CPU sizes);
+stack for the same computation written out in ``_gpt2`` (faster at CPU sizes);
 ``native=False`` (spec: ``policy.config.native_forward: false``) keeps transformers' forward throughout.
 
 Non-goals: sliding-window or hybrid caches (Mistral/Gemma-style layers are treated as full attention),

@@ -2,8 +2,10 @@
 
 Kinds never import each other; what one publishes and another consumes is defined here once: the payloads of the
 durable channels (`PromptMsg` … `FeedbackMsg`), the serve protocol between gateway and serving generators, the
-recorded parquet schema that the recorder writes and replay reads. Light on import (pydantic only; the recordings
-schema loads polars on first use). Everything here may be imported by kinds, libraries and application commands.
+application's spec sections (`PolicySpec`, `DomainSpec`; read them with `policy_of` / `domains_of`), the recorded
+parquet schema that the recorder writes and replay reads. Light on import (pydantic only; the recordings schema
+loads polars on first use). Everything here may be imported by kinds, libraries and application commands; nothing
+here imports them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actors.protocol._messages import FEEDBACK_LABELS as FEEDBACK_LABELS
-from actors.protocol._messages import SOLVED_SUBJECT as SOLVED_SUBJECT
 from actors.protocol._messages import CompletionRecord as CompletionRecord
 from actors.protocol._messages import FeedbackMsg as FeedbackMsg
 from actors.protocol._messages import PromptMsg as PromptMsg
@@ -19,10 +20,24 @@ from actors.protocol._messages import RolloutMsg as RolloutMsg
 from actors.protocol._messages import ScoredCompletion as ScoredCompletion
 from actors.protocol._messages import ScoredMsg as ScoredMsg
 from actors.protocol._messages import TrafficMsg as TrafficMsg
+from actors.protocol._names import CURRENT as CURRENT
+from actors.protocol._names import REVIEW_SOURCE as REVIEW_SOURCE
+from actors.protocol._names import SERVING as SERVING
+from actors.protocol._names import join_bucket as join_bucket
+from actors.protocol._names import served_key as served_key
+from actors.protocol._names import weights_bucket as weights_bucket
 from actors.protocol._serve import SERVE_PROTOCOL_VERSION as SERVE_PROTOCOL_VERSION
 from actors.protocol._serve import SERVE_QUEUE as SERVE_QUEUE
 from actors.protocol._serve import ping_subject as ping_subject
 from actors.protocol._serve import serve_subject as serve_subject
+from actors.protocol._spec import BUILTIN_MODELS as BUILTIN_MODELS
+from actors.protocol._spec import DomainSpec as DomainSpec
+from actors.protocol._spec import PolicySpec as PolicySpec
+from actors.protocol._spec import WarmStartSpec as WarmStartSpec
+from actors.protocol._spec import domains_of as domains_of
+from actors.protocol._spec import policy_of as policy_of
+from actors.protocol._status import LearnerPace as LearnerPace
+from actors.protocol._status import LearnerStatus as LearnerStatus
 from topology import lazy_exports
 
 if TYPE_CHECKING:
@@ -41,22 +56,35 @@ _EXPORTS = {
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
+    "BUILTIN_MODELS",
     "CHANNEL_MODELS",
+    "CURRENT",
     "FEEDBACK_LABELS",
+    "REVIEW_SOURCE",
     "SERVE_PROTOCOL_VERSION",
     "SERVE_QUEUE",
-    "SOLVED_SUBJECT",
+    "SERVING",
     "CompletionRecord",
+    "DomainSpec",
     "FeedbackMsg",
+    "LearnerPace",
+    "LearnerStatus",
+    "PolicySpec",
     "PromptMsg",
     "RolloutMsg",
     "ScoredCompletion",
     "ScoredMsg",
     "TrafficMsg",
+    "WarmStartSpec",
+    "domains_of",
     "frame",
+    "join_bucket",
     "ping_subject",
+    "policy_of",
     "read_recordings",
     "rows_of",
     "schema",
     "serve_subject",
+    "served_key",
+    "weights_bucket",
 ]

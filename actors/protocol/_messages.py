@@ -13,8 +13,6 @@ Production: the gateway publishes one ``traffic`` message per served request (en
 and one ``feedback`` message per accepted ``/v1/feedback`` call; the joiner pairs them by ``request_id``
 whichever arrives first.
 
-Hints (ephemeral, core NATS, may be lost): the verify actor announces on ``SOLVED_SUBJECT`` each training group
-whose completions all scored full marks, ``{"domain", "task_id"}``, for sources whose domains skip solved prompts.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "FEEDBACK_LABELS",
-    "SOLVED_SUBJECT",
     "CompletionRecord",
     "FeedbackMsg",
     "PromptMsg",
@@ -36,8 +33,6 @@ __all__ = [
 ]
 
 _CONFIG = ConfigDict(extra="ignore", frozen=True)
-
-SOLVED_SUBJECT = "solved"  # ephemeral subject suffix of the solved-group hints (see the module docstring)
 
 
 class PromptMsg(BaseModel):

@@ -29,6 +29,8 @@ of anything.
 
 from __future__ import annotations
 
+from topology import ephemeral_subject
+
 __all__ = ["SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "ping_subject", "serve_subject"]
 
 SERVE_PROTOCOL_VERSION = 1
@@ -37,9 +39,9 @@ SERVE_QUEUE = "generators"  # the queue group every serving replica joins: NATS 
 
 def serve_subject(topology: str) -> str:
     """Core NATS subject the gateway sends requests to (the bus's ephemeral namespace)."""
-    return f"fw.{topology}.eph.serve"
+    return ephemeral_subject(topology, "serve")
 
 
 def ping_subject(topology: str) -> str:
     """Core NATS subject of the health ping (one serving replica answers)."""
-    return f"fw.{topology}.eph.serve-ping"
+    return ephemeral_subject(topology, "serve-ping")

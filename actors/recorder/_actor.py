@@ -54,18 +54,17 @@ async def ack_floor(bus: Bus, channel: str, group: str) -> int:
 class RecorderActor(Actor[RecorderConfig]):
     def __init__(self, ctx: ActorContext, config: RecorderConfig) -> None:
         super().__init__(ctx, config)
-        spec_actor = ctx.spec.actors[ctx.actor]
-        self.channels = [c for c in spec_actor.consumes]
+        self.channels = list(ctx.consumes)
         unknown = [c for c in self.channels if c not in CHANNEL_MODELS]
         if unknown:
             raise ValueError(
                 f"recorder {ctx.actor!r}: no recorded schema for channel(s) {', '.join(unknown)} "
                 f"(recordable: {', '.join(sorted(CHANNEL_MODELS))})"
             )
-        if spec_actor.replicas != 1:
+        if ctx.actor_spec.replicas != 1:
             raise ValueError(
                 f"recorder {ctx.actor!r}: expected replicas: 1 (one writer per recordings "
-                f"directory), got {spec_actor.replicas}"
+                f"directory), got {ctx.actor_spec.replicas}"
             )
         directory = Path(config.directory)
         self.root = directory if directory.is_absolute() else ctx.run_dir / directory

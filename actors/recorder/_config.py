@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class RecorderConfig(SpecModel):
@@ -21,7 +20,7 @@ class RecorderConfig(SpecModel):
     partition: Literal["hour", "day"] = "hour"  # one folder per hour or per day
     flush_every_s: float = Field(default=10.0, gt=0)  # write buffered rows at least this often
     max_rows_per_file: int = Field(default=100_000, ge=1)  # start a new file after this many rows
-    compression: Literal["zstd", "snappy", "lz4", "none"] = "zstd"
+    compression: Literal["zstd", "snappy", "lz4", "none"] = "zstd"  # parquet compression of the files written
 
 
 register_actor_kind(

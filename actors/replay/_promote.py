@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 import orjson
 
-from actors.weights import SERVING, WeightManifest, weights_bucket
+from actors.protocol import SERVING, weights_bucket
+from actors.weights import WeightManifest
 from topology.bus import Bus
 
 __all__ = [

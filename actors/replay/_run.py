@@ -28,9 +28,9 @@ import anyio
 import torch
 
 from actors.domains import DomainVerifier, Scorer
-from actors.engines._torch import TorchEngine
-from actors.engines._types import GenerationRequest, SamplingParams
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.policy import Policy
+from actors.protocol import domains_of, policy_of
 from actors.replay._items import ReplayItem
 from actors.sandbox import SandboxPool
 
@@ -72,11 +72,11 @@ class Replayer:
 
     def __init__(self, spec: Any, *, device: str = "cpu", num_threads: int | None = None) -> None:
         self.spec = spec
-        self.policy = Policy.from_spec(spec.policy, device=device)
+        self.policy = Policy.from_spec(policy_of(spec), device=device)
         self._initial = {name: t.detach().clone() for name, t in self.policy.state_dict().items()}
         self._num_threads = num_threads
         self._domains: dict[str, DomainVerifier] = {
-            name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in spec.domains.items()
+            name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in domains_of(spec).items()
         }
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None
@@ -98,7 +98,7 @@ class Replayer:
 
     # -- requests -------------------------------------------------------------------------------------
     def max_new_tokens(self, domain: str) -> int:
-        spec_domain = self.spec.domains.get(domain)
+        spec_domain = domains_of(self.spec).get(domain)
         wanted = int(getattr(spec_domain, "max_new_tokens", 0) or _DEFAULT_MAX_NEW_TOKENS)
         return min(wanted, int(self._cap)) if self._cap else wanted
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from actors.policy import StateDictError, read_safetensors
-from actors.weights import weights_bucket
+from actors.protocol import weights_bucket
 from topology.bus import Bus, BusError
 
 __all__ = ["ResolvedWeights", "WeightsNotFound", "resolve_weights"]

@@ -34,11 +34,6 @@ Contract:
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
   Backpressure and `prompts_per_s` do not apply then.
 
-- Solved prompts: when a domain has `skip_solved: N`, the source listens on the ephemeral (core NATS) subject
-  `solved`, where the verify actor announces each training group whose completions all scored full marks
-  (`{"domain", "task_id"}`), and the sampler passes over that task's next N draws (`DomainSampler`). The
-  announcements are hints: one lost costs a group without signal, never a task. Counters: `solved_marks`,
-  `passed_over.<domain>`, and `solved_dropped` for announcements that were not of that shape.
 
 Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
 """
@@ -54,8 +49,8 @@ import anyio
 import nats.js.errors as js_errors
 import orjson
 
-from actors.domains._domains import DomainSampler, domains_from_spec
-from actors.protocol import SOLVED_SUBJECT, PromptMsg
+from actors.domains import DomainSampler, domains_from_spec
+from actors.protocol import LearnerPace, LearnerStatus, PromptMsg, served_key, weights_bucket
 from actors.source._config import SourceConfig
 from topology.bus import new_id
 from topology.runtime import Actor
@@ -63,11 +58,9 @@ from topology.runtime import Actor
 __all__ = ["SourceActor"]
 
 _BATCH = 32  # most prompts per publish_many call
-_AUTO_BATCHES = 4  # `max_in_flight: auto`: learner batches drawn ahead (the embedded default's measured 32 groups;
-#   the HF task of bench/make_hf_task.py trained as fast with 4, 6 or 8 batches ahead)
-_POLL_S = 0.05  # how often a blocked source looks downstream again (each look costs a few JetStream API calls,
-#   ~1 ms): the embedded default's learner takes a batch every ~0.15-0.2 s, so a 0.2 s look left the generators a
-#   batch short at times
+_AUTO_BATCHES = 4  # `max_in_flight: auto`: learner batches drawn ahead (more only goes stale)
+_POLL_S = 0.05  # how often a blocked source looks downstream again (each look costs a few JetStream API calls);
+#   well under a learner step, so the generators are never a batch short for long
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
 
@@ -84,15 +77,13 @@ class SourceActor(Actor[SourceConfig]):
         self.sampler = DomainSampler(
             domains_from_spec(ctx.spec, self.config.domains), random.Random(self.config.seed + ctx.replica)
         )
-        actor = ctx.spec.actors.get(ctx.actor)
-        self.channel = actor.publishes[0] if actor is not None and actor.publishes else "prompts"
+        self.channel = ctx.output_channel("prompts")
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
         self._pipeline = self.pipeline()  # auto sizes the bound from the learners on it
         self.max_in_flight = self.resolve_max_in_flight()
         if self.max_in_flight is None:
             self._pipeline = []  # no bound: in_flight() is never asked
-        self._solved = await ctx.bus.subscribe_ephemeral(SOLVED_SUBJECT) if self.sampler.skips_solved else None
         ctx.log.info(
             "source started",
             channel=self.channel,
@@ -164,16 +155,18 @@ class SourceActor(Actor[SourceConfig]):
         group_size = sum(d.weight * d.group_size for d in domains) / sum(d.weight for d in domains)
         total = 0
         for name in learners:
-            learner = actors[name].config
-            per_batch = math.ceil(int(getattr(learner, "batch_size", 1)) / group_size)
-            lead = int(getattr(learner, "publish_every_steps", 1)) * int(getattr(learner, "max_staleness", 0))
+            pace = actors[name].config
+            if not isinstance(pace, LearnerPace):
+                raise TypeError(f"actor {name!r} is a learner whose config does not say its pace (LearnerPace)")
+            per_batch = math.ceil(pace.batch_size / group_size)
+            lead = pace.publish_every_steps * pace.max_staleness
             total += per_batch * max(1, min(_AUTO_BATCHES, lead)) * actors[name].replicas
         return total
 
     async def in_flight(self, own: dict[str, Any]) -> int:
         """Training groups between this source and its learners (see the module docstring); ``own``: this channel's
         consumer groups as just read (`consumer_groups`), so they are not asked for again."""
-        from topology.runtime._status import read_status
+        from topology.runtime import read_status
 
         total = 0
         for channel, group, learner in self._pipeline:
@@ -194,9 +187,9 @@ class SourceActor(Actor[SourceConfig]):
             if learner:
                 replicas = [(group, i) for i in range(self.ctx.spec.actors[group].replicas)]
                 for record in await read_status(self.ctx.bus, self.ctx.topology, replicas):
-                    total += int(record.counters.get("buffered_groups", 0) or 0)
+                    status = LearnerStatus.from_counters(record.counters)
                     # the learner's own held-out prompts pass through the same stages: not training groups
-                    total -= int(record.counters.get("eval_out", 0) or 0)
+                    total += status.buffered_groups - status.eval_out
             else:
                 total += int(info.num_ack_pending or 0)
         return max(total, 0)
@@ -204,25 +197,20 @@ class SourceActor(Actor[SourceConfig]):
     def sync_batch(self) -> int | None:
         """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""
         for actor in self.ctx.spec.actors.values():
-            if actor.kind == "learner" and getattr(actor.config, "mode", "async") == "sync":
-                batch_size = int(getattr(actor.config, "batch_size", 1))
+            if actor.kind == "learner" and isinstance(actor.config, LearnerPace) and actor.config.mode == "sync":
+                batch_size = actor.config.batch_size
                 group_size = min(d.group_size for d in self.sampler.domains.values())  # never short of a batch
                 return max(1, -(-batch_size // group_size))
         return None
 
-    def _weights_bucket(self) -> str:
-        return f"fw_{self.ctx.topology}_weights".replace("-", "_")  # actors.weights.weights_bucket, torch-free
-
     async def weights_version(self) -> int:
         """The current weights version in KV (0 before the first publish); the manifest is plain JSON."""
-        raw = await self.ctx.bus.kv_get(self._weights_bucket(), "current")
+        raw = await self.ctx.bus.kv_get(weights_bucket(self.ctx.topology), "current")
         return int(orjson.loads(raw).get("version", 0)) if raw else 0
 
     async def wait_generators(self, version: int, timeout_s: float = 30.0) -> None:
         """Until every generator replica has swapped in ``version`` (the key each puts right after a swap)."""
-        from actors.generator._config import served_key
-
-        bucket = self._weights_bucket()
+        bucket = weights_bucket(self.ctx.topology)
         keys = [
             served_key(name, i)
             for name, a in self.ctx.spec.actors.items()
@@ -253,32 +241,7 @@ class SourceActor(Actor[SourceConfig]):
             with anyio.move_on_after(_SYNC_POLL_S):
                 await self.ctx.stopping.wait()
 
-    async def stop(self) -> None:
-        solved = getattr(self, "_solved", None)  # absent when start() failed before subscribing
-        if solved is not None:
-            await solved.aclose()
-
-    async def follow_solved(self) -> None:
-        """Mark the tasks the verify actor announces as solved (see the module docstring)."""
-        assert self._solved is not None
-        async for message in self._solved:
-            domain, task_id = message.payload.get("domain"), message.payload.get("task_id")
-            if not isinstance(domain, str) or not isinstance(task_id, str):
-                self.ctx.counters.inc("solved_dropped")
-                continue
-            if self.sampler.mark_solved(domain, task_id):
-                self.ctx.counters.inc("solved_marks")
-
     async def run(self) -> None:
-        if self._solved is None:
-            await self.sample()
-            return
-        async with anyio.create_task_group() as group:
-            group.start_soon(self.follow_solved)
-            await self.sample()
-            group.cancel_scope.cancel()
-
-    async def sample(self) -> None:
         ctx, config = self.ctx, self.config
         per_version = self.sync_batch()
         if per_version is not None:
@@ -328,7 +291,5 @@ class SourceActor(Actor[SourceConfig]):
             payload = PromptMsg.model_validate(task.payload(group_size=domain.group_size)).model_dump()
             items.append(("prompt", payload, new_id()))
             self.ctx.counters.inc(f"published.{domain.name}")
-        for name, count in self.sampler.passed_over.items():
-            self.ctx.counters.set(f"passed_over.{name}", count)
-        await self.ctx.bus.publish_many(self.channel, items, source=f"{self.ctx.actor}/{self.ctx.replica}")
+        await self.ctx.bus.publish_many(self.channel, items, source=self.ctx.replica_id)
         self.ctx.counters.inc("published", n)

@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class SourceConfig(SpecModel):
@@ -44,7 +43,7 @@ register_actor_kind(
         consumes=(),
         publishes=("prompts",),
         summary="draws tasks from the domains (by weight) and publishes them as prompts",
-        domain_fields=("domains",),
+        references={"domains": "domains"},
     )
 )
 

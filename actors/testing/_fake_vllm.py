@@ -22,8 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from actors.engines._torch import TorchEngine
-from actors.engines._types import Completion, GenerationRequest, SamplingParams, WeightUpdateError
+from actors.engines import Completion, GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
 from actors.testing._host import EngineHost
 from actors.testing._server import AppServer
 

@@ -24,9 +24,7 @@ from typing import Any
 
 import torch
 
-from actors.engines._group import WeightGroup, receive_weights
-from actors.engines._torch import TorchEngine
-from actors.engines._types import Completion, GenerationRequest, WeightUpdateError
+from actors.engines import Completion, GenerationRequest, TorchEngine, WeightGroup, WeightUpdateError, receive_weights
 
 __all__ = ["EngineHost"]
 

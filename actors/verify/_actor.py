@@ -9,9 +9,6 @@ once; the sandbox pool's own bounded queue provides the backpressure beyond that
 The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
 ``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved.
 
-Solved groups: for a domain with `skip_solved` set in the spec, a training group whose completions all scored
-full marks (reward ≥ 1) is announced on the ephemeral subject ``solved`` (``actors.protocol.SOLVED_SUBJECT``) so
-the source can pass over that prompt for a while; counted in ``solved_announced``.
 
 Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
 task), no verifier hot reload.
@@ -24,9 +21,9 @@ from typing import Any
 
 import anyio
 
-from actors.domains._score import DomainVerifier, Scorer
-from actors.protocol import SOLVED_SUBJECT, RolloutMsg, ScoredCompletion, ScoredMsg
-from actors.sandbox._pool import SandboxPool
+from actors.domains import DomainVerifier, Scorer
+from actors.protocol import RolloutMsg, ScoredCompletion, ScoredMsg, domains_of
+from actors.sandbox import SandboxPool
 from actors.verify._config import VerifyConfig
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
@@ -40,9 +37,8 @@ class VerifyActor(Actor[VerifyConfig]):
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None
         self._outbox: Outbox | None = None
-        wanted = set(config.domains) if config.domains else set(ctx.spec.domains)
-        self._domains = {name: d for name, d in ctx.spec.domains.items() if name in wanted}
-        self._announce = {name for name, d in self._domains.items() if getattr(d, "skip_solved", 0) > 0}
+        wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
+        self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
 
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
@@ -54,7 +50,7 @@ class VerifyActor(Actor[VerifyConfig]):
         )
 
     async def run(self) -> None:
-        channel_in = self.ctx.spec.actors[self.ctx.actor].consumes[0]
+        channel_in = self.ctx.input_channel
         limit = anyio.CapacityLimiter(self.config.max_in_flight)
         # the work group closes before the consumer does, so every accepted rollout is acked (or nak'ed)
         # (and the outbox sends what they queued before the consumer closes)
@@ -62,7 +58,7 @@ class VerifyActor(Actor[VerifyConfig]):
             self.ctx.bus.consume(
                 channel_in, self.ctx.actor, model=RolloutMsg, batch=min(64, self.config.max_in_flight)
             ) as rollouts,
-            Outbox(self.ctx.bus, source=f"{self.ctx.actor}/{self.ctx.replica}") as outbox,
+            Outbox(self.ctx.bus, source=self.ctx.replica_id) as outbox,
             anyio.create_task_group() as work,
         ):
             self._outbox = outbox
@@ -84,15 +80,6 @@ class VerifyActor(Actor[VerifyConfig]):
         if self._outbox is not None and self._outbox.per_batch is not None:
             counters["outbox_batch"] = self._outbox.per_batch
         return counters
-
-    async def _announce_solved(self, rollout: RolloutMsg) -> None:
-        """A hint, after the ack: losing one costs the source a group without signal, so a failure is counted."""
-        try:
-            await self.ctx.bus.publish_ephemeral(SOLVED_SUBJECT, {"domain": rollout.domain, "task_id": rollout.task_id})
-        except Exception:
-            self.ctx.counters.inc("solved_announce_failed")
-            return
-        self.ctx.counters.inc("solved_announced")
 
     async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter, outbox: Outbox) -> None:
         assert self._scorer is not None
@@ -142,21 +129,13 @@ class VerifyActor(Actor[VerifyConfig]):
                 completions=scored,
                 reference=rollout.reference,
             )
-            out = self.ctx.spec.actors[self.ctx.actor].publishes
             await outbox.send(
-                out[0] if out else "scored",
+                self.ctx.output_channel("scored"),
                 "scored",
                 message.model_dump(mode="json"),
                 id=f"{delivery.id}.s",
                 delivery=delivery,
             )
-            if (
-                rollout.domain in self._announce
-                and not rollout.heldout
-                and scored
-                and all(c.reward >= 1.0 for c in scored)
-            ):
-                await self._announce_solved(rollout)
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))
             mean = sum(c.reward for c in scored) / len(scored)

@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from topology._registry import ActorKind, register_actor_kind
-from topology._spec import SpecModel
+from topology import ActorKind, SpecModel, register_actor_kind
 
 
 class SandboxConfig(SpecModel):
@@ -33,7 +32,7 @@ class SandboxConfig(SpecModel):
 class VerifyConfig(SpecModel):
     """Fields of a `verify` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
-    sandbox: SandboxConfig = SandboxConfig()
+    sandbox: SandboxConfig = SandboxConfig()  # the pool that runs code verifiers: workers and limits per job
     domains: tuple[str, ...] | None = None  # only score these domains; null: every domain
     max_in_flight: int = Field(default=64, ge=1)  # rollouts being verified at once per replica
 
@@ -46,7 +45,7 @@ register_actor_kind(
         consumes=("rollouts",),
         publishes=("scored",),
         summary="scores rollouts with the domains' verifiers (code runs in a sandbox pool)",
-        domain_fields=("domains",),
+        references={"domains": "domains"},
     )
 )
 

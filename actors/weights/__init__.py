@@ -1,7 +1,7 @@
 """Versioned weights: manifests, transports, and the publish → watch → swap flow between learner and generators."""
 
-from actors.weights._distributed import DistributedTransport, advertise_address, group_members
-from actors.weights._flow import CURRENT, SERVING, WeightPublisher, WeightSubscriber, weights_bucket
+from actors.weights._distributed import DistributedTransport, advertise_address, group_members, weight_transports
+from actors.weights._flow import WeightPublisher, WeightSubscriber
 from actors.weights._manifest import (
     TensorInfo,
     WeightManifest,
@@ -17,8 +17,6 @@ from actors.weights._transports import (
 )
 
 __all__ = [
-    "CURRENT",
-    "SERVING",
     "CollectiveTransport",
     "DistributedTransport",
     "ObjectStoreTransport",
@@ -33,5 +31,5 @@ __all__ = [
     "check_state_dict",
     "describe",
     "group_members",
-    "weights_bucket",
+    "weight_transports",
 ]

@@ -46,12 +46,14 @@ from urllib.parse import urlparse
 import orjson
 import torch
 
+from actors.protocol import weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError, describe
+from actors.weights._transports import ObjectStoreTransport, SafetensorsDirTransport, WeightTransport
 
 if TYPE_CHECKING:
     from topology.runtime import ActorContext
 
-__all__ = ["DistributedTransport", "advertise_address", "group_members"]
+__all__ = ["DistributedTransport", "advertise_address", "group_members", "weight_transports"]
 
 StateDict = Mapping[str, torch.Tensor]
 Announce = Callable[[WeightManifest], Awaitable[None]]
@@ -164,7 +166,7 @@ class DistributedTransport:
         return manifest
 
     def _send(self, location: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        from actors.engines._group import WeightBroadcaster
+        from actors.engines import WeightBroadcaster
 
         broadcaster = WeightBroadcaster(
             location["address"],
@@ -232,7 +234,7 @@ class DistributedTransport:
     def _receive(
         self, manifest: WeightManifest, location: dict[str, Any], rank: int, timeout_s: float
     ) -> dict[str, torch.Tensor]:
-        from actors.engines._group import WeightGroup, parse_dtype, receive_weights
+        from actors.engines import WeightGroup, parse_dtype, receive_weights
 
         names = sorted(manifest.tensors)
         dtypes = [manifest.tensors[n].dtype for n in names]
@@ -265,3 +267,15 @@ class DistributedTransport:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def weight_transports(ctx: ActorContext) -> dict[str, WeightTransport]:
+    """Every transport of a topology by name — what a generator can receive from (the manifest says which one a
+    version used) and what a learner or the gate can publish through: the bus's object store, safetensors
+    directories under ``<run_dir>/weights``, the torch.distributed broadcast. Built in one place so that every
+    side agrees on the bucket and the directory."""
+    return {
+        "object-store": ObjectStoreTransport(ctx.bus, weights_bucket(ctx.topology)),
+        "disk": SafetensorsDirTransport(ctx.run_dir / "weights"),
+        "distributed": DistributedTransport.for_context(ctx),
+    }

@@ -27,19 +27,13 @@ from typing import Any
 import anyio
 import torch
 
-from actors.engines._types import Engine
+from actors.engines import Engine
+from actors.protocol import CURRENT, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError
 from actors.weights._transports import CollectiveTransport, WeightTransport
 from topology.bus import Bus
 
-__all__ = ["CURRENT", "SERVING", "WeightPublisher", "WeightSubscriber", "weights_bucket"]
-
-CURRENT = "current"
-SERVING = "serving"
-
-
-def weights_bucket(topology: str) -> str:
-    return f"fw_{topology}_weights".replace("-", "_")
+__all__ = ["WeightPublisher", "WeightSubscriber"]
 
 
 class WeightPublisher:

@@ -8,31 +8,62 @@ import pytest
 
 SURFACES: dict[str, set[str]] = {
     "actors.protocol": {
-        "CHANNEL_MODELS", "CompletionRecord", "FEEDBACK_LABELS", "FeedbackMsg", "PromptMsg", "RolloutMsg",
-        "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "SOLVED_SUBJECT", "ScoredCompletion", "ScoredMsg", "TrafficMsg",
-        "frame", "ping_subject", "read_recordings", "rows_of", "schema", "serve_subject",
+        "BUILTIN_MODELS", "CHANNEL_MODELS", "CompletionRecord", "CURRENT", "domains_of", "DomainSpec",
+        "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "ping_subject",
+        "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg", "rows_of",
+        "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
+        "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket",
     },
     "actors.engines": {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",
-        "FinishReason", "GenerationRequest", "SGLangEngine", "SamplingParams", "StepHook", "Tokenizer", "TorchEngine",
-        "VLLMEngine", "WeightBroadcaster", "WeightGroup", "WeightSource", "WeightUpdateError", "parse_dtype",
-        "receive_weights",
+        "FinishReason", "GenerationRequest", "parse_dtype", "receive_weights", "SamplingParams", "SGLangEngine",
+        "StepHook", "Tokenizer", "TorchEngine", "VLLMEngine", "WeightBroadcaster", "WeightGroup", "WeightSource",
+        "WeightUpdateError",
     },
     "actors.domains": {
-        "ArithmeticOptions", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "DomainSampler", "DomainSource",
-        "DomainVerifier", "ExtractOptions", "JsonlSource", "PyExprOptions", "Scorer", "SourceError", "Task", "Verifier",
-        "VerifierError", "VerifyResult", "build_verifier", "domains_from_spec", "heldout_bucket", "open_source",
-        "read_jsonl_tasks", "score", "task_id", "verifier_names",
+        "ArithmeticOptions", "build_verifier", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "domains_from_spec",
+        "DomainSampler", "DomainSource", "DomainVerifier", "ExtractOptions", "heldout_bucket", "JsonlSource",
+        "open_source", "PyExprOptions", "read_jsonl_tasks", "score", "Scorer", "SourceError", "Task", "task_id",
+        "Verifier", "verifier_names", "VerifierError", "VerifyResult",
     },
     "actors.sandbox": {
-        "Isolation", "IsolationRefused", "PoolStatistics", "SandboxLimits", "SandboxPool", "SandboxResult", "Verdict",
+        "Isolation", "IsolationRefused", "PoolStatistics", "SandboxLimits", "SandboxPool", "SandboxResult",
+        "Verdict",
     },
-    "actors.testing": {"AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port"},
-    "actors.recorder": {"ChannelWriter", "parse_range", "partition_of"},
+    "actors.policy": {
+        "CharTokenizer", "check_policy", "encode_completion", "encode_prompt", "GPTConfig", "HF_CHARS",
+        "HFTokenizer", "KVCache", "Policy", "positions_from_mask", "PRESETS", "read_safetensors", "SPECIAL_TOKENS",
+        "StateDictError", "strip_eos", "TinyGPT", "write_tiny_hf_model",
+    },
+    "actors.weights": {
+        "advertise_address", "check_state_dict", "CollectiveTransport", "describe", "DistributedTransport",
+        "group_members", "ObjectStoreTransport", "SafetensorsDirTransport", "TensorInfo", "weight_transports",
+        "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
+    },
     "actors.replay": {
-        "Decision", "Outcome", "ReplayItem", "ReplayRun", "Replayer", "ResolvedWeights", "WeightsNotFound",
-        "build_report", "decide", "decisions_path", "load_items", "mean_reward", "promote", "read_decisions", "record",
-        "request_seed", "resolve_weights", "rollback", "serving_manifest", "write_report",
+        "build_report", "decide", "Decision", "decisions_path", "load_items", "mean_reward", "Outcome", "promote",
+        "read_decisions", "record", "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights",
+        "ResolvedWeights", "rollback", "serving_manifest", "WeightsNotFound", "write_report",
+    },
+    "actors.testing": {
+        "AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port",
+    },
+    "actors.recorder": {
+        "ChannelWriter", "parse_range", "partition_of",
+    },
+    "actors.joiner": {
+        "joined_sample", "JoinState", "kv_key", "selected_for_review",
+    },
+    "actors.learner": {
+        "AdvantageEstimator", "AppliedLedger", "Checkpointer", "decoupled_ppo_loss", "DomainBatcher",
+        "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors", "importance_weights", "is_stale",
+        "k3_kl", "LearnerConfig", "LossStats", "MetricsWriter", "plot_heldout", "PPOConfig", "read_metrics",
+        "reference_pairs", "RunningStats", "staleness", "StepStats", "Trainer", "TrainSample", "warm_start",
+        "WarmStartResult",
+    },
+    "actors.gateway": {
+        "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
+        "NoGenerators", "read_api_keys", "ServeCall", "ServeClient",
     },
     "actors.source": set(),
     "actors.generator": set(),

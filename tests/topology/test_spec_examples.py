@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.protocol import domains_of, policy_of
 from topology import build_graph, check_spec
 
 SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.yaml"))
@@ -27,18 +28,18 @@ def test_example_spec_validates(path: Path) -> None:
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_example_spec_domains_open(path: Path) -> None:
-    from actors.domains._domains import domains_from_spec
+    from actors.domains import domains_from_spec
 
     spec, _ = check_spec(path)
     assert spec is not None
-    assert set(domains_from_spec(spec)) == set(spec.domains)
+    assert set(domains_from_spec(spec)) == set(domains_of(spec))
 
 
 def test_embedded_default_fits_two_cores_and_has_the_three_domains() -> None:
     spec, _ = check_spec(SPECS[0].parent / "embedded.yaml")
     assert spec is not None
-    assert set(spec.domains) == {"arithmetic", "pyexpr", "extract"}
-    assert {d.verifier for d in spec.domains.values()} == {"math", "python-expr", "json-fields"}
+    assert set(domains_of(spec)) == {"arithmetic", "pyexpr", "extract"}
+    assert {d.verifier for d in domains_of(spec).values()} == {"math", "python-expr", "json-fields"}
     assert set(spec.actors) == {"source", "generator", "verify", "learner"}
-    assert spec.bus.embedded and spec.policy.model == "builtin:tiny-gpt"
+    assert spec.bus.embedded and policy_of(spec).model == "builtin:tiny-gpt"
     assert sum(a.resources.num_cpus * a.replicas for a in spec.actors.values()) <= 2

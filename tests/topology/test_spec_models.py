@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from actors.generator._config import GeneratorConfig
+from actors.protocol import domains_of, policy_of
 from topology import SpecError, load_spec, load_spec_text
 from topology._machine import machine_issues
 
@@ -33,7 +34,7 @@ def test_minimal_spec_gets_defaults_and_resolved_channels() -> None:
     assert generator.consumes == ("prompts",) and generator.publishes == ("rollouts",)
     assert sorted(spec.channels) == ["prompts", "rollouts", "scored"]
     assert spec.channels["prompts"].subject == "fw.t.prompts"
-    assert spec.domains["arithmetic"].group_size == 8
+    assert domains_of(spec)["arithmetic"].group_size == 8
 
 
 def test_runtime_shorthand_and_url_turns_embedded_off() -> None:
@@ -79,7 +80,7 @@ def test_spec_paths_resolve_against_the_file_that_wrote_them(tmp_path: Path) -> 
         + MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", "")
     )
     spec = load_spec(tmp_path / "top.yaml")
-    assert spec.domains["mine"].source == f"jsonl:{(tmp_path / 'sub' / 'tasks.jsonl').resolve()}"
+    assert domains_of(spec)["mine"].source == f"jsonl:{(tmp_path / 'sub' / 'tasks.jsonl').resolve()}"
     assert spec.runtime.run_dir == (tmp_path / "sub" / "out").resolve()
     assert spec.source_path == (tmp_path / "top.yaml").resolve()
 
@@ -120,18 +121,18 @@ def test_hf_model_dirs_resolve_against_the_spec_and_a_missing_one_is_a_warning(t
     (tmp_path / "models" / "mine" / "config.json").write_text("{}")
     (tmp_path / "a.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:models/mine"))
     spec = load_spec(tmp_path / "a.yaml")
-    assert spec.policy.model == f"hf:{(tmp_path / 'models' / 'mine').resolve()}"
+    assert policy_of(spec).model == f"hf:{(tmp_path / 'models' / 'mine').resolve()}"
     assert not [w for w in spec.warnings if w.path == "policy.model"]
     (tmp_path / "b.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:Qwen/Qwen2.5-0.5B"))  # a hub id
     spec = load_spec(tmp_path / "b.yaml")
-    assert spec.policy.model == "hf:Qwen/Qwen2.5-0.5B"  # left as written: it may exist where the model is served
+    assert policy_of(spec).model == "hf:Qwen/Qwen2.5-0.5B"  # left as written: it may exist where the model is served
     (warning,) = [w for w in spec.warnings if w.path == "policy.model"]
     assert warning.severity == "warning" and "config.json" in warning.message and warning.line == 2
 
 
 def test_warm_start_defaults_on_for_builtin_models_and_off_for_hf_models() -> None:
     def steps(text: str) -> int:
-        return load_spec_text(text, "t.yaml", {}).policy.warm_start_steps
+        return policy_of(load_spec_text(text, "t.yaml", {})).warm_start_steps
 
     hf = MINIMAL.replace("builtin:tiny-gpt", "hf:Qwen/Qwen2.5-0.5B")
     assert steps(MINIMAL) == 200  # random weights: SFT on the references first

@@ -4,13 +4,13 @@ See ``_bus`` (Bus), ``_consumer`` (deliveries), ``_outbox`` (coalesced publish-t
 ``_envelope`` (wire format).
 """
 
+from topology._names import DEADLETTER
 from topology.bus._bus import Bus, EphemeralMessage, EphemeralSubscription
 from topology.bus._consumer import ChannelConsumer, Delivery
 from topology.bus._envelope import ENVELOPE_VERSION, Envelope, decode, encode, new_id
 from topology.bus._errors import BusError, EnvelopeError
 from topology.bus._outbox import Outbox
 from topology.bus._server import EmbeddedNats, find_nats_server
-from topology.bus._settings import DEADLETTER, BusSettings, stream_name, subject
 from topology.bus._stats import BusStats
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "ENVELOPE_VERSION",
     "Bus",
     "BusError",
-    "BusSettings",
     "BusStats",
     "ChannelConsumer",
     "Delivery",
@@ -32,6 +31,4 @@ __all__ = [
     "encode",
     "find_nats_server",
     "new_id",
-    "stream_name",
-    "subject",
 ]

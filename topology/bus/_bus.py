@@ -34,11 +34,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from topology._names import DEADLETTER, channel_subject, consumer_name, ephemeral_subject, stream_name
+from topology._spec import BusSpec
 from topology.bus._consumer import ChannelConsumer
 from topology.bus._envelope import Envelope, encode
 from topology.bus._errors import BusError
 from topology.bus._kv import STALL_S, Stores
-from topology.bus._settings import DEADLETTER, BusSettings, consumer_name, stream_name, subject
 from topology.bus._stats import BusStats
 
 __all__ = ["Bus", "EphemeralMessage", "EphemeralSubscription"]
@@ -52,7 +53,7 @@ _PUBLISH_TIMEOUT_S = 10.0
 class Bus:
     """Use ``await Bus.connect(...)``; close with ``await bus.close()`` or ``async with``."""
 
-    def __init__(self, nc: NATS, *, url: str, topology: str, name: str, settings: BusSettings) -> None:
+    def __init__(self, nc: NATS, *, url: str, topology: str, name: str, settings: BusSpec) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=_PUBLISH_TIMEOUT_S)
         self.url = url
@@ -64,8 +65,8 @@ class Bus:
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
         self._ephemeral: set[EphemeralSubscription] = set()
-        self._log = structlog.get_logger("flywheel.bus").bind(topology=topology, bus=name)
-        subject(topology, "x")  # validates the topology name early
+        self.log = structlog.get_logger("flywheel.bus").bind(topology=topology, bus=name)
+        channel_subject(topology, "x")  # validates the topology name early
 
     # -- connection -------------------------------------------------------------------------------------
     @classmethod
@@ -75,7 +76,7 @@ class Bus:
         *,
         topology: str,
         name: str,
-        settings: BusSettings | None = None,
+        settings: BusSpec | None = None,
         creds_file: str | os.PathLike[str] | None = None,
         token: str | None = None,
         connect_timeout_s: float = 10.0,
@@ -115,7 +116,7 @@ class Bus:
                 pass
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             raise BusError(f"cannot connect to NATS at {url}: {why}") from None
-        return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSettings())
+        return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSpec())
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
@@ -131,6 +132,14 @@ class Bus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def track(self, consumer: ChannelConsumer[Any]) -> None:
+        """Remember a started consumer, so that closing the bus closes it first (consumers call this)."""
+        self._consumers.add(consumer)
+
+    def untrack(self, consumer: ChannelConsumer[Any]) -> None:
+        """Forget a closed consumer (consumers call this)."""
+        self._consumers.discard(consumer)
+
     @property
     def nc(self) -> NATS:
         """The underlying nats-py connection (for what this class does not wrap)."""
@@ -138,7 +147,7 @@ class Bus:
 
     # -- channels ---------------------------------------------------------------------------------------
     def subject(self, channel: str) -> str:
-        return subject(self.topology, channel)
+        return channel_subject(self.topology, channel)
 
     def stream(self, channel: str) -> str:
         return stream_name(self.topology, channel)
@@ -241,7 +250,8 @@ class Bus:
         consumer_name(group)
         return ChannelConsumer(self, channel, group, model=model, batch=batch, max_ack_pending=max_ack_pending)
 
-    async def _ensure_consumer(self, channel: str, group: str, max_ack_pending: int | None) -> str:
+    async def ensure_consumer(self, channel: str, group: str, max_ack_pending: int | None) -> str:
+        """Create (or update) the durable pull consumer of ``group`` on ``channel``; returns the stream's name."""
         await self._known(channel)
         stream = self.stream(channel)
         config = api.ConsumerConfig(
@@ -262,7 +272,7 @@ class Bus:
             raise BusError(f"cannot create consumer group {group!r} on channel {channel!r}: {exc}") from None
         return stream
 
-    async def _dead_letter(
+    async def dead_letter(
         self,
         channel: str,
         group: str,
@@ -273,6 +283,8 @@ class Bus:
         num_delivered: int,
         stream_seq: int,
     ) -> None:
+        """Publish a message that cannot be delivered (malformed, or out of deliveries) to the dead-letter channel,
+        with the reason and its raw bytes (capped); a consumer calls this, then terminates the message."""
         text = raw.decode("utf-8", errors="backslashreplace")
         if len(text) > _RAW_CAP:
             text = text[:_RAW_CAP] + f"… [{len(raw)} bytes]"
@@ -287,7 +299,7 @@ class Bus:
         }
         # one dead letter per (stream, seq, group), even if the term below is lost and it comes again
         await self.publish(DEADLETTER, "deadletter", payload, id=f"{self.stream(channel)}.{stream_seq}.{group}")
-        self._log.warning("dead-lettered", channel=channel, group=group, reason=reason, seq=stream_seq)
+        self.log.warning("dead-lettered", channel=channel, group=group, reason=reason, seq=stream_seq)
 
     # -- shared state -----------------------------------------------------------------------------------
     async def ensure_kv(self, bucket: str, *, history: int = 1, ttl_s: float | None = None) -> None:
@@ -322,7 +334,7 @@ class Bus:
 
     # -- ephemeral (core NATS) --------------------------------------------------------------------------
     def _eph_subject(self, subject_suffix: str) -> str:
-        return f"fw.{self.topology}.eph.{subject_suffix}"
+        return ephemeral_subject(self.topology, subject_suffix)
 
     async def publish_ephemeral(self, subject_suffix: str, payload: Mapping[str, Any]) -> None:
         await self._nc.publish(self._eph_subject(subject_suffix), orjson.dumps(payload))

@@ -29,9 +29,9 @@ import orjson
 import pydantic
 from nats.aio.msg import Msg
 
+from topology._names import DEADLETTER
 from topology.bus._envelope import Envelope, decode
 from topology.bus._errors import BusError, EnvelopeError
-from topology.bus._settings import DEADLETTER
 
 if TYPE_CHECKING:
     from topology.bus._bus import Bus
@@ -156,20 +156,20 @@ class ChannelConsumer(Generic[P]):
                 return self
             if self._closed:
                 raise BusError(f"consumer {self.group!r} on channel {self.channel!r} is closed")
-            stream = await self._bus._ensure_consumer(self.channel, self.group, self._max_ack_pending)
-            nc = self._bus._nc
+            stream = await self._bus.ensure_consumer(self.channel, self.group, self._max_ack_pending)
+            nc = self._bus.nc
             self._inbox = nc.new_inbox()
             self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{self.group}"
             self._sub = await nc.subscribe(self._inbox, cb=self._on_msg)
             self._started = True
-            self._bus._consumers.add(self)
+            self._bus.track(self)
         return self
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._bus._consumers.discard(self)
+        self._bus.untrack(self)
         if self._sub is None:
             return
         with anyio.CancelScope(shield=True):
@@ -231,7 +231,7 @@ class ChannelConsumer(Generic[P]):
             self._outstanding = 0
         want = self._limit - self._outstanding - len(self._buffer)
         request = orjson.dumps({"batch": want, "expires": int(_PULL_EXPIRES_S * 1e9)})
-        await self._bus._nc.publish(self._next_subject, request, reply=self._inbox)
+        await self._bus.nc.publish(self._next_subject, request, reply=self._inbox)
         self._outstanding += want
         self._pull_deadline = time.monotonic() + _PULL_EXPIRES_S + _PULL_GRACE_S
 
@@ -301,7 +301,7 @@ class ChannelConsumer(Generic[P]):
     async def _poison(self, msg: Msg, reason: str, num_delivered: int, stream_seq: int) -> None:
         try:
             if self.channel != DEADLETTER:  # poison inside the dead-letter channel is dropped, not looped
-                await self._bus._dead_letter(
+                await self._bus.dead_letter(
                     self.channel,
                     self.group,
                     reason,
@@ -311,7 +311,7 @@ class ChannelConsumer(Generic[P]):
                     stream_seq=stream_seq,
                 )
         except Exception as exc:  # the DLQ itself is unreachable: retry the message later, keep going
-            self._bus._log.warning(
+            self._bus.log.warning(
                 "dead-letter publish failed; will retry", channel=self.channel, group=self.group, error=str(exc)
             )
             await msg.nak(delay=1.0)

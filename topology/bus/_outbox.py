@@ -4,8 +4,7 @@ A handler that turns one delivery into one output message acks the delivery only
 (at-least-once). Done handler by handler, that is an awaited JetStream round trip plus two socket writes per
 message. The outbox queues ``(channel, message, delivery)`` items; one task sends whatever queued while the
 previous batch was in flight as one pipelined ``publish_many`` per channel, then acks that batch's deliveries
-in one flush. Measured on the HF task: 6.7 rollouts and 2.1 scored groups per batch, fewer round trips — but the
-verify actor's CPU (mostly socket sends to nats-server) did not measurably drop.
+in one flush: fewer round trips per message.
 
 Contract:
 - ``send`` returns once its message is stored and its delivery acked; it raises ``BusError`` when the publish

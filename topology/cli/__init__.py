@@ -1,7 +1,8 @@
-"""The ``flywheel`` command line.
+"""The ``flywheel`` command line: the framework's commands (validate, plan, up, status) and the applications'.
 
 Subcommands live in their own modules and are imported only when invoked, so ``flywheel --help`` and
 ``flywheel validate`` stay fast (no torch import) and one broken subsystem cannot take the whole CLI down.
+Applications add commands with `topology.register_command`.
 """
 
 from __future__ import annotations
@@ -11,34 +12,42 @@ from typing import Any
 
 import click
 
-# command name -> "module:attribute" of a click.Command; each module owns its command's help text.
-_COMMANDS: dict[str, str] = {
+# the framework's own commands; an application adds its own through `topology.register_command`
+_FRAMEWORK: dict[str, str] = {
     "validate": "topology.cli._validate:validate",
     "plan": "topology.cli._validate:plan",
     "up": "topology.cli._up:up",
     "status": "topology.cli._up:status",
-    "sandbox": "actors.commands._sandbox:sandbox",
-    "replay": "actors.commands._replay:replay",
-    "review": "actors.commands._review:review",
-    "promote": "actors.commands._promote:promote",
-    "rollback": "actors.commands._promote:rollback",
+    "reference": "topology.cli._validate:reference",
 }
+
+
+def _targets() -> dict[str, str]:
+    """Every command name → its ``"module:attribute"``: the framework's, then the applications'."""
+    from topology._registry import commands
+
+    try:
+        registered = commands()
+    except Exception as exc:  # a plugin that cannot load: the framework's commands still work and say why
+        click.echo(f"flywheel: warning: {exc}", err=True)
+        registered = {}
+    return {**{name: c.target for name, c in registered.items()}, **_FRAMEWORK}
 
 
 class _LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(_COMMANDS)
+        return sorted(_targets())
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = _COMMANDS.get(cmd_name)
+        target = _targets().get(cmd_name)
         if target is None:
             return None
         module_name, _, attr = target.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a subsystem not built yet, or an extra not installed
+        except ModuleNotFoundError as exc:  # an extra not installed
             raise click.ClickException(f"'flywheel {cmd_name}' is unavailable: {exc}") from exc
         command: Any = getattr(module, attr)
         assert isinstance(command, click.Command)

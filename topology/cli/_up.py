@@ -21,8 +21,6 @@ import anyio
 import click
 import structlog
 
-from actors.commands._live import LearningView
-
 _STATE_STYLE = {
     "running": "green",
     "starting": "cyan",
@@ -156,15 +154,29 @@ def _new_urls(records: list[Any], announced: set[str]) -> list[str]:
     return lines
 
 
+def _live_view() -> Any:
+    """The application's live view (`topology.register_live_view`), or None; one that fails to build is skipped."""
+    from topology._registry import live_view, resolve
+
+    target = live_view()
+    if target is None:
+        return None
+    try:
+        return resolve(target, "live view")()
+    except Exception as exc:  # the view is decoration: the run goes on without it
+        click.echo(f"flywheel: live view {target!r} unavailable: {exc}", err=True)
+        return None
+
+
 def _load_spec_or_exit(path: Path) -> Any:
     from topology import load_spec
     from topology._errors import SpecError
-    from topology.runtime._plugins import ActorModuleError, import_actor_modules
+    from topology._registry import PluginError, load_plugins
 
     try:
-        import_actor_modules()
+        load_plugins()
         spec = load_spec(path)
-    except ActorModuleError as exc:
+    except PluginError as exc:
         raise click.ClickException(str(exc)) from None
     except SpecError as exc:
         for issue in exc.issues:
@@ -193,7 +205,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
         expected = runtime.replica_keys()
         heartbeat_s = runtime.spec.runtime.heartbeat_s
 
-        view = LearningView()
+        view = _live_view()
         records: list[Any] = []
         announced: set[str] = set()
 
@@ -215,7 +227,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
             with Live(console=console, auto_refresh=False, transient=False) as live:
                 while (rows := await current_rows()) is not None:
                     title = f"{runtime.spec.name} — {_fmt_duration(time.monotonic() - began)}"
-                    learning = view.renderable(records)
+                    learning = view.renderable(records) if view is not None else None
                     table = _table(rows, title=title)
                     live.update(Group(learning, table) if learning is not None else table, refresh=True)
                     await anyio.sleep(1.0)
@@ -225,7 +237,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
             if (rows := await current_rows()) is None:
                 return
             click.echo(_plain_line(rows, time.monotonic() - began))
-            if (learning_line := view.line(records)) is not None:
+            if view is not None and (learning_line := view.line(records)) is not None:
                 click.echo(learning_line)
 
     async with anyio.create_task_group() as tg:

@@ -100,3 +100,16 @@ def plan(spec: str, mermaid: bool, width: int) -> None:
 
 
 __all__ = ["plan", "validate"]
+
+
+@click.command()
+def reference() -> None:
+    """Print the spec reference: every key of every section and actor kind, with type, default and meaning.
+
+    \b
+    Generated from the models that validate specs (the framework's and every registered application's);
+    specs/REFERENCE.md is its output.
+    """
+    from topology._reference import reference_markdown
+
+    click.echo(reference_markdown(), nl=False)

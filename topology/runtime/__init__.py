@@ -11,7 +11,7 @@ from topology.runtime._restart import RestartPolicy
 from topology.runtime._rundir import RunInfo, RunNotFound, find_run, read_run_info
 from topology.runtime._runtime import RunResult, Runtime
 from topology.runtime._single import SingleProcessRuntime
-from topology.runtime._status import ReplicaStatus, RunStatus, read_run_status, status_bucket
+from topology.runtime._status import ReplicaStatus, RunStatus, read_run_status, read_status, status_bucket
 from topology.runtime._supervisor import LocalRuntime
 from topology.runtime._until import iterate_until
 
@@ -35,5 +35,6 @@ __all__ = [
     "iterate_until",
     "read_run_info",
     "read_run_status",
+    "read_status",
     "status_bucket",
 ]

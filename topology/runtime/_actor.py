@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import structlog
 
+from topology._names import replica_id, torch_threads
 from topology.runtime._status import BeatRequests
 
 if TYPE_CHECKING:
-    from topology._spec import Spec
+    from topology._spec import ActorSpec, Spec
     from topology.bus import Bus
 
 ConfigT = TypeVar("ConfigT")
@@ -99,6 +100,44 @@ class ActorContext:
         every ``MIN_BEAT_S``. For counters other actors steer by: the learner's ``buffered_groups``, which a source
         with ``max_in_flight`` reads, changes by a whole batch per step, many steps per heartbeat."""
         self.beats.request()
+
+    @property
+    def actor_spec(self) -> ActorSpec:
+        """This actor's block of the spec (kind, replicas, resources, channels, the kind's config)."""
+        return self.spec.actors[self.actor]
+
+    @property
+    def replica_id(self) -> str:
+        """``<actor>/<replica>``: how this replica is named on the bus, in payloads and in logs."""
+        return replica_id(self.actor, self.replica)
+
+    @property
+    def consumes(self) -> tuple[str, ...]:
+        """The channels this actor consumes (the kind's defaults, or the spec's override)."""
+        return self.actor_spec.consumes
+
+    @property
+    def publishes(self) -> tuple[str, ...]:
+        """The channels this actor publishes to (the kind's defaults, or the spec's override)."""
+        return self.actor_spec.publishes
+
+    @property
+    def input_channel(self) -> str:
+        """The one channel an actor of a single-input kind consumes; ValueError when it consumes none or several."""
+        if len(self.consumes) != 1:
+            raise ValueError(f"actor {self.actor!r} consumes {list(self.consumes)}; expected exactly one channel")
+        return self.consumes[0]
+
+    def output_channel(self, default: str) -> str:
+        """The channel this actor publishes its main output to: ``default`` when the actor publishes it (or the spec
+        names no channels for it), else the first channel the spec has it publish."""
+        return default if default in self.publishes or not self.publishes else self.publishes[0]
+
+    @property
+    def threads(self) -> int:
+        """The torch thread pool this replica may use: ``ceil(resources.num_cpus)``, at least one (the runtime
+        sizes torch to it before the actor starts)."""
+        return torch_threads(self.actor_spec.resources.num_cpus)
 
     @property
     def state_dir(self) -> Path:

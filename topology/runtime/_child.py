@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
@@ -25,11 +24,12 @@ from typing import Any
 import anyio
 import structlog
 
+from topology._registry import PluginError, load_plugins
 from topology.runtime._actor import ActorContext
 from topology.runtime._gc import HeapFreezer
 from topology.runtime._lifecycle import Replica
-from topology.runtime._plugins import ActorModuleError, import_actor_modules
 from topology.runtime._session import connect_bus
+from topology.runtime._threads import size_torch
 
 
 def configure_logging() -> None:
@@ -44,20 +44,6 @@ def configure_logging() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-
-
-def size_torch_threads(num_cpus: float) -> int | None:
-    """Give torch ``ceil(num_cpus)`` intra-op threads (at least 1) if torch is loaded; returns what was set."""
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        return None
-    threads = max(1, math.ceil(num_cpus))
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(threads)
-    except RuntimeError:  # only settable before the first parallel op; the intra-op pool is what matters
-        pass
-    return threads
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -170,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     from topology._registry import actor_kinds, resolve_factory
 
     try:
-        import_actor_modules()
+        load_plugins()
         spec = load_spec(args.spec)
-    except ActorModuleError as exc:
+    except PluginError as exc:
         log.error(str(exc))
         return 2
     except SpecError as exc:
@@ -183,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     actor_spec = spec.actors[args.actor]
     factory = resolve_factory(actor_kinds()[actor_spec.kind])
-    threads = size_torch_threads(actor_spec.resources.num_cpus)
+    threads = size_torch(actor_spec.resources.num_cpus)
     log.info("replica process up", pid=os.getpid(), torch_threads=threads, restarts=args.restarts)
     return anyio.run(_amain, args, spec, factory, backend="asyncio")
 

@@ -2,11 +2,9 @@
 
 Why: a replica process imports torch, transformers, pydantic, polars, matplotlib… — hundreds of thousands of
 container objects (functions, tuples, dicts) that live as long as the process. CPython's full (generation 2)
-collection walks every one of them. Measured on the HF task of ``bench/make_hf_task.py``: the learner's and the
-generator's full collections grew from 130 to 450 ms as lazy imports added objects (220k → 450k tracked), one
-every ~8 s, during which the process does nothing else (a learner step takes ~60 ms) — the learner stood still
-for ~6 % of the run. ``gc.freeze()`` moves every object tracked at that moment into a permanent generation that
-collections never walk again; reference counting still frees those objects as usual.
+collection walks every one of them, and the process does nothing else meanwhile: hundreds of milliseconds each,
+several times a minute (bench/RESULTS.md). ``gc.freeze()`` moves every object tracked at that moment into a
+permanent generation that collections never walk again; reference counting still frees those objects as usual.
 
 Contract: :class:`HeapFreezer` freezes once when installed (after a full collection, so no garbage is frozen) and
 registers a ``gc.callbacks`` hook that notes every full collection slower than ``slow_s``; :meth:`HeapFreezer.watch`

@@ -46,7 +46,8 @@ from topology.runtime._actor import ActorContext, ActorState
 from topology.runtime._runtime import RunResult, RuntimeBase
 from topology.runtime._session import Session, open_session
 from topology.runtime._status import ReplicaStatus, put_status, read_status
-from topology.runtime._supervisor import log_tail, thread_env
+from topology.runtime._supervisor import log_tail
+from topology.runtime._threads import thread_env
 
 if TYPE_CHECKING:
     from topology._spec import ResourcesSpec, Spec
@@ -58,7 +59,7 @@ _MIN_CPU = 0.01  # a placement-group bundle may not be empty: a replica asking f
 _UNAVAILABLE_FAST_S = 2.0  # a call that fails this fast right after a counted death hit a restarting actor
 _UNAVAILABLE_RETRY_S = 0.5  # then it is retried this often...
 _UNAVAILABLE_GRACE_S = 60.0  # ...for at most this long before it counts as another crash
-_FORWARDED = ("FLYWHEEL_ACTOR_MODULES", "PYTHONPATH")  # what replicas need to import the same kinds
+_FORWARDED = ("FLYWHEEL_PLUGINS", "PYTHONPATH")  # what replicas need to import the same kinds
 
 
 class RayUnavailable(RuntimeError):
@@ -109,16 +110,16 @@ class ReplicaHost:
         self._stop_requested = False
 
     async def run(self, restarts: int) -> int:
-        from topology._registry import actor_kinds, resolve_factory
-        from topology.runtime._child import configure_logging, run_replica, size_torch_threads
-        from topology.runtime._plugins import import_actor_modules
+        from topology._registry import actor_kinds, load_plugins, resolve_factory
+        from topology.runtime._child import configure_logging, run_replica
+        from topology.runtime._threads import size_torch
 
         self._redirect_output(restarts)
         configure_logging()
-        import_actor_modules()
+        load_plugins()
         actor_spec = self.spec.actors[self.actor]
         factory = resolve_factory(actor_kinds()[actor_spec.kind])
-        threads = size_torch_threads(actor_spec.resources.num_cpus)
+        threads = size_torch(actor_spec.resources.num_cpus)
         log = structlog.get_logger("flywheel.ray").bind(actor=self.actor, replica=self.replica)
         log.info("replica up in a Ray actor", pid=os.getpid(), torch_threads=threads, restarts=restarts)
         self._ctx = None

@@ -38,20 +38,14 @@ class Session:
 
 async def connect_bus(spec: Spec, url: str, *, client_name: str) -> Bus:
     """A bus client for ``spec``'s topology at ``url``; credentials never come from the spec text."""
-    from topology.bus import Bus, BusSettings
+    from topology.bus import Bus
 
-    settings = BusSettings(
-        max_ack_pending=spec.bus.max_ack_pending,
-        max_deliver=spec.bus.max_deliver,
-        ack_wait_s=spec.bus.ack_wait_s,
-        dedupe_window_s=spec.bus.dedupe_window_s,
-    )
     token = os.environ.get(spec.bus.token_env) if spec.bus.token_env else None
     return await Bus.connect(
         url,
         name=client_name,
         topology=spec.name,
-        settings=settings,
+        settings=spec.bus,
         creds_file=spec.bus.creds_file or None,
         token=token or None,
     )

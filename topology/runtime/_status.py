@@ -23,6 +23,8 @@ import anyio
 import orjson
 import structlog
 
+from topology._names import bucket_name
+
 if TYPE_CHECKING:
     from topology.bus import Bus
 
@@ -34,7 +36,7 @@ _log = structlog.get_logger("flywheel.runtime")
 
 def status_bucket(topology: str) -> str:
     """KV bucket holding the topology's heartbeats (KV names allow ``[A-Za-z0-9_-]``)."""
-    return f"fw_{topology}_status"
+    return bucket_name(topology, "status")
 
 
 def status_key(actor: str, replica: int) -> str:

@@ -18,7 +18,6 @@ Non-goals: no resource isolation beyond thread counts (no cgroups, no CPU pinnin
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from topology.runtime._actor import ActorState
 from topology.runtime._runtime import RunResult, RuntimeBase
 from topology.runtime._session import Session, open_session
 from topology.runtime._status import ReplicaStatus, put_status
+from topology.runtime._threads import thread_env
 
 if TYPE_CHECKING:
     from topology._spec import Spec
@@ -65,11 +65,6 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return [line for line in text.splitlines() if line.strip()][-lines:]
-
-
-def thread_env(num_cpus: float) -> dict[str, str]:
-    threads = str(max(1, math.ceil(num_cpus)))
-    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
 
 
 class LocalRuntime(RuntimeBase):

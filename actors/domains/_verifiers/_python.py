@@ -30,8 +30,7 @@ from typing import Any
 import anyio
 
 from actors.domains._verifiers._base import VerifierError, VerifyResult, read_literal
-from actors.sandbox._pool import SandboxPool
-from actors.sandbox._verdict import SandboxResult, Verdict
+from actors.sandbox import SandboxPool, SandboxResult, Verdict
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 

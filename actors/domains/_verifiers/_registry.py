@@ -12,7 +12,7 @@ from actors.domains._verifiers._base import Verifier, VerifierError, VerifyResul
 from actors.domains._verifiers._json_fields import JsonFieldsVerifier
 from actors.domains._verifiers._math import MathVerifier
 from actors.domains._verifiers._python import PythonExprVerifier, PythonTestsVerifier
-from actors.sandbox._pool import SandboxPool
+from actors.sandbox import SandboxPool
 
 _SANDBOXED = {"python-tests": PythonTestsVerifier, "python-expr": PythonExprVerifier}
 _PLAIN: dict[str, Callable[..., Verifier]] = {"math": MathVerifier, "json-fields": JsonFieldsVerifier}

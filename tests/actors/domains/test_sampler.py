@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from actors.domains import Domain, DomainSampler, SourceError, domains_from_spec, open_source
+from actors.protocol import domains_of
 
 
 def test_domain_weights_are_respected() -> None:
@@ -50,26 +51,24 @@ def test_bad_weights_or_no_domains_are_errors() -> None:
 def test_domains_from_spec_opens_each_domain_relative_to_the_spec(tmp_path: Path) -> None:
     (tmp_path / "mine.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     entry = SimpleNamespace
-    spec = SimpleNamespace(
-        source_path=tmp_path / "spec.yaml",
-        domains={
-            "arithmetic": entry(
-                source="builtin:arithmetic", verifier="math", verifier_config={}, weight=2, group_size=8, heldout=20
-            ),
-            "mine": entry(
-                source="jsonl:mine.jsonl",
-                verifier="pkg.mod:check",
-                verifier_config={"x": 1},
-                weight=1.0,
-                group_size=1,
-                heldout=1,
-            ),
-        },
-    )
+    domains_section = {
+        "arithmetic": entry(
+            source="builtin:arithmetic", verifier="math", verifier_config={}, weight=2, group_size=8, heldout=20
+        ),
+        "mine": entry(
+            source="jsonl:mine.jsonl",
+            verifier="pkg.mod:check",
+            verifier_config={"x": 1},
+            weight=1.0,
+            group_size=1,
+            heldout=1,
+        ),
+    }
+    spec = SimpleNamespace(source_path=tmp_path / "spec.yaml", sections={"domains": domains_section})
     domains = domains_from_spec(spec)
     assert domains["arithmetic"].weight == 2.0 and domains["arithmetic"].group_size == 8
     assert len(domains["arithmetic"].source.heldout()) == 20
     assert domains["mine"].verifier == "pkg.mod:check" and domains["mine"].verifier_config == {"x": 1}
-    spec.domains["mine"] = entry(source="jsonl:missing.jsonl", verifier="math", weight=1.0, group_size=1, heldout=0)
+    domains_of(spec)["mine"] = entry(source="jsonl:missing.jsonl", verifier="math", weight=1.0, group_size=1, heldout=0)
     with pytest.raises(SourceError, match=r"^domains\.mine: .*missing\.jsonl: file not found"):
         domains_from_spec(spec)

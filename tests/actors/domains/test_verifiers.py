@@ -213,7 +213,7 @@ def test_cli_isolation_refused_is_nonzero(tmp_path: Path) -> None:
 
 
 def test_in_process_verifiers_are_scored_without_a_task_each(sandbox: PoolRunner) -> None:
-    from actors.domains._score import DomainVerifier, Scorer
+    from actors.domains import DomainVerifier, Scorer
 
     scorer = Scorer(
         {

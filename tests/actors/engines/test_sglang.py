@@ -12,9 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from actors.engines import GenerationRequest, SamplingParams, TorchEngine
-from actors.engines._http import EngineHTTPError
-from actors.engines._sglang import SGLangEngine
+from actors.engines import EngineHTTPError, GenerationRequest, SamplingParams, SGLangEngine, TorchEngine
 from actors.policy import GPTConfig, Policy
 from actors.testing import FakeSGLangServer, free_port
 

@@ -253,16 +253,6 @@ def test_from_config_uses_the_generator_config() -> None:
     assert engine.recompute_cache_on_update  # the default: rebuild the running rows' cache after a swap
 
 
-def test_kv_cache_on_update_keep_reaches_the_engine_and_only_the_torch_engine_takes_it() -> None:
-    from actors.generator._config import GeneratorConfig
-
-    config = GeneratorConfig(kv_cache_on_update="keep", device="cpu")
-    engine = TorchEngine.from_config({"model": "builtin:tiny-gpt", "config": {"n_layer": 1, "n_embd": 32}}, config)
-    assert not engine.recompute_cache_on_update
-    with pytest.raises(ValueError, match="expected kv_cache_on_update: recompute with engine: sglang"):
-        GeneratorConfig(engine="sglang", url="http://127.0.0.1:30000", kv_cache_on_update="keep")
-
-
 def test_a_failing_step_hook_fails_the_requests_instead_of_hanging(policy: Policy) -> None:
     async def hook(step: int) -> None:
         raise RuntimeError("hook broke")

@@ -12,10 +12,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from actors.engines import GenerationRequest, SamplingParams, TorchEngine
-from actors.engines._group import DistributedWeights, WeightBroadcaster
-from actors.engines._http import EngineHTTPError
-from actors.engines._vllm import VLLMEngine
+from actors.engines import (
+    DistributedWeights,
+    EngineHTTPError,
+    GenerationRequest,
+    SamplingParams,
+    TorchEngine,
+    VLLMEngine,
+    WeightBroadcaster,
+)
 from actors.policy import GPTConfig, Policy
 from actors.testing import FakeVLLMServer, free_port
 

@@ -10,10 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines import EngineHTTPError, GenerationRequest, SamplingParams, SGLangEngine, TorchEngine
 from actors.engines._group import DistributedWeights, WeightBroadcaster, describe, parse_dtype
-from actors.engines._http import EngineHTTPError
-from actors.engines._sglang import SGLangEngine
 from actors.policy import GPTConfig, Policy
 from actors.testing import FakeSGLangServer, free_port
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from actors.gateway._actor import GatewayActor
+from actors.gateway import GatewayActor
 from actors.generator._actor import GeneratorActor
 from actors.protocol import FeedbackMsg, TrafficMsg
 from tests.conftest import fresh_topology

@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from actors.gateway._actor import read_api_keys
-from actors.gateway._config import GatewayConfig
+from actors.gateway import GatewayConfig, read_api_keys
 from tests.actors.gateway.conftest import API_KEY, Running
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from actors.engines import SamplingParams, TorchEngine
-from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeClient
+from actors.gateway import GenerationError, GeneratorsBusy, NoGenerators, ServeClient
 from actors.generator._serve import serve
 from actors.policy import GPTConfig, Policy
 from topology import load_spec

@@ -16,8 +16,8 @@ from actors.joiner._actor import JoinerActor
 from actors.joiner._config import JoinerConfig
 from actors.protocol import ScoredMsg, TrafficMsg
 from tests.actors.recorder._support import feedback, traffic
-from topology import Spec, load_spec
-from topology.bus import Bus, BusSettings, EmbeddedNats
+from topology import BusSpec, Spec, load_spec
+from topology.bus import Bus, EmbeddedNats
 from topology.runtime import ActorContext
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +39,7 @@ def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> 
 
 @asynccontextmanager
 async def running_joiner(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[JoinerActor]:
-    settings = BusSettings(ack_wait_s=2.0, max_deliver=10)
+    settings = BusSpec(ack_wait_s=2.0, max_deliver=10)
     async with await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus:
         ctx = ActorContext(
             topology=spec.name, actor="joiner", replica=0, kind="joiner", spec=spec, bus=bus, run_dir=run_dir

@@ -11,15 +11,12 @@ from typing import Any
 
 import anyio
 
-from actors.learner import read_metrics
+from actors.learner import LearnerConfig, read_metrics
 from actors.learner._actor import LearnerActor
-from actors.learner._config import LearnerConfig
-from actors.policy import CharTokenizer
-from actors.policy._prompting import encode_prompt
+from actors.policy import CharTokenizer, encode_prompt
 from actors.protocol import ScoredMsg
-from topology import load_spec
-from topology._spec import Spec
-from topology.bus import Bus, BusSettings
+from topology import BusSpec, Spec, load_spec
+from topology.bus import Bus
 from topology.runtime import ActorContext
 
 TINY = "{preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
@@ -110,7 +107,7 @@ async def running_learner(
 ) -> AsyncIterator[tuple[LearnerActor, Bus]]:
     """Start a learner in this event loop; on exit stop it cleanly, or (crash=True) cancel it mid-run and drop its
     bus connection without drain — what a SIGKILL leaves behind, as far as the bus and the state dir can tell."""
-    settings = BusSettings(
+    settings = BusSpec(
         ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver, dedupe_window_s=spec.bus.dedupe_window_s
     )
     async with await Bus.connect(url, topology=spec.name, name="learner", settings=settings) as bus:

@@ -112,8 +112,8 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
 async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
     embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str
 ) -> None:
-    from actors.weights._flow import CURRENT, weights_bucket
-    from actors.weights._manifest import WeightManifest
+    from actors.protocol import CURRENT, weights_bucket
+    from actors.weights import WeightManifest
 
     spec = write_spec(tmp_path, learner(extra=setting))
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (_actor, bus):
@@ -127,7 +127,7 @@ async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
 
 
 async def test_auto_transport_is_the_object_store_on_ray() -> None:
-    from actors.learner._config import LearnerConfig
+    from actors.learner import LearnerConfig
 
     assert LearnerConfig().transport_name("ray") == "object-store"
     assert LearnerConfig().transport_name("local") == "disk"

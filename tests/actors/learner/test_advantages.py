@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from actors.learner._advantages import AdvantageEstimator, RunningStats, is_stale, staleness
+from actors.learner import AdvantageEstimator, RunningStats, is_stale, staleness
 
 
 def test_grpo_group_advantages() -> None:

@@ -6,8 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from actors.domains import open_source
-from actors.learner._config import LearnerConfig
-from actors.learner._eval import EvalTracker, eval_message_id
+from actors.learner import EvalTracker, LearnerConfig, eval_message_id
 from actors.protocol import ScoredCompletion, ScoredMsg
 
 

@@ -27,8 +27,8 @@ import pytest
 
 from actors.learner import read_metrics
 from tests.actors.learner._helpers import effective_applied, scored, write_spec
-from topology._spec import Spec
-from topology.bus import Bus, BusSettings, EmbeddedNats
+from topology import BusSpec, Spec
+from topology.bus import Bus, EmbeddedNats
 from topology.runtime._status import read_status
 
 pytestmark = pytest.mark.anyio
@@ -87,7 +87,7 @@ async def test_sigkill_mid_run_loses_and_doubles_nothing(embedded_nats: Embedded
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ids = [f"m{i:02d}" for i in range(20)]  # 2 groups of 4 completions per step: 10 steps in all
-    settings = BusSettings(ack_wait_s=1.0, max_deliver=spec.bus.max_deliver)
+    settings = BusSpec(ack_wait_s=1.0, max_deliver=spec.bus.max_deliver)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test", settings=settings) as bus:
         await bus.ensure_channel("scored")
         first = spawn(spec, run_dir, embedded_nats.url, 0)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from actors.learner._loss import PPOConfig, decoupled_ppo_loss, importance_weights, k3_kl
+from actors.learner import PPOConfig, decoupled_ppo_loss, importance_weights, k3_kl
 
 
 def _t(*rows: list[float]) -> torch.Tensor:

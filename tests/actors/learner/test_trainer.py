@@ -12,8 +12,7 @@ import torch
 
 from actors.domains import Domain, DomainSampler, open_source
 from actors.learner import PPOConfig, Trainer, TrainSample, reference_pairs, warm_start
-from actors.policy import GPTConfig, Policy
-from actors.policy._prompting import encode_completion, encode_prompt
+from actors.policy import GPTConfig, Policy, encode_completion, encode_prompt
 
 
 def tiny() -> Policy:
@@ -141,11 +140,11 @@ def test_bucketed_step_has_the_gradient_of_one_padded_batch(
 ) -> None:
     """Length buckets and shared prompts are a speed-up only: the gradient is the whole batch's (token mean, or mean
     over completions of each one's token mean), as if every row were packed whole in one padded batch."""
-    from actors.learner._loss import decoupled_ppo_loss
+    from actors.learner import decoupled_ppo_loss
     from actors.learner._trainer import pack
 
     if model == "hf":
-        from actors.policy._testing import write_tiny_hf_model
+        from actors.policy import write_tiny_hf_model
 
         policy = Policy.from_spec({"model": f"hf:{write_tiny_hf_model(tmp_path / 'm', n_layer=2, n_embd=32)}"})
     else:
@@ -186,7 +185,7 @@ def test_several_updates_per_batch_measure_ratios_against_the_step_start() -> No
 
 def test_dropout_of_a_hugging_face_model_stays_off_in_training(tmp_path: Path) -> None:
     """GPT-2 configs carry dropout; the learner's logprobs must be those of the policy the generators sample."""
-    from actors.policy._testing import write_tiny_hf_model
+    from actors.policy import write_tiny_hf_model
 
     model_dir = write_tiny_hf_model(tmp_path / "m", n_layer=1, n_embd=32, n_head=2)
     config = json.loads((model_dir / "config.json").read_text())
@@ -213,7 +212,7 @@ def test_two_epochs_take_the_proximal_logprobs_from_the_first_forward() -> None:
     import copy
     import dataclasses
 
-    from actors.learner._loss import decoupled_ppo_loss
+    from actors.learner import decoupled_ppo_loss
     from actors.learner._trainer import pack
 
     policy = tiny()

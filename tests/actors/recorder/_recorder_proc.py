@@ -13,14 +13,14 @@ import anyio
 
 from actors.recorder._actor import RecorderActor
 from actors.recorder._config import RecorderConfig
-from topology import load_spec
-from topology.bus import Bus, BusSettings
+from topology import BusSpec, load_spec
+from topology.bus import Bus
 from topology.runtime import ActorContext
 
 
 async def main(spec_path: str, url: str, run_dir: str) -> None:
     spec = load_spec(spec_path)
-    settings = BusSettings(ack_wait_s=1.0, max_deliver=1000)
+    settings = BusSpec(ack_wait_s=1.0, max_deliver=1000)
     async with await Bus.connect(url, topology=spec.name, name="recorder", settings=settings) as bus:
         ctx = ActorContext(
             topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=Path(run_dir)

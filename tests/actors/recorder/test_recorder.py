@@ -18,8 +18,8 @@ from actors.recorder import ChannelWriter
 from actors.recorder._actor import RecorderActor
 from actors.recorder._config import RecorderConfig
 from tests.actors.recorder._support import feedback, recorder_spec, scored, traffic
-from topology import Spec
-from topology.bus import Bus, BusSettings, Delivery, EmbeddedNats
+from topology import BusSpec, Spec
+from topology.bus import Bus, Delivery, EmbeddedNats
 from topology.runtime import ActorContext
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 
 @asynccontextmanager
 async def running_recorder(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[RecorderActor]:
-    settings = BusSettings(ack_wait_s=1.0, max_deliver=50)
+    settings = BusSpec(ack_wait_s=1.0, max_deliver=50)
     async with await Bus.connect(server.url, topology=spec.name, name="recorder", settings=settings) as bus:
         ctx = ActorContext(
             topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=run_dir

@@ -13,7 +13,8 @@ import anyio
 import pydantic
 import pytest
 
-from topology.bus import DEADLETTER, Bus, BusError, BusSettings, ChannelConsumer, Delivery, EmbeddedNats
+from topology import BusSpec
+from topology.bus import DEADLETTER, Bus, BusError, ChannelConsumer, Delivery, EmbeddedNats
 
 pytestmark = pytest.mark.anyio
 
@@ -149,7 +150,7 @@ async def test_nak_redelivers(bus: Bus) -> None:
     assert bus.stats.naked == 1
 
 
-@pytest.mark.parametrize("bus_settings", [BusSettings(ack_wait_s=1.0, max_deliver=2)])
+@pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=1.0, max_deliver=2)])
 async def test_nak_on_last_delivery_goes_to_dead_letter(bus: Bus) -> None:
     msg_id = await bus.publish("prompts", "p", {"x": 1})
     async with bus.consume("prompts", "gen") as consumer:
@@ -165,7 +166,7 @@ async def test_nak_on_last_delivery_goes_to_dead_letter(bus: Bus) -> None:
     assert bus.stats.dead_lettered == 1
 
 
-@pytest.mark.parametrize("bus_settings", [BusSettings(ack_wait_s=1.0, max_deliver=1)])
+@pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=1.0, max_deliver=1)])
 async def test_message_whose_handler_keeps_dying_goes_to_dead_letter(bus: Bus) -> None:
     msg_id = await bus.publish("prompts", "p", {})
     async with bus.consume("prompts", "gen") as consumer:
@@ -188,7 +189,7 @@ async def test_handler_dead_letter_keeps_reason(bus: Bus) -> None:
     assert letter["reason"] == "verifier rejected the payload"
 
 
-@pytest.mark.parametrize("bus_settings", [BusSettings(ack_wait_s=30.0)])
+@pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=30.0)])
 async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None:
     await bus.publish_many("prompts", [("p", {"i": i}, None) for i in range(10)])
     async with bus.consume("prompts", "gen", batch=8) as greedy:

@@ -11,7 +11,8 @@ import pydantic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topology.bus import DEADLETTER, Bus, BusSettings, EmbeddedNats
+from topology import BusSpec
+from topology.bus import DEADLETTER, Bus, EmbeddedNats
 
 
 class Prompt(pydantic.BaseModel):
@@ -64,7 +65,7 @@ poison = st.one_of(arbitrary_bytes, not_an_object, missing_field, wrong_type, ba
 
 async def _run(url: str, poisons: list[bytes]) -> None:
     topology = f"t-{uuid.uuid4().hex[:10]}"
-    async with await Bus.connect(url, topology=topology, name="fuzz", settings=BusSettings(ack_wait_s=5)) as bus:
+    async with await Bus.connect(url, topology=topology, name="fuzz", settings=BusSpec(ack_wait_s=5)) as bus:
         js = bus.nc.jetstream()
         await bus.ensure_channel("prompts")
         for data in poisons:

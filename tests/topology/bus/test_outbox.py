@@ -8,7 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
-from topology.bus import Bus, BusError, BusSettings, Delivery, Outbox
+from topology import BusSpec
+from topology.bus import Bus, BusError, Delivery, Outbox
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +53,7 @@ async def test_concurrent_sends_are_published_once_each_and_their_inputs_acked(b
             pytest.fail(f"input redelivered: {extra!r}")
 
 
-@pytest.mark.parametrize("bus_settings", [BusSettings(ack_wait_s=1.0, max_deliver=3)])
+@pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=1.0, max_deliver=3)])
 async def test_a_failed_publish_raises_and_leaves_the_delivery_unacked(bus: Bus) -> None:
     await bus.publish("inputs", "in", {"i": 1})
     async with bus.consume("inputs", "worker") as inputs, Outbox(bus) as outbox:

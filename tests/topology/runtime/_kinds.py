@@ -4,7 +4,7 @@
 - ``tally`` consumes its first ``consumes`` channel as one group, acks and counts.
 - ``crasher`` raises after ``crash_after_s`` — every time.
 Every kind appends its lifecycle steps to ``<state_dir>/lifecycle.txt`` so tests can check the order.
-Processes of a run find these kinds through ``FLYWHEEL_ACTOR_MODULES=tests.topology.runtime._kinds``.
+Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.runtime._kinds``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from topology._registry import ActorKind, register_actor_kind
+from topology import ActorKind, register_actor_kind
 from topology.runtime import Actor
 
 MODULE = "tests.topology.runtime._kinds"

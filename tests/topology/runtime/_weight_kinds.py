@@ -5,7 +5,7 @@
 - ``wreceiver`` (config ``weight_sync: distributed``) serves a real :class:`TorchEngine` and swaps each version
   in with :class:`~actors.weights.WeightSubscriber`; after each swap it checks every parameter holds ``v / 100``
   and counts ``verified`` (or ``mismatched``); counter ``version`` is the engine's version.
-Found by processes of a run through ``FLYWHEEL_ACTOR_MODULES=tests.topology.runtime._weight_kinds``.
+Found by processes of a run through ``FLYWHEEL_PLUGINS=tests.topology.runtime._weight_kinds``.
 Torch is imported when a replica starts, never by this module's import (the spec layer loads it).
 """
 
@@ -16,7 +16,8 @@ from typing import Any, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from topology._registry import ActorKind, register_actor_kind
+from actors.protocol import policy_of
+from topology import ActorKind, register_actor_kind
 from topology.runtime import Actor
 
 MODULE = "tests.topology.runtime._weight_kinds"
@@ -41,7 +42,7 @@ class Sender(Actor[SenderConfig]):
         from actors.weights import DistributedTransport, WeightPublisher
 
         torch.set_num_threads(1)
-        template = Policy.from_spec(self.ctx.spec.policy).state_dict()
+        template = Policy.from_spec(policy_of(self.ctx.spec)).state_dict()
         transport = DistributedTransport.for_context(self.ctx)
         publisher = WeightPublisher(self.ctx.bus, self.ctx.topology, transport)
         current = await publisher.current()
@@ -60,10 +61,10 @@ class Receiver(Actor[ReceiverConfig]):
     engine: Any = None
 
     async def start(self) -> None:
-        from actors.engines._torch import TorchEngine
+        from actors.engines import TorchEngine
         from actors.policy import Policy
 
-        self.engine = TorchEngine(Policy.from_spec(self.ctx.spec.policy), num_threads=1)
+        self.engine = TorchEngine(Policy.from_spec(policy_of(self.ctx.spec)), num_threads=1)
 
     async def run(self) -> None:
         from actors.weights import DistributedTransport, WeightSubscriber

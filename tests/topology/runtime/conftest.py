@@ -17,6 +17,6 @@ if str(ROOT) not in sys.path:  # so `tests.topology.runtime._kinds` (the kinds' 
 
 @pytest.fixture
 def kinds_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLYWHEEL_ACTOR_MODULES", KINDS)
+    monkeypatch.setenv("FLYWHEEL_PLUGINS", KINDS)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     importlib.import_module(KINDS)

@@ -29,6 +29,7 @@ def test_exported_members() -> None:
         "iterate_until",
         "read_run_info",
         "read_run_status",
+        "read_status",
         "status_bucket",
     }
 

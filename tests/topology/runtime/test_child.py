@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from topology.runtime._child import size_torch_threads
-from topology.runtime._supervisor import thread_env
+from topology.runtime._threads import size_torch, thread_env
 
 
 def test_runtime_and_cli_do_not_import_torch() -> None:
@@ -27,7 +26,7 @@ def test_torch_threads_are_sized_from_num_cpus() -> None:
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
     try:
-        assert size_torch_threads(0.5) == 1
+        assert size_torch(0.5) == 1
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -49,7 +49,7 @@ def ray_instance() -> Iterator[None]:
 def ray_kinds(kinds_env: None, monkeypatch: pytest.MonkeyPatch, ray_instance: None) -> None:
     import importlib
 
-    monkeypatch.setenv("FLYWHEEL_ACTOR_MODULES", KINDS)
+    monkeypatch.setenv("FLYWHEEL_PLUGINS", KINDS)
     importlib.import_module("tests.topology.runtime._weight_kinds")
 
 

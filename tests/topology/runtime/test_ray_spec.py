@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.topology.runtime._helpers import write_spec
-from topology import load_spec
-from topology._errors import SpecError
-from topology._spec import ResourcesSpec
+from topology import ResourcesSpec, SpecError, load_spec
 from topology.runtime._ray import bundle_for
 
 

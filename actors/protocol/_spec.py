@@ -1,0 +1,128 @@
+"""The application's sections of a topology spec: ``policy`` (the model) and ``domains`` (the task domains).
+
+Contract: these models are registered with the framework as spec sections (`actors._app`), so a spec's
+``policy:`` and ``domains:`` are validated like the framework's own sections — strict, ``extra="forbid"``, every
+error at its ``file:line`` — and then checked by the hooks in `actors.domains._checks` and `actors.policy._checks`
+(files exist, task sources open, builtin names are known). Every actor reads them through `policy_of` and
+`domains_of`; a spec without ``domains:`` has none.
+
+Non-goals: validating ``policy.config`` (the policy library owns the model's hyper-parameters and says what is
+wrong with them when the model is built).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from topology import Spec, SpecModel, show
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "DomainSpec",
+    "PolicySpec",
+    "WarmStartSpec",
+    "domains_of",
+    "policy_of",
+]
+
+BUILTIN_MODELS = ("tiny-gpt",)
+_CALLABLE_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_BUILTIN_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+class WarmStartSpec(SpecModel):
+    """Supervised warm start run by the learner when no checkpoint exists."""
+
+    # null: 200 for a builtin model (random weights: RL needs some reward to climb from), 0 for an hf: model (a
+    # trained model's weights are the starting point; an SFT phase it did not ask for would change them); 0 disables
+    steps: int | None = Field(default=None, ge=0)
+    lr: float = Field(default=1e-3, gt=0)  # supervised learning rate (RL rates are far smaller; see learner.lr)
+    batch_size: int = Field(default=32, ge=1)  # (prompt, reference) pairs per supervised step
+
+
+class PolicySpec(SpecModel):
+    """The language model being trained and served."""
+
+    model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id>
+    tokenizer: str | None = None  # null: the model's own tokenizer
+    config: dict[str, Any] = Field(default_factory=dict)  # free-form model hyper-parameters (builtin models)
+    checkpoint: str | None = None  # start from these weights (path, relative to the spec file); null: fresh
+    warm_start: WarmStartSpec = WarmStartSpec()  # supervised steps on the reference answers before RL
+
+    @property
+    def warm_start_steps(self) -> int:
+        """``warm_start.steps``, its default resolved by the kind of model (see `WarmStartSpec`)."""
+        if self.warm_start.steps is not None:
+            return self.warm_start.steps
+        return 200 if self.model.startswith("builtin:") else 0
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, model: str) -> str:
+        scheme, sep, rest = model.partition(":")
+        if scheme == "builtin" and sep:
+            if rest not in BUILTIN_MODELS:
+                raise ValueError(f"expected a builtin model ({', '.join(BUILTIN_MODELS)}), got {show(model)}")
+            return model
+        if scheme == "hf" and sep and rest:
+            return model
+        raise ValueError(f"expected builtin:<name> or hf:<path or hub id>, got {show(model)}")
+
+
+class DomainSpec(SpecModel):
+    """A task domain: where prompts come from and how completions are scored."""
+
+    source: str  # builtin:<arithmetic|pyexpr|extract>[?option=value&…] or jsonl:<path relative to the spec>
+    source_options: dict[str, Any] = Field(default_factory=dict)  # options of a builtin source (e.g. max_operand)
+    verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
+    verifier_config: dict[str, Any] = Field(default_factory=dict)  # passed to the verifier as keyword arguments
+    weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
+    #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
+    group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples
+    heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
+    max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts
+    # a group with no correct completion: skip it when all scored 0, or train on the task's reference answer
+    # added to it (partial credit counts as not correct); null: the learner's `failed_groups` (skip by default)
+    failed_groups: Literal["skip", "reference"] | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, source: str) -> str:
+        scheme, sep, rest = source.partition(":")
+        if scheme in ("builtin", "jsonl") and sep and rest:
+            return source  # which builtins exist, and whether the file opens: the domains library's check
+        raise ValueError(f"expected builtin:<name> or jsonl:<path>, got {show(source)}")
+
+    @field_validator("verifier")
+    @classmethod
+    def _check_verifier(cls, verifier: str) -> str:
+        if _BUILTIN_NAME.match(verifier) or _CALLABLE_REF.match(verifier):
+            return verifier  # which builtins exist: the domains library's check
+        raise ValueError(f"expected a builtin verifier name or module:function, got {show(verifier)}")
+
+    @field_validator("heldout", mode="before")
+    @classmethod
+    def _check_heldout(cls, heldout: Any) -> Any:
+        if isinstance(heldout, int) and not isinstance(heldout, bool) and heldout >= 0:
+            return heldout
+        if isinstance(heldout, str) and heldout.startswith("jsonl:") and len(heldout) > len("jsonl:"):
+            return heldout
+        raise ValueError(f"expected a count >= 0 or jsonl:<path>, got {show(heldout)}")
+
+
+def policy_of(spec: Spec) -> PolicySpec:
+    """The spec's ``policy`` section (required by the application, so always present in a validated spec)."""
+    policy = spec.sections.get("policy")
+    if not isinstance(policy, PolicySpec):
+        raise ValueError(f"spec {spec.name!r} has no policy section")
+    return policy
+
+
+def domains_of(spec: Spec) -> Mapping[str, DomainSpec]:
+    """The spec's task domains by name (empty when it has no ``domains:``)."""
+    domains: Mapping[str, DomainSpec] = spec.sections.get("domains", {})
+    return domains

@@ -1,0 +1,55 @@
+"""What a learner tells the actors that feed it, and what they read of its spec: the backpressure contract.
+
+A source with ``max_in_flight`` bounds the training groups anywhere between itself and its learners (see
+`actors.source._actor`). Two things cross the kind boundary for that, both defined here:
+
+- `LearnerStatus`: the part of a learner replica's heartbeat its feeders steer by — groups buffered and not yet
+  applied (``buffered_groups``) and held-out prompts it has out (``eval_out``: they travel the training stages but
+  are not training groups). The learner reports it with `LearnerStatus.counters`; a feeder reads it back from a
+  heartbeat with `LearnerStatus.from_counters`.
+- `LearnerPace`: the fields of a learner's config a feeder sizes its ``auto`` bound from (batch size, publish
+  cadence, staleness limit, sync or async mode). A learner kind's config model satisfies it; a feeder checks
+  ``isinstance(config, LearnerPace)`` instead of reading fields by name.
+
+Non-goals: anything a feeder does not steer by (the learner's other counters are for people and dashboards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["LearnerPace", "LearnerStatus"]
+
+
+class LearnerStatus(BaseModel):
+    """A learner replica's backpressure figures, as its heartbeat carries them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    buffered_groups: int = 0  # training groups received and buffered, not applied yet
+    eval_out: int = 0  # held-out prompts published whose scores are not back yet
+
+    def counters(self) -> dict[str, int]:
+        """The heartbeat counters that carry this status."""
+        return {"buffered_groups": self.buffered_groups, "eval_out": self.eval_out}
+
+    @classmethod
+    def from_counters(cls, counters: Mapping[str, Any]) -> LearnerStatus:
+        """Read the status back from a heartbeat's counters (absent ones count as 0)."""
+        return cls(
+            buffered_groups=int(counters.get("buffered_groups", 0) or 0),
+            eval_out=int(counters.get("eval_out", 0) or 0),
+        )
+
+
+@runtime_checkable
+class LearnerPace(Protocol):
+    """The fields of a learner's config that its feeders size their bound from."""
+
+    batch_size: int  # completions per learner step
+    publish_every_steps: int  # steps between weight versions
+    max_staleness: int  # versions a sample may lag before the learner drops it
+    mode: str  # "async", or "sync": one batch per version

@@ -1,0 +1,33 @@
+"""specs/REFERENCE.md documents every spec key: it is what `flywheel reference` generates from the models."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from tests.conftest import ROOT
+from topology import actor_kinds, spec_sections
+from topology._reference import reference_markdown
+from topology.cli import main
+
+
+def test_the_checked_in_reference_is_current() -> None:
+    current = (ROOT / "specs" / "REFERENCE.md").read_text()
+    assert current == reference_markdown(), "specs/REFERENCE.md is stale: run `flywheel reference > specs/REFERENCE.md`"
+
+
+def test_every_field_of_every_model_has_a_row_with_a_meaning() -> None:
+    text = reference_markdown()
+    for name, kind in actor_kinds().items():
+        for field in kind.config.model_fields:
+            row = next((line for line in text.splitlines() if line.startswith(f"| `actors.<{name}>.{field}` |")), None)
+            assert row is not None, f"{name}.{field} is not documented"
+            assert not row.rstrip().endswith("|  |"), f"actors.<{name}>.{field} has no comment in its model"
+    for name, section in spec_sections().items():
+        prefix = f"{name}.<name>" if section.keyed else name
+        for field in section.model.model_fields:
+            assert f"| `{prefix}.{field}` |" in text, f"{prefix}.{field} is not documented"
+
+
+def test_the_command_prints_it() -> None:
+    result = CliRunner().invoke(main, ["reference"])
+    assert result.exit_code == 0 and result.output == reference_markdown()
