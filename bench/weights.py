@@ -10,7 +10,7 @@ Measures, in one run on this machine:
 - ``broadcast``: a gloo torch.distributed group, rank 0 here and one rank per generator process;
 - the decode stall: a TorchEngine decoding a batch while a swap lands, measured in decode steps.
 
-Targets (DESIGN.md): ≤ 2× memcpy for the disk/shared-memory path, ≤ 5× for the object store, stall ≤ 1 step.
+Targets: ≤ 2× memcpy for the disk/shared-memory path, ≤ 5× for the object store, stall ≤ 1 step.
 Figures are wall-clock on a shared machine: compare ratios within one run.
 
     python bench/weights.py --quick        # ~1M / 10M / 100M parameters, 2 generator processes, ≤ 60 s

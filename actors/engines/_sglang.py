@@ -1,6 +1,6 @@
 """SGLangEngine: the :class:`Engine` protocol over a running SGLang server's HTTP API.
 
-Contract (shapes in ``reference/ENGINES.md``):
+Contract (the routes and JSON shapes of SGLang's native HTTP API):
 
 * ``generate`` posts one ``/generate`` per request with ``input_ids``, ``return_logprob`` and
   ``logprob_start_len=-1``; token ids and behavior logprobs come from ``meta_info.output_token_logprobs``

@@ -23,7 +23,7 @@ Contract:
   ``Completion.unfiltered_logprobs`` is ``log softmax(logits / T)`` (T = 1 for greedy) — exactly what
   ``Policy.token_logprobs(..., temperature=T)`` recomputes in the learner, so it is the like-for-like
   number for measuring train/inference mismatch. Without top-k/top-p the two are identical; with them the
-  learner should use ``logprobs`` as μ and apply the same temperature in its own forward (ALGORITHMS.md).
+  learner should use ``logprobs`` as μ and apply the same temperature in its own forward (`actors.learner._loss`).
 * Versions: every token carries the engine's weight version at the step that produced it.
   ``update_weights(version, source)`` validates the whole payload (names, shapes, dtypes, finite values)
   without touching the live model, then copies it in under the engine lock *between* two steps — running

@@ -1,6 +1,7 @@
 """VLLMEngine: the :class:`Engine` protocol over a running vLLM OpenAI-compatible server.
 
-Contract (shapes in ``reference/ENGINES.md``; the control routes need ``VLLM_SERVER_DEV_MODE=1``):
+Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which need
+``VLLM_SERVER_DEV_MODE=1``):
 
 * ``generate`` posts one ``/v1/completions`` per request with the prompt as a list of token ids,
   ``logprobs=0`` (the sampled token's logprob only), ``return_token_ids`` and

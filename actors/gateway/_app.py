@@ -18,7 +18,7 @@ Contract:
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
-  :data:`~actors.protocol._messages.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
+  :data:`~actors.protocol.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
   Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later.
 
 Non-goals: cancelling generation when a client disconnects, per-key quotas, TLS (put a proxy in front).

@@ -1,7 +1,7 @@
 """Config of the `learner` actor kind (light module: no torch; registers the kind on import).
 
 The learner trains the policy off-policy from `scored` (decoupled PPO with truncated importance weights,
-GRPO group advantages, per-domain baselines; see reference/ALGORITHMS.md) and publishes new weights. It also
+GRPO group advantages, per-domain baselines; see `_loss` and `_advantages`) and publishes new weights. It also
 triggers the held-out evaluation: every `eval_every_steps` it publishes held-out prompts to `prompts`
 (greedy unless `eval_temperature` > 0, `heldout: true`) and reads their scores back from `scored` — it never trains on
 them.

@@ -1,6 +1,6 @@
 """Decoupled PPO with truncated importance weights — the learner's loss, written once.
 
-Contract (see ``shared/reference/ALGORITHMS.md``), per completion token ``t``:
+Contract, per completion token ``t``:
 
 ```
 ratio_t   = exp(log π_θ,t − log π_prox,t)

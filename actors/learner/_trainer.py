@@ -5,7 +5,7 @@ Contract:
   to the batch's longest row; the RL step packs whole groups with the prompt computed once per group
   (:mod:`actors.learner._prefix`, the same numbers). Positions come from the attention mask
   (``Policy.token_logprobs``), so a row scores exactly the tokens the generator sampled whatever its padding
-  (reference/ALGORITHMS.md, "Left padding"). The completion tokens sit
+  (positions count real tokens only). The completion tokens sit
   at the right end; the loss mask covers exactly them.
 - RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
   on the decoupled PPO loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when

@@ -6,7 +6,7 @@ downloaded; a missing directory or a directory transformers cannot read is a one
 use_cache)`` behaves like :class:`~actors.policy._tiny_gpt.TinyGPT`'s: the cache is a list of per-layer
 ``(keys, values)`` tensors ``[B, heads, past, head_dim]`` (converted to and from transformers'
 ``DynamicCache`` around each call), and position ids are passed explicitly (GPT-2's absolute positions
-otherwise count left padding — ALGORITHMS.md). GPT-2 models in eval mode skip transformers' module
+otherwise count left padding). GPT-2 models in eval mode skip transformers' module
 stack for the same computation written out in ``_gpt2`` (faster at CPU sizes);
 ``native=False`` (spec: ``policy.config.native_forward: false``) keeps transformers' forward throughout.
 

@@ -9,7 +9,7 @@ Contract of :meth:`TinyGPT.forward`:
 * ``attention_mask`` (``[B, past + L]``, 1 = real token) lets rows of a batch be left-padded; padded
   keys are never attended by real queries, so a row's result does not depend on its batch-mates.
 * ``position_ids`` (``[B, L]``) default to ``cumsum(attention_mask) - 1`` over the last ``L`` columns,
-  i.e. positions count real tokens only — the same rule the generator and learner use (ALGORITHMS.md).
+  i.e. positions count real tokens only — the same rule the generator and learner use.
 * The cache is a list, one ``(keys, values)`` pair per layer, each ``[B, n_head, past, head_dim]`` with
   RoPE already applied to the keys; it is returned extended by the ``L`` new positions when
   ``use_cache`` is true. The caller owns it (the engine pads, merges and slices it between steps).

@@ -1,4 +1,4 @@
-"""FakeSGLangServer: SGLang's HTTP shapes (``reference/ENGINES.md``) served by a real :class:`TorchEngine`.
+"""FakeSGLangServer: SGLang's HTTP routes (those `SGLangEngine` drives), served by a real :class:`TorchEngine`.
 
 Contract: it really generates (token ids, logprobs and the weight version from the engine), really loads
 safetensors from disk and really joins a gloo (or NCCL) group and receives broadcast tensors; payloads are

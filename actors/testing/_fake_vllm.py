@@ -1,4 +1,4 @@
-"""FakeVLLMServer: vLLM's OpenAI-compatible and dev-mode routes (``reference/ENGINES.md``) over a real
+"""FakeVLLMServer: vLLM's OpenAI-compatible and dev-mode routes over a real
 :class:`TorchEngine`.
 
 Contract: ``/v1/completions`` really generates from token-id prompts (or text, tokenized with the engine's

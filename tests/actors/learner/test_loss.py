@@ -1,4 +1,4 @@
-"""The decoupled PPO loss against hand-computed values (shared/reference/ALGORITHMS.md)."""
+"""The decoupled PPO loss against hand-computed values (the formulas in `actors.learner._loss`)."""
 
 from __future__ import annotations
 
