@@ -1,4 +1,4 @@
-"""The HTTP plumbing shared by the SGLang and vLLM engine clients.
+"""The HTTP plumbing shared by the SGLang and vLLM engine clients, and their common base class `HTTPEngine`.
 
 Contract: every failed call raises :class:`EngineHTTPError`, whose message names the engine, the server
 URL, the method and path, the HTTP status (or the transport failure) and the server's own message — one
@@ -10,14 +10,22 @@ beyond an optional bearer token, no connection pooling policy beyond httpx's def
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import math
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-__all__ = ["EngineHTTPError", "HTTPCaller"]
+from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+
+if TYPE_CHECKING:
+    from actors.engines._group import Broadcaster, DistributedWeights
+
+__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine"]
 
 
 class EngineHTTPError(RuntimeError):
@@ -183,3 +191,160 @@ class HTTPCaller:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one generation call returned: tokens with their behaviour logprobs, the version that made them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    text: str
+    finish_reason: FinishReason
+
+
+class HTTPEngine(abc.ABC):
+    """What the SGLang and vLLM clients share: the HTTP caller, the tracked version, generation fanned out one call per
+    request, and weight updates — serialized, bracketed by a pause when the engine is running, from a safetensors
+    directory or over a torch.distributed group the server joins once (both sides block on the group's store until
+    they meet, so the join call and the local connect run concurrently). Subclasses say how each is spelled in their
+    server's API."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        connect_timeout_s: float,
+        retries: int,
+        backoff_s: float,
+        max_resubmits: int,
+        rank_offset: int,
+        update_timeout_s: float,
+        api_key: str | None,
+    ) -> None:
+        if max_resubmits < 0:
+            raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")
+        self._http = HTTPCaller(
+            self.name,
+            url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            api_key=api_key,
+        )
+        self.url = self._http.url
+        self.max_resubmits = max_resubmits
+        self.rank_offset = rank_offset
+        self.update_timeout_s = update_timeout_s
+        self.resubmitted = 0  # requests resubmitted after an abort (a statistic for report())
+        self._version = 0
+        self._paused = False
+        self._group_joined: object | None = None  # the broadcaster whose group the server has joined
+        self._update_lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @abc.abstractmethod
+    async def start(self, *, health_timeout_s: float = 60.0) -> None:
+        """Wait until the server can generate and learn what it serves."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    async def _generate_one(self, request: GenerationRequest) -> Completion:
+        """One request, resubmitted with its prompt plus the tokens it already has after each abort (a pause for a
+        weight update aborts it), up to ``max_resubmits`` times — so every chunk carries the version that really
+        produced it; past that it is returned with ``finish_reason="abort"``."""
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        text = ""
+        finish: FinishReason = "abort"
+        for attempt in range(self.max_resubmits + 1):
+            chunk = await self._generate_chunk(request, token_ids, attempt)
+            token_ids += chunk.token_ids
+            logprobs += [lp if math.isfinite(lp) else -math.inf for lp in chunk.logprobs]
+            versions += [chunk.version] * len(chunk.token_ids)
+            text += chunk.text
+            finish = chunk.finish_reason
+            if finish != "abort":
+                break
+            if len(token_ids) >= request.params.max_new_tokens:
+                finish = "length"
+                break
+            if attempt < self.max_resubmits:
+                self.resubmitted += 1
+        return Completion(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            versions=tuple(versions),
+            text=text,
+            finish_reason=finish,
+        )
+
+    @abc.abstractmethod
+    async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
+        """One call to the server: continue ``request`` after ``prefix`` (the tokens it already has)."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None: ...
+
+    @abc.abstractmethod
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
+        from actors.engines._group import DistributedWeights  # torch: only once weights move
+
+        async with self._update_lock:
+            bracket = not self._paused
+            if bracket:
+                await self.pause()
+            try:
+                if isinstance(source, DistributedWeights):
+                    broadcaster = source.broadcaster
+                    if self._group_joined is not broadcaster:
+                        await asyncio.gather(self._join_group(broadcaster), asyncio.to_thread(broadcaster.connect))
+                        self._group_joined = broadcaster
+                    await self._receive_broadcast(version, source)
+                elif isinstance(source, str):
+                    await self._load_from_disk(version, source)
+                else:
+                    raise TypeError(
+                        f"{type(self).__name__}.update_weights takes a safetensors directory path or "
+                        f"DistributedWeights; got {type(source).__name__} (write in-memory tensors to disk first)"
+                    )
+                self._version = version
+            finally:
+                if bracket:
+                    await self.resume()
+
+    @abc.abstractmethod
+    async def _load_from_disk(self, version: int, path: str) -> None:
+        """Have the server load the safetensors directory ``path`` as ``version``."""
+
+    @abc.abstractmethod
+    async def _join_group(self, broadcaster: Broadcaster) -> None:
+        """Have the server join the broadcaster's group (returns once it has)."""
+
+    @abc.abstractmethod
+    async def _receive_broadcast(self, version: int, source: DistributedWeights) -> None:
+        """Have the server receive ``source.tensors`` while the broadcaster sends them, as ``version``."""

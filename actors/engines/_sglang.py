@@ -23,13 +23,12 @@ Non-goals: no streaming, no ``text`` prompts (callers tokenize), no CUDA-IPC ``u
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from actors.engines._group import DistributedWeights, describe
-from actors.engines._http import EngineHTTPError, HTTPCaller
-from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+from actors.engines._group import Broadcaster, DistributedWeights, describe
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine
+from actors.engines._types import FinishReason, GenerationRequest
 
 __all__ = ["SGLangEngine"]
 
@@ -69,7 +68,7 @@ def _as_version(value: Any) -> int | None:
         return None
 
 
-class SGLangEngine:
+class SGLangEngine(HTTPEngine):
     """Drive one SGLang server. ``await engine.start()`` (or ``async with``) before use."""
 
     name = "sglang"
@@ -89,33 +88,20 @@ class SGLangEngine:
         update_timeout_s: float = 600.0,
         api_key: str | None = None,
     ) -> None:
-        if max_resubmits < 0:
-            raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")
-        self._http = HTTPCaller(
-            self.name,
+        super().__init__(
             url,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             retries=retries,
             backoff_s=backoff_s,
+            max_resubmits=max_resubmits,
+            rank_offset=rank_offset,
+            update_timeout_s=update_timeout_s,
             api_key=api_key,
         )
-        self.url = self._http.url
-        self.max_resubmits = max_resubmits
         self.pause_mode: PauseMode = pause_mode
         self.group_name = group_name
-        self.rank_offset = rank_offset
-        self.update_timeout_s = update_timeout_s
         self.server_info: dict[str, Any] = {}
-        self.resubmitted = 0  # requests resubmitted after an abort (a statistic for report())
-        self._version = 0
-        self._paused = False
-        self._group_joined: object | None = None  # the broadcaster whose group the server has joined
-        self._update_lock = asyncio.Lock()
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     async def start(self, *, health_timeout_s: float = 60.0) -> None:
         """Wait until the server can generate, then read its model info and weight version."""
@@ -135,67 +121,32 @@ class SGLangEngine:
             self._version = found
         return self._version
 
-    async def __aenter__(self) -> SGLangEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # ---- generation ------------------------------------------------------------------------------
 
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
-
-    async def _generate_one(self, request: GenerationRequest) -> Completion:
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        text = ""
-        finish: FinishReason = "abort"
-        for attempt in range(self.max_resubmits + 1):
-            remaining = request.params.max_new_tokens - len(token_ids)
-            payload = {
-                "input_ids": list(request.prompt_ids) + token_ids,
-                "sampling_params": _sampling_params(request, remaining),
-                "return_logprob": True,
-                "logprob_start_len": -1,
-                "rid": request.request_id if attempt == 0 else f"{request.request_id}#{attempt}",
-            }
-            body = await self._http.call("POST", "/generate", json=payload, idempotent=False)
-            try:
-                meta = body["meta_info"]
-                pairs = meta.get("output_token_logprobs") or []
-                chunk_ids = [int(entry[1]) for entry in pairs]
-                chunk_logprobs = [float(entry[0]) for entry in pairs]
-                if not pairs and body.get("output_ids"):
-                    raise ValueError("output_token_logprobs missing although return_logprob was set")
-                finish = _finish_reason(meta)
-                version = _as_version(meta.get("weight_version"))
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise EngineHTTPError(
-                    self.name, self.url, "POST", "/generate", 200, f"malformed response: {exc}"
-                ) from None
-            token_ids += chunk_ids
-            logprobs += [lp if math.isfinite(lp) else -math.inf for lp in chunk_logprobs]
-            versions += [self._version if version is None else version] * len(chunk_ids)
-            text += str(body.get("text") or "")
-            if finish != "abort":
-                break
-            if len(token_ids) >= request.params.max_new_tokens:
-                finish = "length"
-                break
-            if attempt < self.max_resubmits:
-                self.resubmitted += 1
-        return Completion(
-            request_id=request.request_id,
-            prompt_ids=request.prompt_ids,
-            token_ids=tuple(token_ids),
-            logprobs=tuple(logprobs),
-            versions=tuple(versions),
-            text=text,
-            finish_reason=finish,
-        )
+    async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
+        payload = {
+            "input_ids": list(request.prompt_ids) + prefix,
+            "sampling_params": _sampling_params(request, request.params.max_new_tokens - len(prefix)),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "rid": request.request_id if attempt == 0 else f"{request.request_id}#{attempt}",
+        }
+        body = await self._http.call("POST", "/generate", json=payload, idempotent=False)
+        try:
+            meta = body["meta_info"]
+            pairs = meta.get("output_token_logprobs") or []
+            if not pairs and body.get("output_ids"):
+                raise ValueError("output_token_logprobs missing although return_logprob was set")
+            version = _as_version(meta.get("weight_version"))
+            return Chunk(
+                token_ids=[int(entry[1]) for entry in pairs],
+                logprobs=[float(entry[0]) for entry in pairs],
+                version=self._version if version is None else version,
+                text=str(body.get("text") or ""),
+                finish_reason=_finish_reason(meta),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise EngineHTTPError(self.name, self.url, "POST", "/generate", 200, f"malformed response: {exc}") from None
 
     # ---- control ---------------------------------------------------------------------------------
 
@@ -211,58 +162,38 @@ class SGLangEngine:
     async def flush_cache(self) -> None:
         await self._http.call("POST", "/flush_cache", idempotent=False)
 
-    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
-        async with self._update_lock:
-            bracket = not self._paused
-            if bracket:
-                await self.pause()
-            try:
-                if isinstance(source, DistributedWeights):
-                    await self._update_from_group(version, source)
-                elif isinstance(source, str):
-                    await self._http.call(
-                        "POST",
-                        "/update_weights_from_disk",
-                        json={
-                            "model_path": source,
-                            "load_format": "safetensors",
-                            "abort_all_requests": False,
-                            "flush_cache": True,
-                            "weight_version": str(version),
-                        },
-                        idempotent=False,
-                        timeout_s=self.update_timeout_s,
-                    )
-                else:
-                    raise TypeError(
-                        "SGLangEngine.update_weights takes a safetensors directory path or DistributedWeights; "
-                        f"got {type(source).__name__} (write in-memory tensors to disk first)"
-                    )
-                self._version = version
-            finally:
-                if bracket:
-                    await self.resume()
+    async def _load_from_disk(self, version: int, path: str) -> None:
+        await self._http.call(
+            "POST",
+            "/update_weights_from_disk",
+            json={
+                "model_path": path,
+                "load_format": "safetensors",
+                "abort_all_requests": False,
+                "flush_cache": True,
+                "weight_version": str(version),
+            },
+            idempotent=False,
+            timeout_s=self.update_timeout_s,
+        )
 
-    async def _update_from_group(self, version: int, source: DistributedWeights) -> None:
-        broadcaster = source.broadcaster
-        if self._group_joined is not broadcaster:
-            # Both sides block until they meet on the store, so they must run concurrently.
-            join = self._http.call(
-                "POST",
-                "/init_weights_update_group",
-                json={
-                    "master_address": broadcaster.master_address,
-                    "master_port": broadcaster.master_port,
-                    "rank_offset": self.rank_offset,
-                    "world_size": broadcaster.world_size,
-                    "group_name": broadcaster.group_name,
-                    "backend": broadcaster.backend,
-                },
-                idempotent=False,
-                timeout_s=broadcaster.timeout_s,
-            )
-            await asyncio.gather(join, asyncio.to_thread(broadcaster.connect))
-            self._group_joined = broadcaster
+    async def _join_group(self, broadcaster: Broadcaster) -> None:
+        await self._http.call(
+            "POST",
+            "/init_weights_update_group",
+            json={
+                "master_address": broadcaster.master_address,
+                "master_port": broadcaster.master_port,
+                "rank_offset": self.rank_offset,
+                "world_size": broadcaster.world_size,
+                "group_name": broadcaster.group_name,
+                "backend": broadcaster.backend,
+            },
+            idempotent=False,
+            timeout_s=broadcaster.timeout_s,
+        )
+
+    async def _receive_broadcast(self, version: int, source: DistributedWeights) -> None:
         names, dtypes, shapes = describe(source.tensors)
         receive = self._http.call(
             "POST",
@@ -271,7 +202,7 @@ class SGLangEngine:
                 "names": names,
                 "dtypes": dtypes,
                 "shapes": shapes,
-                "group_name": broadcaster.group_name,
+                "group_name": source.broadcaster.group_name,
                 "flush_cache": True,
                 "abort_all_requests": False,
                 "weight_version": str(version),
@@ -279,7 +210,4 @@ class SGLangEngine:
             idempotent=False,
             timeout_s=self.update_timeout_s,
         )
-        await asyncio.gather(receive, asyncio.to_thread(broadcaster.broadcast, source.tensors))
-
-    async def close(self) -> None:
-        await self._http.aclose()
+        await asyncio.gather(receive, asyncio.to_thread(source.broadcaster.broadcast, source.tensors))

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
 from typing import Any, Literal
 
-from actors.engines._group import DistributedWeights, describe
-from actors.engines._http import EngineHTTPError, HTTPCaller
-from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+from actors.engines._group import Broadcaster, DistributedWeights, describe
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine
+from actors.engines._types import GenerationRequest
 
 __all__ = ["VLLMEngine"]
 
@@ -51,7 +50,7 @@ def _token_id(entry: Any) -> int:
     return int(text.removeprefix("token_id:"))
 
 
-class VLLMEngine:
+class VLLMEngine(HTTPEngine):
     """Drive one vLLM server. ``await engine.start()`` (or ``async with``) before use."""
 
     name = "vllm"
@@ -71,32 +70,19 @@ class VLLMEngine:
         update_timeout_s: float = 600.0,
         api_key: str | None = None,
     ) -> None:
-        if max_resubmits < 0:
-            raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")
-        self._http = HTTPCaller(
-            self.name,
+        super().__init__(
             url,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             retries=retries,
             backoff_s=backoff_s,
+            max_resubmits=max_resubmits,
+            rank_offset=rank_offset,
+            update_timeout_s=update_timeout_s,
             api_key=api_key,
         )
-        self.url = self._http.url
         self.model = model
-        self.max_resubmits = max_resubmits
         self.pause_mode: PauseMode = pause_mode
-        self.rank_offset = rank_offset
-        self.update_timeout_s = update_timeout_s
-        self.resubmitted = 0
-        self._version = 0
-        self._paused = False
-        self._group_joined: object | None = None
-        self._update_lock = asyncio.Lock()
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     async def start(self, *, health_timeout_s: float = 60.0) -> None:
         """Wait for ``/health``, learn the served model name and, where the server reports one, its version."""
@@ -125,17 +111,7 @@ class VLLMEngine:
             pass  # "default" / None before the first update
         return self._version
 
-    async def __aenter__(self) -> VLLMEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # ---- generation ------------------------------------------------------------------------------
-
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
 
     def _payload(self, request: GenerationRequest, prefix: list[int]) -> dict[str, Any]:
         p = request.params
@@ -161,53 +137,25 @@ class VLLMEngine:
             payload["seed"] = p.seed
         return payload
 
-    async def _generate_one(self, request: GenerationRequest) -> Completion:
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        text = ""
-        finish: FinishReason = "abort"
-        for attempt in range(self.max_resubmits + 1):
-            version = self._version
-            body = await self._http.call(
-                "POST", "/v1/completions", json=self._payload(request, token_ids), idempotent=False
-            )
-            try:
-                choice = body["choices"][0]
-                lp = choice["logprobs"]
-                chunk_logprobs = [float(x) if x is not None else -math.inf for x in lp["token_logprobs"]]
-                ids = choice.get("token_ids")
-                chunk_ids = [int(t) for t in ids] if ids is not None else [_token_id(t) for t in lp["tokens"]]
-                if len(chunk_ids) != len(chunk_logprobs):
-                    raise ValueError(f"{len(chunk_ids)} token ids but {len(chunk_logprobs)} logprobs")
-                reason = choice.get("finish_reason")
-                if reason not in ("stop", "length", "abort"):
-                    raise ValueError(f"unexpected finish_reason {reason!r}")
-                finish = reason
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise EngineHTTPError(
-                    self.name, self.url, "POST", "/v1/completions", 200, f"malformed response: {exc}"
-                ) from None
-            token_ids += chunk_ids
-            logprobs += chunk_logprobs
-            versions += [version] * len(chunk_ids)
-            text += str(choice.get("text") or "")
-            if finish != "abort":
-                break
-            if len(token_ids) >= request.params.max_new_tokens:
-                finish = "length"
-                break
-            if attempt < self.max_resubmits:
-                self.resubmitted += 1
-        return Completion(
-            request_id=request.request_id,
-            prompt_ids=request.prompt_ids,
-            token_ids=tuple(token_ids),
-            logprobs=tuple(logprobs),
-            versions=tuple(versions),
-            text=text,
-            finish_reason=finish,
-        )
+    async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
+        version = self._version
+        body = await self._http.call("POST", "/v1/completions", json=self._payload(request, prefix), idempotent=False)
+        try:
+            choice = body["choices"][0]
+            lp = choice["logprobs"]
+            chunk_logprobs = [float(x) if x is not None else -math.inf for x in lp["token_logprobs"]]
+            ids = choice.get("token_ids")
+            chunk_ids = [int(t) for t in ids] if ids is not None else [_token_id(t) for t in lp["tokens"]]
+            if len(chunk_ids) != len(chunk_logprobs):
+                raise ValueError(f"{len(chunk_ids)} token ids but {len(chunk_logprobs)} logprobs")
+            reason = choice.get("finish_reason")
+            if reason not in ("stop", "length", "abort"):
+                raise ValueError(f"unexpected finish_reason {reason!r}")
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise EngineHTTPError(
+                self.name, self.url, "POST", "/v1/completions", 200, f"malformed response: {exc}"
+            ) from None
+        return Chunk(chunk_ids, chunk_logprobs, version, str(choice.get("text") or ""), reason)
 
     # ---- control ---------------------------------------------------------------------------------
 
@@ -219,33 +167,16 @@ class VLLMEngine:
         await self._http.call("POST", "/resume")
         self._paused = False
 
-    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
-        async with self._update_lock:
-            bracket = not self._paused
-            if bracket:
-                await self.pause()
-            try:
-                if isinstance(source, DistributedWeights):
-                    await self._update_from_group(version, source)
-                elif isinstance(source, str):
-                    await self._http.call(
-                        "POST",
-                        "/collective_rpc",
-                        json={"method": "reload_weights", "kwargs": {"weights_path": source}},
-                        idempotent=False,
-                        timeout_s=self.update_timeout_s,
-                    )
-                    await self._http.call("POST", "/reset_prefix_cache", idempotent=False)
-                    await self._set_server_version(version)
-                else:
-                    raise TypeError(
-                        "VLLMEngine.update_weights takes a safetensors directory path or DistributedWeights; "
-                        f"got {type(source).__name__} (write in-memory tensors to disk first)"
-                    )
-                self._version = version
-            finally:
-                if bracket:
-                    await self.resume()
+    async def _load_from_disk(self, version: int, path: str) -> None:
+        await self._http.call(
+            "POST",
+            "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+            idempotent=False,
+            timeout_s=self.update_timeout_s,
+        )
+        await self._http.call("POST", "/reset_prefix_cache", idempotent=False)
+        await self._set_server_version(version)
 
     async def _set_server_version(self, version: int) -> None:
         try:
@@ -254,25 +185,23 @@ class VLLMEngine:
             if exc.status != 404:  # older servers: the client-side version is all there is
                 raise
 
-    async def _update_from_group(self, version: int, source: DistributedWeights) -> None:
-        broadcaster = source.broadcaster
-        if self._group_joined is not broadcaster:
-            init = self._http.call(
-                "POST",
-                "/init_weight_transfer_engine",
-                json={
-                    "init_info": {
-                        "master_address": broadcaster.master_address,
-                        "master_port": broadcaster.master_port,
-                        "rank_offset": self.rank_offset,
-                        "world_size": broadcaster.world_size,
-                    }
-                },
-                idempotent=False,
-                timeout_s=broadcaster.timeout_s,
-            )
-            await asyncio.gather(init, asyncio.to_thread(broadcaster.connect))
-            self._group_joined = broadcaster
+    async def _join_group(self, broadcaster: Broadcaster) -> None:
+        await self._http.call(
+            "POST",
+            "/init_weight_transfer_engine",
+            json={
+                "init_info": {
+                    "master_address": broadcaster.master_address,
+                    "master_port": broadcaster.master_port,
+                    "rank_offset": self.rank_offset,
+                    "world_size": broadcaster.world_size,
+                }
+            },
+            idempotent=False,
+            timeout_s=broadcaster.timeout_s,
+        )
+
+    async def _receive_broadcast(self, version: int, source: DistributedWeights) -> None:
         names, dtypes, shapes = describe(source.tensors)
         await self._http.call("POST", "/start_weight_update", json={"is_checkpoint_format": True}, idempotent=False)
         receive = self._http.call(
@@ -282,8 +211,5 @@ class VLLMEngine:
             idempotent=False,
             timeout_s=self.update_timeout_s,
         )
-        await asyncio.gather(receive, asyncio.to_thread(broadcaster.broadcast, source.tensors))
+        await asyncio.gather(receive, asyncio.to_thread(source.broadcaster.broadcast, source.tensors))
         await self._http.call("POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False)
-
-    async def close(self) -> None:
-        await self._http.aclose()
