@@ -5,7 +5,15 @@
   travels in the manifest: a blob corrupted in transit or replaced since it was announced is rejected.
 - :class:`SafetensorsDirTransport` — a directory in Hugging Face layout (``model.safetensors`` + ``config.json``),
   what SGLang and vLLM load from disk; on ``/dev/shm`` it is the shared-memory path. Each version is written to
-  a hidden temporary directory and renamed into place, so a reader never sees a half-written version.
+  a hidden temporary directory and renamed into place, so a reader never sees a half-written version. The
+  directory of the oldest version a publish prunes is recycled: its file is overwritten in place (header first,
+  the version in its metadata) and renamed to the new version, so a reader that lags ``keep_versions`` behind
+  and still holds that file detects the rewrite instead of reading a mix. Generators read with one kernel copy,
+  into the engine's standby weights (:meth:`~actors.engines.TorchEngine.update_weights_from`).
+
+Tensors travel with one copy on each side: the learner writes its tensors' memory straight into the file or
+blob (``actors.weights._mmap``), and a generator reads the file into its standby weights, or copies from views of
+the received blob.
 
 Both keep the last ``keep_versions`` versions and delete older ones: 4 in the object store — a learner publishing
 several versions a second must not delete the one a generator is still reading (the bus fails such a read after
@@ -27,13 +35,9 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
-from safetensors.torch import save_file as st_save_file
 
 from actors.weights._manifest import WeightManifest, WeightPayloadError, check_state_dict, describe
-from actors.weights._mmap import map_safetensors
+from actors.weights._mmap import read_safetensors_into, serialize_safetensors, view_safetensors, write_safetensors
 from topology.bus import Bus, BusError
 
 __all__ = ["CollectiveTransport", "ObjectStoreTransport", "SafetensorsDirTransport", "WeightTransport"]
@@ -46,7 +50,12 @@ class WeightTransport(Protocol):
 
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest: ...
 
-    async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]: ...
+    async def get(
+        self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The version's tensors; read into ``into``'s tensors (an engine's standby weights) where the transport can
+        and they match exactly, so that the engine need not copy them again."""
+        ...
 
 
 class CollectiveTransport(WeightTransport, Protocol):
@@ -81,14 +90,16 @@ class ObjectStoreTransport:
 
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
         tensors = _contiguous_cpu(state_dict)
-        blob = await asyncio.to_thread(st_save, tensors)
+        blob = await asyncio.to_thread(serialize_safetensors, tensors, metadata={"format": "pt"})
         name = f"v{version}"
-        _, digest = await self._bus.object_put(self._bucket, name, blob)
+        _, digest = await self._bus.object_put(self._bucket, name, bytes(blob))
         if version - self._keep >= 0:
             await self._bus.object_delete(self._bucket, f"v{version - self._keep}")
         return WeightManifest(version, self.name, name, describe(tensors), len(blob), digest)
 
-    async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
+    async def get(
+        self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         try:
             blob = await self._bus.object_get(self._bucket, manifest.location, expect_digest=manifest.digest or None)
         except BusError as exc:
@@ -97,9 +108,9 @@ class ObjectStoreTransport:
             raise WeightPayloadError(
                 f"v{manifest.version}: payload is {len(blob)} bytes, manifest says {manifest.nbytes} (truncated?)"
             )
-        try:
-            state_dict = await asyncio.to_thread(st_load, blob)
-        except (SafetensorError, ValueError, RuntimeError) as exc:
+        try:  # views of the blob: the engine's copy into its weights is the only one
+            state_dict = view_safetensors(blob, where=f"object {manifest.location}")
+        except (ValueError, RuntimeError) as exc:
             raise WeightPayloadError(f"v{manifest.version}: not a safetensors payload: {exc}") from exc
         check_state_dict(state_dict, manifest.tensors, what=f"v{manifest.version}")
         return state_dict
@@ -121,36 +132,54 @@ class SafetensorsDirTransport:
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
         tensors = _contiguous_cpu(state_dict)
         final = self.version_dir(version)
-        await asyncio.to_thread(self._write, final, tensors)
+        await asyncio.to_thread(self._write, final, tensors, version)
         self._prune(version)
         return WeightManifest(version, self.name, str(final), describe(tensors), _nbytes(tensors))
 
-    def _write(self, final: Path, tensors: dict[str, torch.Tensor]) -> None:
+    def _write(self, final: Path, tensors: dict[str, torch.Tensor], version: int) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.root / f".{final.name}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        st_save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        # The oldest version this publish prunes becomes this one's directory: its file is overwritten in place
+        # (new pages for every version cost more than the copy on a tmpfs). A reader still holding it sees the
+        # header change and rejects what it read (read_safetensors_into).
+        recycled = next(iter(self._prunable(version)), None)
+        try:
+            if recycled is None:
+                raise FileNotFoundError
+            os.rename(recycled, partial)
+        except OSError:
+            partial.mkdir()
+        metadata = {"format": "pt", "version": str(version)}
+        write_safetensors(partial / "model.safetensors", tensors, metadata=metadata)
         for name, data in self._extra.items():
             (partial / name).write_bytes(data)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(partial, final)  # atomic on one filesystem: readers see all of a version or none of it
 
-    def _prune(self, version: int) -> None:
-        for old in self.root.glob("v*"):
+    def _prunable(self, version: int) -> list[Path]:
+        old = []
+        for path in self.root.glob("v*"):
             try:
-                number = int(old.name[1:])
+                number = int(path.name[1:])
             except ValueError:
                 continue
             if number <= version - self._keep:
-                shutil.rmtree(old, ignore_errors=True)
+                old.append((number, path))
+        return [path for _, path in sorted(old)]
 
-    async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
+    def _prune(self, version: int) -> None:
+        for old in self._prunable(version):
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def get(
+        self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         path = Path(manifest.location) / "model.safetensors"
         if not path.is_file():
             raise WeightPayloadError(f"v{manifest.version}: {path} does not exist (pruned or never written)")
-        try:
-            state_dict = await asyncio.to_thread(map_safetensors, path)  # views of the file: one copy, into the model
+        try:  # one kernel copy, into the engine's standby weights when it offers them
+            state_dict = await asyncio.to_thread(read_safetensors_into, path, into, version=str(manifest.version))
         except (ValueError, RuntimeError, OSError) as exc:
             raise WeightPayloadError(f"v{manifest.version}: {path} is not a valid safetensors file: {exc}") from exc
         check_state_dict(state_dict, manifest.tensors, what=f"v{manifest.version}")

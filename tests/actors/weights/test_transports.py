@@ -100,23 +100,20 @@ async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
     assert current is not None and current.version == 2
 
 
-def test_mapped_safetensors_equal_a_regular_load_and_reject_truncation(tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
-    from actors.weights._mmap import MalformedSafetensors, map_safetensors
-
-    state = {**_state(), "steps": torch.arange(5), "empty": torch.zeros(0, 3), "half": torch.ones(4).half()}
-    path = tmp_path / "w.safetensors"
-    save_file(state, str(path))
-    mapped, loaded = map_safetensors(path), load_file(str(path))
-    assert set(mapped) == set(loaded)
-    assert all(torch.equal(mapped[k], loaded[k]) and mapped[k].dtype == loaded[k].dtype for k in loaded)
-    path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(MalformedSafetensors, match="truncated"):
-        map_safetensors(path)
-    path.write_bytes(b"\xff" * 16)
-    with pytest.raises(MalformedSafetensors):
-        map_safetensors(path)
+async def test_safetensors_dir_recycles_the_pruned_version_and_a_lagging_reader_refuses_it(tmp_path: Path) -> None:
+    transport = SafetensorsDirTransport(tmp_path, keep_versions=2)
+    first = await transport.put(1, _state(1))
+    inode = (Path(first.location) / "model.safetensors").stat().st_ino
+    await transport.put(2, _state(2))
+    third = await transport.put(3, _state(3))  # v1's file, overwritten in place, is now v3's
+    assert not Path(first.location).exists()
+    assert (Path(third.location) / "model.safetensors").stat().st_ino == inode
+    with pytest.raises(WeightPayloadError, match="does not exist"):
+        await transport.get(first)
+    stale = WeightManifest(1, first.transport, third.location, first.tensors, first.nbytes)
+    with pytest.raises(WeightPayloadError, match="expected '1'"):
+        await transport.get(stale)  # a reader that opened v1's file before the rename sees the new header
+    assert torch.equal((await transport.get(third))["wte.weight"], _state(3)["wte.weight"])
 
 
 class _SlowEngine:
