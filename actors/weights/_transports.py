@@ -92,7 +92,7 @@ class ObjectStoreTransport:
         tensors = _contiguous_cpu(state_dict)
         blob = await asyncio.to_thread(serialize_safetensors, tensors, metadata={"format": "pt"})
         name = f"v{version}"
-        _, digest = await self._bus.object_put(self._bucket, name, bytes(blob))
+        _, digest = await self._bus.object_put(self._bucket, name, blob)
         if version - self._keep >= 0:
             await self._bus.object_delete(self._bucket, f"v{version - self._keep}")
         return WeightManifest(version, self.name, name, describe(tensors), len(blob), digest)

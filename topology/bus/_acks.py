@@ -69,7 +69,9 @@ class AckTracker:
                     self._prefix = prefix
         return self._prefix
 
-    async def publish(self, messages: Sequence[tuple[str, bytes, dict[str, str]]], *, timeout_s: float) -> int:
+    async def publish(
+        self, messages: Sequence[tuple[str, bytes | memoryview, dict[str, str] | None]], *, timeout_s: float
+    ) -> int:
         """Send ``messages`` pipelined; the number of duplicates once every one is acknowledged (see module)."""
         if not messages:
             return 0
@@ -82,7 +84,8 @@ class AckTracker:
                 self._next += 1
                 waiting[token] = batch
                 batch.tokens.append(token)
-                await publish(subject, data, reply=prefix + token, headers=headers)
+                # nats-py concatenates the payload into its command: any bytes-like object will do
+                await publish(subject, data, reply=prefix + token, headers=headers)  # type: ignore[arg-type]
             return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
         finally:
             for token in batch.tokens:

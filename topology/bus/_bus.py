@@ -62,8 +62,8 @@ class Bus:
         self.name = name
         self.settings = settings
         self.stats = BusStats()
-        self._stores = Stores(self._js)
         self._acks = AckTracker(nc)
+        self._stores = Stores(self._js, self._acks)
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
         self._ephemeral: set[EphemeralSubscription] = set()
@@ -205,7 +205,7 @@ class Bus:
         """Publish ``(type, payload, id|None)`` items pipelined: send all, then await every store ack."""
         source = source or self.name
         ids: list[str] = []
-        messages: list[tuple[str, bytes, dict[str, str]]] = []
+        messages: list[tuple[str, bytes | memoryview, dict[str, str] | None]] = []
         try:
             subj = await self._known(channel)
             for type_, payload, id_ in items:
@@ -309,15 +309,15 @@ class Bus:
         """The key's current value (if any), then each new value."""
         return self._stores.watch(bucket, key)
 
-    async def object_put(self, bucket: str, name: str, data: bytes) -> tuple[int, str]:
+    async def object_put(self, bucket: str, name: str, data: bytes | bytearray | memoryview) -> tuple[int, str]:
         """Store a blob (chunked); returns ``(size, digest)`` — pass the digest to :meth:`object_get`."""
         return await self._stores.object_put(bucket, name, data)
 
     async def object_get(
         self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
-    ) -> bytes:
-        """The object's bytes; ``BusError`` when it is missing, corrupted, replaced (``expect_digest``), or when no
-        chunk arrives for ``stall_s`` (deleted while being read)."""
+    ) -> bytearray:
+        """The object's bytes (a buffer of its own); ``BusError`` when it is missing, corrupted, replaced
+        (``expect_digest``), or when no chunk arrives for ``stall_s`` (deleted while being read)."""
         return await self._stores.object_get(bucket, name, expect_digest=expect_digest, stall_s=stall_s)
 
     async def object_delete(self, bucket: str, name: str) -> bool:
