@@ -6,9 +6,9 @@ checked against the payload's size and the dtype/shape before any tensor is buil
 payload is rejected with the tensor at fault named.
 
 - :func:`write_safetensors` writes a file with ``pwrite`` straight from the tensors' memory (the library's
-  ``save_file`` serializes into a second buffer first); it can overwrite a file of the same size in place (no new
-  pages: on a tmpfs a fresh file costs far more than the copy, bench/RESULTS.md), header first, so a reader still
-  holding that file sees the header change.
+  ``save_file`` serializes into a second buffer first); into a file of the same size already there (allocated
+  ahead: on a tmpfs a fresh file's pages cost far more than the copy, bench/RESULTS.md) it writes in place,
+  header first.
 - :func:`read_safetensors_into` reads with ``preadv`` straight into given tensors (a reused buffer: no page
   faults, one kernel copy) or into new ones, and compares the header before and after: a file rewritten under a
   reader is detected, never half-read.
@@ -37,6 +37,7 @@ __all__ = [
     "MalformedSafetensors",
     "map_safetensors",
     "read_safetensors_into",
+    "safetensors_size",
     "serialize_safetensors",
     "view_safetensors",
     "write_safetensors",
@@ -166,6 +167,12 @@ def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) ->
     raw = json.dumps(header, separators=(",", ":")).encode()
     header["__end__"] = offset
     return header, raw + b" " * (-len(raw) % _HEADER_ROUND)
+
+
+def safetensors_size(tensors: Mapping[str, torch.Tensor], *, metadata: Mapping[str, str]) -> int:
+    """The size of the file :func:`write_safetensors` writes for these tensors and metadata."""
+    header, padded = _layout(tensors, metadata)
+    return 8 + len(padded) + int(header["__end__"])
 
 
 def write_safetensors(path: str | Path, tensors: Mapping[str, torch.Tensor], *, metadata: Mapping[str, str]) -> None:

@@ -5,11 +5,12 @@
   travels in the manifest: a blob corrupted in transit or replaced since it was announced is rejected.
 - :class:`SafetensorsDirTransport` — a directory in Hugging Face layout (``model.safetensors`` + ``config.json``),
   what SGLang and vLLM load from disk; on ``/dev/shm`` it is the shared-memory path. Each version is written to
-  a hidden temporary directory and renamed into place, so a reader never sees a half-written version. The
-  directory of the oldest version a publish prunes is recycled: its file is overwritten in place (header first,
-  the version in its metadata) and renamed to the new version, so a reader that lags ``keep_versions`` behind
-  and still holds that file detects the rewrite instead of reading a mix. Generators read with one kernel copy,
-  into the engine's standby weights (:meth:`~actors.engines.TorchEngine.update_weights_from`).
+  a hidden temporary directory and renamed into place, so a reader never sees a half-written version. A fresh
+  file's pages cost more than the copy into them on a tmpfs (and freeing a pruned one's about as much), so a
+  quarter second after each publish a thread prunes and allocates the next version's file (``fallocate``, a
+  hidden ``.spare-<pid>`` of the same size; never announced, so nobody holds it open or mapped), and the next
+  publish writes into it when it is ready (pruning lags a publish by that quarter second). Generators read
+  with one kernel copy, into the engine's standby weights (:meth:`~actors.engines.TorchEngine.update_weights_from`).
 
 Tensors travel with one copy on each side: the learner writes its tensors' memory straight into the file or
 blob (``actors.weights._mmap``), and a generator reads the file into its standby weights, or copies from views of
@@ -28,8 +29,11 @@ Non-goals: no compression, no partial (delta) updates, no authentication beyond 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -37,12 +41,19 @@ from typing import Protocol
 import torch
 
 from actors.weights._manifest import WeightManifest, WeightPayloadError, check_state_dict, describe
-from actors.weights._mmap import read_safetensors_into, serialize_safetensors, view_safetensors, write_safetensors
+from actors.weights._mmap import (
+    read_safetensors_into,
+    safetensors_size,
+    serialize_safetensors,
+    view_safetensors,
+    write_safetensors,
+)
 from topology.bus import Bus, BusError
 
 __all__ = ["CollectiveTransport", "ObjectStoreTransport", "SafetensorsDirTransport", "WeightTransport"]
 
 StateDict = Mapping[str, torch.Tensor]
+_GRACE_S = 0.25  # after a disk publish, before its tidying thread competes with the generators reading it
 
 
 class WeightTransport(Protocol):
@@ -125,6 +136,10 @@ class SafetensorsDirTransport:
         self.root = Path(root)
         self._keep = keep_versions
         self._extra = dict(extra_files or {})  # e.g. config.json, tokenizer files: HF layout beside the weights
+        self._preparing: threading.Thread | None = None  # the tidying thread, while it runs
+        self._tidy_lock = threading.Lock()
+        self._newest = 0
+        self.spares_used = 0  # versions written into a file allocated ahead
 
     def version_dir(self, version: int) -> Path:
         return self.root / f"v{version}"
@@ -133,29 +148,86 @@ class SafetensorsDirTransport:
         tensors = _contiguous_cpu(state_dict)
         final = self.version_dir(version)
         await asyncio.to_thread(self._write, final, tensors, version)
-        self._prune(version)
         return WeightManifest(version, self.name, str(final), describe(tensors), _nbytes(tensors))
 
     def _write(self, final: Path, tensors: dict[str, torch.Tensor], version: int) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.root / f".{final.name}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
-        # The oldest version this publish prunes becomes this one's directory: its file is overwritten in place
-        # (new pages for every version cost more than the copy on a tmpfs). A reader still holding it sees the
-        # header change and rejects what it read (read_safetensors_into).
-        recycled = next(iter(self._prunable(version)), None)
-        try:
-            if recycled is None:
-                raise FileNotFoundError
-            os.rename(recycled, partial)
-        except OSError:
-            partial.mkdir()
-        metadata = {"format": "pt", "version": str(version)}
-        write_safetensors(partial / "model.safetensors", tensors, metadata=metadata)
+        partial.mkdir()
+        target = partial / "model.safetensors"
+        size = safetensors_size(tensors, metadata=self._metadata(version))
+        if self._take_spare(size, target):  # pages allocated ahead: the write is the copy alone
+            self.spares_used += 1
+        write_safetensors(target, tensors, metadata=self._metadata(version))
         for name, data in self._extra.items():
             (partial / name).write_bytes(data)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(partial, final)  # atomic on one filesystem: readers see all of a version or none of it
+        with self._tidy_lock:
+            self._newest = max(self._newest, version)
+        self._after_publish(size)
+
+    @staticmethod
+    def _metadata(version: int) -> dict[str, str]:
+        return {"format": "pt", "version": str(version)}
+
+    def _spare_path(self) -> Path:
+        return self.root / f".spare-{os.getpid()}"
+
+    def _take_spare(self, size: int, target: Path) -> bool:
+        """Move the spare file to ``target`` if it is ready (never waited for) and of ``size`` bytes."""
+        spare = self._spare_path()
+        try:
+            if spare.stat().st_size != size:
+                spare.unlink()
+                return False
+            os.rename(spare, target)
+        except OSError:
+            return False
+        return True
+
+    def _after_publish(self, size: int) -> None:
+        """Off the publish path, in a thread, once the generators have had ``_GRACE_S`` to read the new version:
+        delete the pruned versions (freeing a tmpfs file's pages costs about as much as the copy), then allocate
+        the next version's file (``fallocate``: a file never announced, so nobody holds it open or mapped;
+        overwriting a published one in place would change what an mmap reader, such as the safetensors library's
+        own ``load_file``, holds). One such thread at a time; it goes on while publishes keep coming."""
+        with self._tidy_lock:
+            if self._preparing is not None:
+                return
+            self._preparing = threading.Thread(target=self._tidy, args=(size,), name="weights-tidy", daemon=True)
+            self._preparing.start()
+
+    def _tidy(self, size: int) -> None:
+        spare = self._spare_path()
+        staging = spare.with_name(spare.name + ".partial")
+        while True:
+            time.sleep(_GRACE_S)
+            with self._tidy_lock:
+                newest = self._newest
+            self._prune(newest)
+            if not spare.exists():  # none yet, or the publish meanwhile took it
+                try:
+                    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        os.posix_fallocate(fd, 0, size)
+                    finally:
+                        os.close(fd)
+                    os.rename(staging, spare)
+                except OSError:  # no room, or a filesystem without fallocate: the next write allocates as it goes
+                    with contextlib.suppress(OSError):
+                        staging.unlink()
+            with self._tidy_lock:
+                if self._newest == newest:  # nothing published meanwhile: done
+                    self._preparing = None
+                    return
+
+    def wait_tidy(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread that prunes and allocates after a publish (tests, benchmarks)."""
+        thread = self._preparing
+        if thread is not None:
+            thread.join(timeout_s)
 
     def _prunable(self, version: int) -> list[Path]:
         old = []

@@ -100,20 +100,27 @@ async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
     assert current is not None and current.version == 2
 
 
-async def test_safetensors_dir_recycles_the_pruned_version_and_a_lagging_reader_refuses_it(tmp_path: Path) -> None:
+async def test_safetensors_dir_writes_into_a_file_allocated_ahead_and_never_rewrites_a_published_one(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
+
     transport = SafetensorsDirTransport(tmp_path, keep_versions=2)
     first = await transport.put(1, _state(1))
-    inode = (Path(first.location) / "model.safetensors").stat().st_ino
-    await transport.put(2, _state(2))
-    third = await transport.put(3, _state(3))  # v1's file, overwritten in place, is now v3's
-    assert not Path(first.location).exists()
-    assert (Path(third.location) / "model.safetensors").stat().st_ino == inode
-    with pytest.raises(WeightPayloadError, match="does not exist"):
-        await transport.get(first)
-    stale = WeightManifest(1, first.transport, third.location, first.tensors, first.nbytes)
+    held = load_file(str(Path(first.location) / "model.safetensors"))  # the library may hand out mmap views
+    transport.wait_tidy(10)
+    second = await transport.put(2, _state(2))
+    assert transport.spares_used == 1
+    assert not list(tmp_path.glob(".*partial*"))
+    transport.wait_tidy(10)
+    await transport.put(3, _state(3))
+    transport.wait_tidy(10)  # the tidying thread pruned v1: its file deleted, never overwritten
+    assert not Path(first.location).exists() and Path(second.location).exists()
+    assert torch.equal(held["wte.weight"], _state(1)["wte.weight"])
+    assert torch.equal((await transport.get(second))["wte.weight"], _state(2)["wte.weight"])
+    stale = WeightManifest(1, second.transport, second.location, second.tensors, second.nbytes)
     with pytest.raises(WeightPayloadError, match="expected '1'"):
-        await transport.get(stale)  # a reader that opened v1's file before the rename sees the new header
-    assert torch.equal((await transport.get(third))["wte.weight"], _state(3)["wte.weight"])
+        await transport.get(stale)  # a manifest and a file that disagree on the version
 
 
 class _SlowEngine:
