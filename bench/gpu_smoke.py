@@ -2,9 +2,11 @@
 
 For each policy preset: builds a :class:`~actors.engines.TorchEngine` on ``--device``, decodes a batch (tokens/s),
 then publishes new weights through the disk transport (safetensors in shared memory, as the embedded loop's
-generators receive them) and swaps them in while a batch decodes. Checks that every token is tagged with a version
-that exists, that tokens after the swap carry the new version, and that the new weights are the ones served (the
-live parameters equal the published ones). Prints one JSON document (also written to ``--out``).
+generators receive them) and swaps them in while a batch decodes, from a task beside the decoding as a
+generator's subscriber does; the stall is the longest step meanwhile beyond the median, in steps. Checks that
+every token is tagged with a version that exists, that tokens after the swap carry the new version, and that the
+new weights are the ones served (the live parameters equal the published ones). Prints one JSON document (also
+written to ``--out``).
 
     python bench/gpu_smoke.py --device cuda --out /tmp/smoke.json
     python bench/gpu_smoke.py --device cpu                          # rehearse it anywhere
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -38,28 +41,9 @@ def _sync(device: str) -> None:
 
 async def one_size(preset: str, device: str, root: Path, batch: int, new_tokens: int) -> dict[str, Any]:
     policy = Policy.tiny_gpt(GPTConfig(**PRESETS[preset]), seed=0).to(device)
-    durations: list[float] = []
-    last = time.perf_counter()
-    swap_at = new_tokens // 2
     transport = SafetensorsDirTransport(root / preset)
     published = {name: t.detach().cpu() + 1e-3 for name, t in policy.state_dict().items()}
     manifest = await transport.put(1, published)
-    swap: dict[str, float] = {}
-
-    async def hook(step: int) -> None:
-        nonlocal last
-        _sync(device)
-        now = time.perf_counter()
-        durations.append(now - last)
-        if step == swap_at and engine is not None:
-            started = time.perf_counter()
-            state = await transport.get(manifest)
-            await engine.update_weights(1, state)
-            _sync(device)
-            swap["swap_s"] = time.perf_counter() - started
-        last = time.perf_counter()
-
-    engine: TorchEngine | None = None
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, seed=1)
     requests = [GenerationRequest(f"r{i}", (1, 5, 6, 7), params) for i in range(batch)]
     # throughput: no hook (several steps per hop to the decode thread)
@@ -72,17 +56,38 @@ async def one_size(preset: str, device: str, root: Path, batch: int, new_tokens:
     wall = time.perf_counter() - started
     await plain.close()
     tokens = sum(len(c.token_ids) for c in completions)
-    # the swap in flight
+    # the swap in flight, applied the way a generator's subscriber applies it: a task beside the decoding
+    stamps: list[float] = []
+    swap: dict[str, float] = {}
+    swap_after = max(2, new_tokens // 4)
+
+    async def hook(step: int) -> None:
+        _sync(device)
+        stamps.append(time.perf_counter())
+        if step == swap_after:
+            asyncio.get_running_loop().create_task(update())
+
+    async def update() -> None:
+        swap["start"] = time.perf_counter()
+        await engine.update_weights_from(1, lambda into: transport.get(manifest, into=into))
+        _sync(device)
+        swap["end"] = time.perf_counter()
+
     engine = TorchEngine(policy, max_batch_size=batch, step_hook=hook)
     swapped = await engine.generate(requests)
     await engine.close()
     versions = sorted({v for c in swapped for v in c.versions})
     live = policy.state_dict()
     served = all(torch.equal(live[name].cpu(), published[name]) for name in published)
-    steady = statistics.median(durations[2:swap_at]) if swap_at > 3 else durations[-1]
-    after = durations[swap_at : swap_at + 2]
-    stall = max(0.0, sum(after) - len(after) * steady) / steady if steady > 0 else 0.0
-    ok = versions == [0, 1] and all(c.versions[-1] == 1 for c in swapped) and served
+    steps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    steady = statistics.median(steps[: swap_after - 1])
+    during = [
+        d
+        for d, end in zip(steps, stamps[1:], strict=False)
+        if end > swap.get("start", 0) and end - d <= swap.get("end", 0)
+    ]
+    stall = max(0.0, max(during, default=steady) - steady) / steady if steady > 0 else 0.0
+    ok = versions == [0, 1] and all(c.versions[-1] == 1 for c in swapped) and served and "end" in swap
     return {
         "preset": preset,
         "device": str(policy.device),
@@ -90,7 +95,7 @@ async def one_size(preset: str, device: str, root: Path, batch: int, new_tokens:
         "tokens": tokens,
         "tokens_per_s": tokens / wall,
         "median_step_ms": steady * 1e3,
-        "swap_ms": swap.get("swap_s", float("nan")) * 1e3,
+        "swap_ms": (swap["end"] - swap["start"]) * 1e3 if "end" in swap else float("nan"),
         "stall_steps": stall,
         "versions_seen": versions,
         "new_weights_served": served,
