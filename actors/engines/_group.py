@@ -191,7 +191,9 @@ def receive_weights(
     """The receiving side of one update: stage every declared tensor, then validate against ``expected``.
 
     A tensor of ``into`` (an engine's standby weights) with the declared shape, dtype and the group's device is
-    received into directly (no buffer of its own, no copy); the others into new buffers.
+    received into directly (no buffer of its own, no copy), and its values are left to ``into``'s owner to check
+    (``TorchEngine.update_weights_from`` checks every value of its standby set); the others go into new buffers
+    and are checked here.
 
     Raises ValueError naming the first problem; by then the whole payload has been drained, so the trainer's
     broadcast completes either way. Parameters the payload omits keep their current values (partial updates
@@ -228,7 +230,7 @@ def receive_weights(
             if tuple(shape) != want_shape:
                 problems.append(f"{name}: shape {list(shape)} does not match the model's {list(want_shape)}")
                 continue
-            if buffer.is_floating_point() and not all_finite(buffer):
+            if not (fits and target is not None) and buffer.is_floating_point() and not all_finite(buffer):
                 problems.append(f"{name}: contains NaN or inf")
                 continue
             staged[name] = buffer.to(want_dtype)
