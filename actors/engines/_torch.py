@@ -80,7 +80,8 @@ from actors.engines._types import (
 from actors.policy import KVCache, Policy, StateDictError, all_finite, positions_from_mask, read_safetensors
 
 StepHook = Callable[[int], Awaitable[None]]
-# update_weights_from's source: given the engine's standby buffers (or None), the new weights
+# update_weights_from's source: given the engine's standby buffers (or None), the new weights (a mapping whose
+# ``values_checked`` attribute is True when its floating-point values were already checked finite)
 WeightFill = Callable[[dict[str, Tensor] | None], Awaitable[Mapping[str, Any]]]
 
 
@@ -267,9 +268,11 @@ class TorchEngine:
         async with self._updating:
             standby = self._standby() if self._device.type == "cpu" else None
             try:
-                state = dict(await fill(standby))
+                given = await fill(standby)
+                checked = bool(getattr(given, "values_checked", False))  # e.g. checked as they were read
+                state = dict(given)
                 if standby is not None:  # validate while copying into the standby set, all outside the lock
-                    await asyncio.to_thread(self._stage, state, standby)
+                    await asyncio.to_thread(self._stage, state, standby, checked)
                 else:
                     await asyncio.to_thread(self.policy.validate_state_dict, state)
             except StateDictError as exc:
@@ -298,16 +301,18 @@ class TorchEngine:
             self._spare = {name: torch.empty_like(t) for name, t in self.policy.state_dict().items()}
         return self._spare
 
-    def _stage(self, state: Mapping[str, Any], standby: dict[str, Tensor]) -> None:
+    def _stage(self, state: Mapping[str, Any], standby: dict[str, Tensor], checked: bool = False) -> None:
         """Names, shapes and dtypes first (nothing is written on a mismatch), then per tensor: copy it into the
-        standby set unless it is already there, and check its values there while they are fresh in the cache."""
+        standby set unless it is already there, and check its values there while they are fresh in the cache —
+        unless the source says it checked them (``values_checked``) and they were read into the standby set."""
         self.policy.validate_state_dict(state, values=False)
         with torch.no_grad():
             for name, target in standby.items():
                 value = state[name]
-                if value.data_ptr() != target.data_ptr():
+                in_place = value.data_ptr() == target.data_ptr()
+                if not in_place:
                     target.copy_(value)
-                if target.is_floating_point() and not all_finite(target):
+                if not (checked and in_place) and target.is_floating_point() and not all_finite(target):
                     raise StateDictError(f"{name}: contains NaN or infinite values")
 
     async def pause(self) -> None:

@@ -33,8 +33,12 @@ from typing import Any
 
 import torch
 
+from actors.policy import all_finite
+
 __all__ = [
+    "CheckedTensors",
     "MalformedSafetensors",
+    "NonFiniteValues",
     "map_safetensors",
     "read_safetensors_into",
     "safetensors_size",
@@ -57,11 +61,16 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
+_CHECK_CHUNK = 1 << 20  # bytes read, then checked, at a time: they are still in the cache
 _HEADER_ROUND = 4096  # headers are padded to a multiple: the same model's files then have the same size
 
 
 class MalformedSafetensors(ValueError):
     pass
+
+
+class NonFiniteValues(MalformedSafetensors):
+    """A well-formed payload with a NaN or an infinity in it."""
 
 
 @dataclass(frozen=True)
@@ -208,13 +217,21 @@ def serialize_safetensors(tensors: Mapping[str, torch.Tensor], *, metadata: Mapp
     return blob
 
 
+class CheckedTensors(dict[str, torch.Tensor]):
+    """Tensors whose floating-point values were all checked finite as they were read (``values_checked``)."""
+
+    values_checked = True
+
+
 def read_safetensors_into(
     path: str | Path, into: Mapping[str, torch.Tensor] | None = None, *, version: str | None = None
-) -> dict[str, torch.Tensor]:
+) -> CheckedTensors:
     """The file's tensors, read into ``into``'s tensors where it names exactly the file's tensors with the same
     shapes and dtypes (contiguous, on the CPU), else into new ones. ``version``: the ``version`` the file's
-    metadata must hold where it has one (files written before versions were recorded have none). Raises
-    :class:`MalformedSafetensors` for a bad file, or one rewritten while it was read."""
+    metadata must hold where it has one (files written before versions were recorded have none). Floating-point
+    values are checked finite chunk by chunk as they arrive, while the chunk is in the cache (a second pass over
+    the weights costs about half a copy). Raises :class:`MalformedSafetensors` for a bad file, one rewritten
+    while it was read, or a NaN or infinity."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -243,11 +260,21 @@ def read_safetensors_into(
             else {n: torch.empty(e.shape, dtype=e.dtype) for n, e in entries.items()}
         )
         for name, entry in sorted(entries.items(), key=lambda item: item[1].begin):
-            if entry.end > entry.begin:
-                _pread_all(fd, _bytes(targets[name]), base + entry.begin)
+            if entry.end == entry.begin:
+                continue
+            target = targets[name]
+            raw = memoryview(_bytes(target))
+            flat = target.reshape(-1)
+            step = max(1, _CHECK_CHUNK // target.element_size()) * target.element_size()
+            for lo in range(0, len(raw), step):
+                hi = min(lo + step, len(raw))
+                _pread_all(fd, raw[lo:hi], base + entry.begin + lo)
+                values = flat[lo // target.element_size() : hi // target.element_size()]
+                if values.is_floating_point() and not all_finite(values):
+                    raise NonFiniteValues(f"{name}: contains NaN or infinite values")
         if os.pread(fd, len(head), 0) != head:
             raise MalformedSafetensors(f"{path}: rewritten while it was being read")
-        return targets
+        return CheckedTensors(targets)
     finally:
         os.close(fd)
 

@@ -42,6 +42,7 @@ import torch
 
 from actors.weights._manifest import WeightManifest, WeightPayloadError, check_state_dict, describe
 from actors.weights._mmap import (
+    NonFiniteValues,
     read_safetensors_into,
     safetensors_size,
     serialize_safetensors,
@@ -252,6 +253,8 @@ class SafetensorsDirTransport:
             raise WeightPayloadError(f"v{manifest.version}: {path} does not exist (pruned or never written)")
         try:  # one kernel copy, into the engine's standby weights when it offers them
             state_dict = await asyncio.to_thread(read_safetensors_into, path, into, version=str(manifest.version))
+        except NonFiniteValues as exc:
+            raise WeightPayloadError(f"v{manifest.version}: rejected: {exc}") from exc
         except (ValueError, RuntimeError, OSError) as exc:
             raise WeightPayloadError(f"v{manifest.version}: {path} is not a valid safetensors file: {exc}") from exc
         check_state_dict(state_dict, manifest.tensors, what=f"v{manifest.version}")

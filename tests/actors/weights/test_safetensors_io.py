@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from actors.weights._mmap import (
     MalformedSafetensors,
+    NonFiniteValues,
     map_safetensors,
     read_safetensors_into,
     serialize_safetensors,
@@ -81,3 +82,14 @@ def test_truncated_or_garbage_files_are_rejected(tmp_path: Path) -> None:
         read_safetensors_into(path)
     with pytest.raises(MalformedSafetensors):
         view_safetensors(b"\x01")
+
+
+def test_values_are_checked_as_they_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    state = _state()
+    write_safetensors(path, state, metadata={})
+    assert read_safetensors_into(path).values_checked
+    state["wte.weight"][31, 15] = float("nan")  # the last value of a tensor: the last chunk is checked too
+    write_safetensors(path, state, metadata={})
+    with pytest.raises(NonFiniteValues, match=r"wte\.weight: contains NaN"):
+        read_safetensors_into(path, {k: torch.empty_like(v) for k, v in state.items()})

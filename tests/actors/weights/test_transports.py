@@ -80,6 +80,15 @@ async def test_safetensors_dir_rejects_a_truncated_file(tmp_path: Path) -> None:
         await transport.get(manifest)
 
 
+async def test_safetensors_dir_rejects_non_finite_values(tmp_path: Path) -> None:
+    transport = SafetensorsDirTransport(tmp_path)
+    bad = _state()
+    bad["ln.bias"][3] = float("inf")
+    manifest = await transport.put(1, bad)
+    with pytest.raises(WeightPayloadError, match=r"v1: rejected: ln\.bias: contains NaN or infinite values"):
+        await transport.get(manifest)
+
+
 def test_check_state_dict_names_every_problem() -> None:
     expected = describe(_state())
     bad = {"wte.weight": torch.zeros(32, 8), "extra": torch.zeros(1)}
