@@ -27,7 +27,7 @@ lint: bootstrap
 
 # Benchmarks; each writes bench/results/<name>.json and prints a markdown table. `just bench --quick`.
 bench *ARGS: bootstrap
-    for b in bus sandbox generate weights; do \
+    for b in bus sandbox generate weights replay; do \
         if [ -f bench/$b.py ]; then {{py}} bench/$b.py {{ARGS}}; fi; \
     done
 

@@ -30,6 +30,7 @@ async def main(args: argparse.Namespace) -> None:
     }
     control = await Bus.connect(args.url, topology="bench-weights", name=f"worker-{args.rank}")
     group: WeightGroup | None = None
+    raw: dict[str, torch.Tensor | None] = {}
 
     def reporter(size: str) -> Any:
         def on_event(event: str, fields: dict[str, Any]) -> None:
@@ -62,14 +63,45 @@ async def main(args: argparse.Namespace) -> None:
         if command["op"] == "join":
             group = await asyncio.to_thread(WeightGroup, "127.0.0.1", command["port"], command["world"], args.rank)
             continue
-        if command["op"] == "recv":
+        if command["op"] == "raw":  # the limit: a bare broadcast of the same bytes into a reused buffer
+            assert group is not None
+            if raw.get(command["size"]) is None:
+                raw[command["size"]] = torch.empty(command["nbytes"], dtype=torch.uint8)
+            await asyncio.to_thread(group.broadcast, raw[command["size"]])
+            await control.publish_ephemeral(
+                "bench.swapped",
+                {
+                    "rank": args.rank,
+                    "size": command["size"],
+                    "event": "weights.swapped",
+                    "t": time.time(),
+                    "version": command["version"],
+                    "transport": "raw-gloo",
+                },
+            )
+            continue
+        if command["op"] == "recv":  # what a member generator does: receive into the standby weights, swap
             assert group is not None
             engine = engines[command["size"]]
             expected = {name: (tuple(t.shape), t.dtype) for name, t in engine.policy.state_dict().items()}
-            staged = await asyncio.to_thread(
-                receive_weights, group, command["names"], command["dtypes"], command["shapes"], expected
-            )
-            await engine.update_weights(command["version"], staged)
+
+            async def fill(
+                into: dict[str, torch.Tensor] | None,
+                command: dict[str, Any] = command,
+                group: WeightGroup = group,
+                expected: dict[str, Any] = expected,
+            ) -> Any:
+                return await asyncio.to_thread(
+                    receive_weights,
+                    group,
+                    command["names"],
+                    command["dtypes"],
+                    command["shapes"],
+                    expected,
+                    into=into,
+                )
+
+            await engine.update_weights_from(command["version"], fill)
             await control.publish_ephemeral(
                 "bench.swapped",
                 {

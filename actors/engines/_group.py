@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed.distributed_c10d import BackendConfig
 
+from actors.policy import all_finite
+
 __all__ = [
     "Broadcaster",
     "DistributedWeights",
@@ -183,8 +185,15 @@ def receive_weights(
     dtypes: Sequence[str],
     shapes: Sequence[Sequence[int]],
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    *,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The receiving side of one update: stage every declared tensor, then validate against ``expected``.
+
+    A tensor of ``into`` (an engine's standby weights) with the declared shape, dtype and the group's device is
+    received into directly (no buffer of its own, no copy), and its values are left to ``into``'s owner to check
+    (``TorchEngine.update_weights_from`` checks every value of its standby set); the others go into new buffers
+    and are checked here.
 
     Raises ValueError naming the first problem; by then the whole payload has been drained, so the trainer's
     broadcast completes either way. Parameters the payload omits keep their current values (partial updates
@@ -202,7 +211,17 @@ def receive_weights(
             except ValueError as exc:
                 # Cannot size the buffer: the stream is now out of step, so stop here.
                 raise ValueError(f"{name}: {exc}") from None
-            buffer = torch.empty(tuple(shape), dtype=dtype, device=group.device)
+            target = (into or {}).get(name)
+            fits = (
+                target is not None
+                and tuple(target.shape) == tuple(shape)
+                and target.dtype == dtype
+                and target.device == group.device
+                and target.is_contiguous()
+            )
+            buffer = (
+                target if fits and target is not None else torch.empty(tuple(shape), dtype=dtype, device=group.device)
+            )
             group.broadcast(buffer)
             if name not in expected:
                 problems.append(f"unknown parameter {name!r}")
@@ -211,7 +230,7 @@ def receive_weights(
             if tuple(shape) != want_shape:
                 problems.append(f"{name}: shape {list(shape)} does not match the model's {list(want_shape)}")
                 continue
-            if not torch.isfinite(buffer).all():
+            if not (fits and target is not None) and buffer.is_floating_point() and not all_finite(buffer):
                 problems.append(f"{name}: contains NaN or inf")
                 continue
             staged[name] = buffer.to(want_dtype)

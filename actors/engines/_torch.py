@@ -26,8 +26,13 @@ Contract:
   learner should use ``logprobs`` as μ and apply the same temperature in its own forward (`actors.learner._loss`).
 * Versions: every token carries the engine's weight version at the step that produced it.
   ``update_weights(version, source)`` validates the whole payload (names, shapes, dtypes, finite values)
-  without touching the live model, then copies it in under the engine lock *between* two steps — running
-  requests are not drained; their next token carries the new version. By default the first step after a
+  without touching the live model, then swaps it in under the engine lock *between* two steps — running
+  requests are not drained; their next token carries the new version. On a CPU engine the payload is copied
+  (and its values checked, tensor by tensor while fresh in the cache) into a second set of weights the engine
+  keeps, outside the lock; the swap under the lock then exchanges the two sets' storage, so decoding waits
+  microseconds, not a copy of the model (the price: the weights' memory twice). ``update_weights_from(version,
+  fill)`` lets a transport read the new version straight into that second set (no copy at all). On other
+  devices the validated payload is copied in place under the lock. By default the first step after a
   swap re-prefills the running rows (prompt + tokens so far) so their KV cache comes from the new weights
   too — each token is then exactly what its tagged version gives for its prefix (as in AReaL); with
   ``recompute_cache_on_update=False`` the old cache is kept (cheaper; post-swap tokens then come from new
@@ -72,9 +77,12 @@ from actors.engines._types import (
     WeightSource,
     WeightUpdateError,
 )
-from actors.policy import KVCache, Policy, StateDictError, positions_from_mask, read_safetensors
+from actors.policy import KVCache, Policy, StateDictError, all_finite, positions_from_mask, read_safetensors
 
 StepHook = Callable[[int], Awaitable[None]]
+# update_weights_from's source: given the engine's standby buffers (or None), the new weights (a mapping whose
+# ``values_checked`` attribute is True when its floating-point values were already checked finite)
+WeightFill = Callable[[dict[str, Tensor] | None], Awaitable[Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,8 @@ class TorchEngine:
         self._cache: KVCache | None = None
         self._mask: Tensor | None = None  # [rows, cache length], 1 = real token
         self._lock = asyncio.Lock()
+        self._updating = asyncio.Lock()  # one weight update at a time (they share the standby set)
+        self._spare: dict[str, Tensor] | None = None  # CPU: the standby set of weights, allocated at the first update
         self._wake = asyncio.Event()
         self._running = asyncio.Event()
         self._running.set()
@@ -241,27 +251,69 @@ class TorchEngine:
         return hits
 
     async def update_weights(self, version: int, source: WeightSource) -> None:
+        async def given(_: dict[str, Tensor] | None) -> Mapping[str, Any]:
+            if isinstance(source, str | Path):
+                return await asyncio.to_thread(read_safetensors, source)
+            if isinstance(source, Mapping):
+                return source
+            raise StateDictError(f"unsupported weight source {type(source).__name__}")
+
+        await self.update_weights_from(version, given)
+
+    async def update_weights_from(self, version: int, fill: WeightFill) -> None:
+        """Swap in the weights ``await fill(buffers)`` returns; see the module docstring. On a CPU engine ``buffers``
+        is the engine's second set of weights (its standby), which ``fill`` may read the new version into directly
+        — then nothing is copied; ``None`` on other devices. ``fill`` is awaited with no other update under way."""
+        self._check_newer(version)
+        async with self._updating:
+            standby = self._standby() if self._device.type == "cpu" else None
+            try:
+                given = await fill(standby)
+                checked = bool(getattr(given, "values_checked", False))  # e.g. checked as they were read
+                state = dict(given)
+                if standby is not None:  # validate while copying into the standby set, all outside the lock
+                    await asyncio.to_thread(self._stage, state, standby, checked)
+                else:
+                    await asyncio.to_thread(self.policy.validate_state_dict, state)
+            except StateDictError as exc:
+                self._counts["weight_updates_rejected"] += 1
+                raise WeightUpdateError(f"version {version} rejected, still serving {self._version}: {exc}") from None
+            # shielded: a caller's timeout must not release the lock while a copy into the live weights runs
+            await asyncio.shield(self._swap(version, state, standby))
+
+    async def _swap(self, version: int, state: dict[str, Any], standby: dict[str, Tensor] | None) -> None:
+        async with self._lock:
+            self._check_newer(version)
+            if standby is not None:
+                self.policy.exchange_weights(standby)  # pointers only: the decode loop waits microseconds
+            else:
+                await asyncio.to_thread(self.policy.load_state_dict, state, validate=False)
+            self._version = version
+            self._counts["weight_updates"] += 1
+
+    def _check_newer(self, version: int) -> None:
         if version <= self._version:
             self._counts["weight_updates_rejected"] += 1
             raise WeightUpdateError(f"version {version} rejected: engine already serves version {self._version}")
-        try:
-            if isinstance(source, str | Path):
-                state = await asyncio.to_thread(read_safetensors, source)
-            elif isinstance(source, Mapping):
-                state = dict(source)
-            else:
-                raise StateDictError(f"unsupported weight source {type(source).__name__}")
-            await asyncio.to_thread(self.policy.validate_state_dict, state)
-        except StateDictError as exc:
-            self._counts["weight_updates_rejected"] += 1
-            raise WeightUpdateError(f"version {version} rejected, still serving {self._version}: {exc}") from None
-        async with self._lock:
-            if version <= self._version:
-                self._counts["weight_updates_rejected"] += 1
-                raise WeightUpdateError(f"version {version} rejected: engine already serves version {self._version}")
-            await asyncio.to_thread(self.policy.load_state_dict, state, validate=False)
-            self._version = version
-            self._counts["weight_updates"] += 1
+
+    def _standby(self) -> dict[str, Tensor]:
+        if self._spare is None:
+            self._spare = {name: torch.empty_like(t) for name, t in self.policy.state_dict().items()}
+        return self._spare
+
+    def _stage(self, state: Mapping[str, Any], standby: dict[str, Tensor], checked: bool = False) -> None:
+        """Names, shapes and dtypes first (nothing is written on a mismatch), then per tensor: copy it into the
+        standby set unless it is already there, and check its values there while they are fresh in the cache —
+        unless the source says it checked them (``values_checked``) and they were read into the standby set."""
+        self.policy.validate_state_dict(state, values=False)
+        with torch.no_grad():
+            for name, target in standby.items():
+                value = state[name]
+                in_place = value.data_ptr() == target.data_ptr()
+                if not in_place:
+                    target.copy_(value)
+                if not (checked and in_place) and target.is_floating_point() and not all_finite(target):
+                    raise StateDictError(f"{name}: contains NaN or infinite values")
 
     async def pause(self) -> None:
         self._running.clear()

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from actors.policy._checks import check_policy as check_policy
     from actors.policy._policy import Policy as Policy
     from actors.policy._policy import StateDictError as StateDictError
+    from actors.policy._policy import all_finite as all_finite
     from actors.policy._policy import read_safetensors as read_safetensors
     from actors.policy._prompting import encode_completion as encode_completion
     from actors.policy._prompting import encode_prompt as encode_prompt
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from actors.policy._tokenizer import HFTokenizer as HFTokenizer
 
 _EXPORTS = {
+    "all_finite": "_policy",
     "CharTokenizer": "_tokenizer",
     "check_policy": "_checks",
     "encode_completion": "_prompting",
@@ -59,6 +61,7 @@ __all__ = [
     "Policy",
     "StateDictError",
     "TinyGPT",
+    "all_finite",
     "check_policy",
     "encode_completion",
     "encode_prompt",

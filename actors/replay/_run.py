@@ -4,8 +4,9 @@ Contract:
 - ``Replayer(spec)`` builds the spec's policy once and one verifier per domain (a sandbox pool only if a
   domain's verifier runs code). ``await replayer.run(items, weights, ...)`` loads the weights (``None``: the
   policy as the spec builds it), re-issues every item through a :class:`TorchEngine` with up to
-  ``concurrency`` requests in flight (continuous batching), and scores each completion with its domain's
-  verifier when the item has verifier fields; others are compared with the recorded text only.
+  ``concurrency`` requests decoding at once (continuous batching; the rest wait in the engine's queue), and
+  scores each completion with its domain's verifier as it completes when the item has verifier fields; others
+  are compared with the recorded text only.
 - Determinism: each request samples with its own RNG seeded from ``(seed, item.key)`` and the recorded
   temperature (``greedy``: temperature 0), so the same weights and seed give the same completions whatever
   the concurrency or the batch a request shared; greedy replay of a greedy recording at the recorded
@@ -136,12 +137,13 @@ class Replayer:
         assert self._scorer is not None, "use `async with Replayer(spec) as replayer`"
         engine = self.engine(weights, version=version, concurrency=concurrency)
         outcomes: list[Outcome | None] = [None] * len(items)
-        limit = anyio.CapacityLimiter(concurrency)
 
         async def one(index: int, item: ReplayItem) -> None:
             assert self._scorer is not None
-            async with limit:
-                [completion] = await engine.generate([self.request(item, seed=seed, greedy=greedy)])
+            # Every request is queued at once, as in raw_throughput: the engine's batch (``concurrency`` rows)
+            # is the only bound, so a finished row's place is taken at the next step. Admitting them through a
+            # limiter left that place empty until the finished row's task had let the next one in.
+            [completion] = await engine.generate([self.request(item, seed=seed, greedy=greedy)])
             reward: float | None = None
             verdict = "text-only"
             if self.scorable(item):

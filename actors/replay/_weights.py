@@ -55,7 +55,7 @@ async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | N
             except BusError:
                 searched.append(f"object store {bucket}/{name}")
                 continue
-            return ResolvedWeights(f"v{version}", version, dict(st_load(blob)))
+            return ResolvedWeights(f"v{version}", version, dict(st_load(bytes(blob))))
     where = "; ".join(searched) or "nowhere (pass the run dir, or run it while the run's bus is up)"
     raise WeightsNotFound(f"version {version} not found (searched: {where})")
 

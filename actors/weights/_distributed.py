@@ -212,7 +212,9 @@ class DistributedTransport:
         return any(getattr(self.ctx.spec.actors[a].config, "device", "auto") == "cpu" for a, _ in self.members)
 
     # ------------------------------------------------------------------ receiver (a generator replica)
-    async def get(self, manifest: WeightManifest) -> dict[str, torch.Tensor]:
+    async def get(
+        self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         try:
             location = orjson.loads(manifest.location)
             ranks: dict[str, int] = location["ranks"]
@@ -229,10 +231,15 @@ class DistributedTransport:
             raise WeightPayloadError(
                 f"v{manifest.version}: its broadcast window closed {-left:.1f}s ago; waiting for the next version"
             )
-        return await asyncio.to_thread(self._receive, manifest, location, ranks[self.key], left)
+        return await asyncio.to_thread(self._receive, manifest, location, ranks[self.key], left, into)
 
     def _receive(
-        self, manifest: WeightManifest, location: dict[str, Any], rank: int, timeout_s: float
+        self,
+        manifest: WeightManifest,
+        location: dict[str, Any],
+        rank: int,
+        timeout_s: float,
+        into: Mapping[str, torch.Tensor] | None,
     ) -> dict[str, torch.Tensor]:
         from actors.engines import WeightGroup, parse_dtype, receive_weights
 
@@ -256,7 +263,7 @@ class DistributedTransport:
                 f"{location['address']}:{location['port']}: {_first_line(exc)}"
             ) from exc
         try:
-            staged = receive_weights(group, names, dtypes, shapes, expected)
+            staged = receive_weights(group, names, dtypes, shapes, expected, into=into)
         except Exception as exc:
             raise WeightPayloadError(f"v{manifest.version}: broadcast failed: {_first_line(exc)}") from exc
         finally:

@@ -145,11 +145,17 @@ class WeightSubscriber:
             )
             return False
         started = time.perf_counter()
+        # An engine that keeps standby weights (the torch engine on a CPU) lets the transport read into them.
+        fill_into = getattr(self._engine, "update_weights_from", None)
         try:
-            with anyio.fail_after(self.fetch_timeout_s):  # a read that cannot finish must not stall the swaps
-                state_dict = await transport.get(manifest)
             # the engine validates names, shapes, dtypes and finite values before it touches its weights
-            await self._engine.update_weights(manifest.version, state_dict)
+            if fill_into is not None:
+                with anyio.fail_after(self.fetch_timeout_s):  # a read that cannot finish must not stall the swaps
+                    await fill_into(manifest.version, lambda into: transport.get(manifest, into=into))
+            else:
+                with anyio.fail_after(self.fetch_timeout_s):
+                    state_dict = await transport.get(manifest)
+                await self._engine.update_weights(manifest.version, state_dict)
         except TimeoutError:
             self._reject(manifest.version, f"fetching the weights took over {self.fetch_timeout_s:g} s")
             return False

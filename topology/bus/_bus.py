@@ -36,6 +36,7 @@ from nats.js import api
 
 from topology._names import DEADLETTER, channel_subject, consumer_name, ephemeral_subject, stream_name
 from topology._spec import BusSpec
+from topology.bus._acks import AckTracker, PublishError
 from topology.bus._consumer import ChannelConsumer
 from topology.bus._envelope import Envelope, encode
 from topology.bus._errors import BusError
@@ -61,7 +62,8 @@ class Bus:
         self.name = name
         self.settings = settings
         self.stats = BusStats()
-        self._stores = Stores(self._js)
+        self._acks = AckTracker(nc)
+        self._stores = Stores(self._js, self._acks)
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
         self._ephemeral: set[EphemeralSubscription] = set()
@@ -194,16 +196,8 @@ class Bus:
         self, channel: str, type: str, payload: Mapping[str, Any], *, id: str | None = None, source: str = ""
     ) -> str:
         """Publish one durable message; returns its id once JetStream stored it."""
-        env = Envelope.new(type, payload, id=id, source=source or self.name)
-        try:
-            subj = await self._known(channel)
-            ack = await self._js.publish(subj, encode(env), headers={"Nats-Msg-Id": env.id})
-        except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
-        self.stats.published += 1
-        if ack.duplicate:
-            self.stats.duplicates += 1
-        return env.id
+        ids = await self.publish_many(channel, [(type, payload, id)], source=source)
+        return ids[0]
 
     async def publish_many(
         self, channel: str, items: Sequence[tuple[str, Mapping[str, Any], str | None]], source: str = ""
@@ -211,21 +205,18 @@ class Bus:
         """Publish ``(type, payload, id|None)`` items pipelined: send all, then await every store ack."""
         source = source or self.name
         ids: list[str] = []
-        futures: list[asyncio.Future[api.PubAck]] = []
-        publish_async = self._js.publish_async
+        messages: list[tuple[str, bytes | memoryview, dict[str, str] | None]] = []
         try:
             subj = await self._known(channel)
             for type_, payload, id_ in items:
                 env = Envelope.new(type_, payload, id=id_, source=source)
                 ids.append(env.id)
-                futures.append(await publish_async(subj, encode(env), headers={"Nats-Msg-Id": env.id}))
-            acks = await asyncio.wait_for(asyncio.gather(*futures), _PUBLISH_TIMEOUT_S)
-        except (js_errors.Error, nats.errors.Error, TimeoutError) as exc:
-            for future in futures:
-                future.cancel()
+                messages.append((subj, encode(env), {"Nats-Msg-Id": env.id}))
+            duplicates = await self._acks.publish(messages, timeout_s=_PUBLISH_TIMEOUT_S)
+        except (PublishError, js_errors.Error, nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
-        self.stats.published += len(acks)
-        self.stats.duplicates += sum(1 for ack in acks if ack.duplicate)
+        self.stats.published += len(ids)
+        self.stats.duplicates += duplicates
         return ids
 
     # -- consuming --------------------------------------------------------------------------------------
@@ -318,15 +309,15 @@ class Bus:
         """The key's current value (if any), then each new value."""
         return self._stores.watch(bucket, key)
 
-    async def object_put(self, bucket: str, name: str, data: bytes) -> tuple[int, str]:
+    async def object_put(self, bucket: str, name: str, data: bytes | bytearray | memoryview) -> tuple[int, str]:
         """Store a blob (chunked); returns ``(size, digest)`` — pass the digest to :meth:`object_get`."""
         return await self._stores.object_put(bucket, name, data)
 
     async def object_get(
         self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
-    ) -> bytes:
-        """The object's bytes; ``BusError`` when it is missing, corrupted, replaced (``expect_digest``), or when no
-        chunk arrives for ``stall_s`` (deleted while being read)."""
+    ) -> bytearray:
+        """The object's bytes (a buffer of its own); ``BusError`` when it is missing, corrupted, replaced
+        (``expect_digest``), or when no chunk arrives for ``stall_s`` (deleted while being read)."""
         return await self._stores.object_get(bucket, name, expect_digest=expect_digest, stall_s=stall_s)
 
     async def object_delete(self, bucket: str, name: str) -> bool:

@@ -12,27 +12,39 @@ Non-goals: typed values (callers encode), compare-and-set (use nats-py's ``KeyVa
 from __future__ import annotations
 
 import asyncio
-import time
+import base64
+import contextlib
+import hashlib
+import json
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
+import nats.errors
 import nats.js.errors as js_errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
+from nats.nuid import NUID
 
+from topology.bus._acks import AckTracker
 from topology.bus._errors import BusError
 
 __all__ = ["Stores"]
 
 _OBJECT_CHUNK = 1024 * 1024
+_CHUNKS_IN_FLIGHT = 16  # chunks sent before their store acks are awaited, and pulled per request
+_CHUNK_TIMEOUT_S = 30.0
+_NUID = NUID()
 STALL_S = 10.0  # an object read without a new chunk for this long has lost its object
 
 
 class Stores:
     """Per-connection cache of KV buckets and object stores."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, acks: AckTracker) -> None:
         self._js = js
+        self._acks = acks
         self._kv: dict[str, KeyValue] = {}
         self._obj: dict[str, ObjectStore] = {}
 
@@ -114,43 +126,114 @@ class Stores:
         self._obj[bucket] = store
         return store
 
-    async def object_put(self, bucket: str, name: str, data: bytes) -> tuple[int, str]:
-        """Store ``data``; returns its size and the SHA-256 digest the object store recorded."""
+    async def object_put(self, bucket: str, name: str, data: bytes | bytearray | memoryview) -> tuple[int, str]:
+        """Store ``data``; returns its size and the SHA-256 digest recorded in the object's info.
+
+        The object store's own layout (chunks on ``$O.<bucket>.C.<nuid>``, then the info on the name's meta
+        subject, a rollup), so any NATS client reads it. Unlike nats-py's ``put``, which awaits each chunk's store
+        ack before it sends the next, the chunks go out pipelined (``_CHUNKS_IN_FLIGHT`` at a time), and the digest
+        is computed in a thread meanwhile.
+        """
         store = await self.objects(bucket)
-        meta = api.ObjectMeta(name=name, options=api.ObjectMetaOptions(max_chunk_size=_OBJECT_CHUNK))
-        info = await store.put(name, data, meta=meta)
-        return int(info.size or 0), str(info.digest or "")
+        view = memoryview(data).cast("B")
+        digest = asyncio.ensure_future(asyncio.to_thread(lambda: hashlib.sha256(view).digest()))
+        nuid = _NUID.next().decode()
+        chunk_subject = f"$O.{bucket}.C.{nuid}"
+        try:
+            previous = await store.get_info(name)
+        except js_errors.NotFoundError:
+            previous = None
+        chunks = [view[i : i + _OBJECT_CHUNK] for i in range(0, len(view), _OBJECT_CHUNK)]
+        try:
+            for lo in range(0, len(chunks), _CHUNKS_IN_FLIGHT):
+                batch = chunks[lo : lo + _CHUNKS_IN_FLIGHT]
+                await self._acks.publish([(chunk_subject, chunk, None) for chunk in batch], timeout_s=_CHUNK_TIMEOUT_S)
+            info = api.ObjectInfo(
+                name=name,
+                bucket=bucket,
+                nuid=nuid,
+                size=len(view),
+                chunks=len(chunks),
+                mtime=datetime.now(UTC).isoformat(),
+                digest="SHA-256=" + base64.urlsafe_b64encode(await digest).decode(),
+                options=api.ObjectMetaOptions(max_chunk_size=_OBJECT_CHUNK),
+            )
+            meta_subject = f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+            await self._js.publish(meta_subject, json.dumps(info.as_dict()).encode(), headers={"Nats-Rollup": "sub"})
+        except Exception:
+            await self._js.purge_stream(f"OBJ_{bucket}", subject=chunk_subject)
+            raise
+        finally:
+            if not digest.done():
+                await asyncio.wait({digest})
+        if previous is not None and not previous.deleted:
+            await self._js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{previous.nuid}")
+        return len(view), str(info.digest)
 
     async def object_get(
         self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
-    ) -> bytes:
-        """The object's bytes. A read that receives no chunk for ``stall_s`` fails (``BusError``): nats-py waits
-        forever for the chunks of an object deleted while it is being read."""
+    ) -> bytearray:
+        """The object's bytes. Chunks are pulled in batches (nats-py's ``get`` reads them through a flow-controlled
+        push consumer, one round trip per few chunks) into one buffer, the digest computed in a thread meanwhile. A
+        read that receives no chunk for ``stall_s`` fails (``BusError``): an object deleted while it is read."""
         store = await self.objects(bucket)
-        sink = _Sink()
-        # writeinto: nats-py otherwise grows one bytes object chunk by chunk (quadratic for large blobs)
-        reading = asyncio.ensure_future(store.get(name, writeinto=sink))  # type: ignore[arg-type]
         try:
-            while not reading.done():
-                await asyncio.wait({reading}, timeout=min(stall_s, 1.0))
-                if not reading.done() and time.monotonic() - sink.last_write > stall_s:
+            info = await store.get_info(name)
+        except js_errors.NotFoundError:
+            raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
+        if expect_digest is not None and str(info.digest or "") != expect_digest:
+            raise BusError(
+                f"object {name!r} in {bucket!r} was replaced: digest {info.digest}, expected {expect_digest}"
+            )
+        size, count = int(info.size or 0), int(info.chunks or 0)
+        blob = bytearray(size)
+        view = memoryview(blob)
+        hasher = hashlib.sha256()
+        hashing = ThreadPoolExecutor(1, thread_name_prefix="object-digest")  # one thread: updates stay in order
+        loop = asyncio.get_running_loop()
+        last: asyncio.Future[None] | None = None
+        subscription = None
+        offset = received = 0
+        try:
+            if count:
+                config = api.ConsumerConfig(
+                    ack_policy=api.AckPolicy.NONE,
+                    deliver_policy=api.DeliverPolicy.ALL,
+                    inactive_threshold=max(stall_s, 5.0),
+                    num_replicas=1,
+                    mem_storage=True,
+                )
+                subscription = await self._js.pull_subscribe(
+                    f"$O.{bucket}.C.{info.nuid}", stream=f"OBJ_{bucket}", config=config
+                )
+            while received < count:
+                want = min(_CHUNKS_IN_FLIGHT, count - received)
+                try:
+                    messages = await subscription.fetch(want, timeout=stall_s)  # type: ignore[union-attr]
+                except (TimeoutError, nats.errors.TimeoutError):
                     raise BusError(
                         f"reading object {name!r} from {bucket!r} stalled: no data for {stall_s:g} s "
                         "(deleted while it was being read?)"
-                    )
-            result = reading.result()
-        except js_errors.ObjectNotFoundError:
-            raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
-        except js_errors.DigestMismatchError:
-            raise BusError(f"object {name!r} in {bucket!r} does not match its digest (corrupted)") from None
+                    ) from None
+                for message in messages:
+                    chunk = message.data
+                    end = offset + len(chunk)
+                    if end > size:
+                        raise BusError(f"object {name!r} in {bucket!r} has more bytes than its info says (corrupted)")
+                    view[offset:end] = chunk
+                    last = loop.run_in_executor(hashing, hasher.update, view[offset:end])
+                    offset, received = end, received + 1
+            if last is not None:
+                await last
         finally:
-            if not reading.done():
-                reading.cancel()
-        if expect_digest is not None and str(result.info.digest or "") != expect_digest:
-            raise BusError(
-                f"object {name!r} in {bucket!r} was replaced: digest {result.info.digest}, expected {expect_digest}"
-            )
-        return sink.getvalue()
+            hashing.shutdown(wait=True)
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+        digest = "SHA-256=" + base64.urlsafe_b64encode(hasher.digest()).decode()
+        if offset != size or digest != str(info.digest or ""):
+            raise BusError(f"object {name!r} in {bucket!r} does not match its digest (corrupted)")
+        return blob
 
     async def object_delete(self, bucket: str, name: str) -> bool:
         """Delete an object; ``False`` when it was not there (deleting is idempotent)."""
@@ -160,19 +243,3 @@ class Stores:
         except js_errors.NotFoundError:
             return False
         return True
-
-
-class _Sink:
-    """Collects object chunks; one join at the end instead of a copy per chunk."""
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-        self.last_write = time.monotonic()  # progress, for the stall check (chunks are written from a thread)
-
-    def write(self, data: bytes) -> int:
-        self._parts.append(bytes(data))
-        self.last_write = time.monotonic()
-        return len(data)
-
-    def getvalue(self) -> bytes:
-        return b"".join(self._parts)

@@ -138,3 +138,56 @@ def test_versions_must_increase_and_files_are_accepted(tmp_path: Path) -> None:
             await TorchEngine(policy, version=5).update_weights(6, str(tmp_path / "missing"))
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+
+
+def test_a_cpu_swap_exchanges_storage_and_a_fill_into_the_standby_copies_nothing() -> None:
+    policy = make_policy(0)
+    new = [{k: v.clone() for k, v in make_policy(seed).state_dict().items()} for seed in (1, 2)]
+
+    async def scenario() -> None:
+        engine = TorchEngine(policy)
+        filled: list[dict[str, int]] = []
+
+        async def fill(standby: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+            assert standby is not None
+            for name, tensor in standby.items():
+                tensor.copy_(new[len(filled)][name])
+            filled.append({name: t.data_ptr() for name, t in standby.items()})
+            return standby
+
+        lives: list[dict[str, int]] = []
+        for version in (1, 2):
+            lives.append({name: t.data_ptr() for name, t in policy.state_dict().items()})
+            await engine.update_weights_from(version, fill)
+            live = policy.state_dict()
+            # the very tensors the fill wrote are now live; the previous live ones became the next standby
+            assert {name: t.data_ptr() for name, t in live.items()} == filled[-1]
+            assert all(torch.equal(live[k], new[version - 1][k]) for k in live)
+        assert filled[1] == lives[0]
+        await engine.close()
+        assert engine.version == 2
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+
+
+def test_a_rejected_fill_leaves_the_live_weights_untouched() -> None:
+    policy = make_policy(0)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    async def scenario() -> None:
+        engine = TorchEngine(policy)
+
+        async def fill(standby: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+            assert standby is not None
+            for tensor in standby.values():
+                tensor.fill_(float("nan"))
+            return standby
+
+        with pytest.raises(WeightUpdateError, match="NaN or infinite"):
+            await engine.update_weights_from(1, fill)
+        await engine.close()
+        assert engine.version == 0
+        live = policy.state_dict()
+        assert all(torch.equal(live[k], before[k]) for k in before)
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=30))

@@ -108,3 +108,16 @@ def test_token_logprobs_carries_gradients() -> None:
     ids = torch.tensor([policy.tokenizer.encode("hello")])
     policy.token_logprobs(ids).sum().backward()  # type: ignore[no-untyped-call]
     assert policy.module.wte.weight.grad is not None  # type: ignore[union-attr]
+
+
+def test_all_finite_sees_every_nan_and_inf_and_survives_an_overflowing_sum() -> None:
+    from actors.policy import all_finite
+
+    big = torch.full((1000,), 3e38)  # finite values whose sum overflows float32
+    assert all_finite(big)
+    assert all_finite(torch.full((10,), 60000.0, dtype=torch.float16))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            values = torch.zeros(257, dtype=dtype)
+            values[131] = bad
+            assert not all_finite(values), (bad, dtype)

@@ -80,6 +80,15 @@ async def test_safetensors_dir_rejects_a_truncated_file(tmp_path: Path) -> None:
         await transport.get(manifest)
 
 
+async def test_safetensors_dir_rejects_non_finite_values(tmp_path: Path) -> None:
+    transport = SafetensorsDirTransport(tmp_path)
+    bad = _state()
+    bad["ln.bias"][3] = float("inf")
+    manifest = await transport.put(1, bad)
+    with pytest.raises(WeightPayloadError, match=r"v1: rejected: ln\.bias: contains NaN or infinite values"):
+        await transport.get(manifest)
+
+
 def test_check_state_dict_names_every_problem() -> None:
     expected = describe(_state())
     bad = {"wte.weight": torch.zeros(32, 8), "extra": torch.zeros(1)}
@@ -100,23 +109,27 @@ async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
     assert current is not None and current.version == 2
 
 
-def test_mapped_safetensors_equal_a_regular_load_and_reject_truncation(tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
+async def test_safetensors_dir_writes_into_a_file_allocated_ahead_and_never_rewrites_a_published_one(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
 
-    from actors.weights._mmap import MalformedSafetensors, map_safetensors
-
-    state = {**_state(), "steps": torch.arange(5), "empty": torch.zeros(0, 3), "half": torch.ones(4).half()}
-    path = tmp_path / "w.safetensors"
-    save_file(state, str(path))
-    mapped, loaded = map_safetensors(path), load_file(str(path))
-    assert set(mapped) == set(loaded)
-    assert all(torch.equal(mapped[k], loaded[k]) and mapped[k].dtype == loaded[k].dtype for k in loaded)
-    path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(MalformedSafetensors, match="truncated"):
-        map_safetensors(path)
-    path.write_bytes(b"\xff" * 16)
-    with pytest.raises(MalformedSafetensors):
-        map_safetensors(path)
+    transport = SafetensorsDirTransport(tmp_path, keep_versions=2)
+    first = await transport.put(1, _state(1))
+    held = load_file(str(Path(first.location) / "model.safetensors"))  # the library may hand out mmap views
+    transport.wait_tidy(10)
+    second = await transport.put(2, _state(2))
+    assert transport.spares_used == 1
+    assert not list(tmp_path.glob(".*partial*"))
+    transport.wait_tidy(10)
+    await transport.put(3, _state(3))
+    transport.wait_tidy(10)  # the tidying thread pruned v1: its file deleted, never overwritten
+    assert not Path(first.location).exists() and Path(second.location).exists()
+    assert torch.equal(held["wte.weight"], _state(1)["wte.weight"])
+    assert torch.equal((await transport.get(second))["wte.weight"], _state(2)["wte.weight"])
+    stale = WeightManifest(1, second.transport, second.location, second.tensors, second.nbytes)
+    with pytest.raises(WeightPayloadError, match="expected '1'"):
+        await transport.get(stale)  # a manifest and a file that disagree on the version
 
 
 class _SlowEngine:
