@@ -184,7 +184,11 @@ class Bus:
     async def ensure_channel(
         self, name: str, *, durable: bool = True, max_age_s: float | None = None, max_msgs: int = -1
     ) -> None:
-        """Create the channel's stream, or update it to this configuration; idempotent."""
+        """Create the channel's stream, or update it to this configuration; idempotent. ``max_age_s`` None: the
+        bus's ``retention.max_age_s``; the stream keeps at most ``retention.max_mb`` MiB either way."""
+        retention = self.settings.retention
+        if max_age_s is None:
+            max_age_s = retention.max_age_s
         dedupe = self.settings.dedupe_window_s
         if max_age_s is not None and max_age_s > 0:
             dedupe = min(dedupe, max_age_s)
@@ -196,6 +200,7 @@ class Bus:
             discard=api.DiscardPolicy.OLD,
             max_age=max_age_s or 0,
             max_msgs=max_msgs,
+            max_bytes=retention.max_mb * 1024 * 1024 if retention.max_mb is not None else -1,
             duplicate_window=dedupe,
         )
         try:
