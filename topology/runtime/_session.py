@@ -36,6 +36,7 @@ import structlog
 from topology.runtime._rundir import (
     TOKEN_FILE,
     RunInfo,
+    RunNotFound,
     bus_token,
     create_run_dir,
     lock_run_dir,
@@ -156,7 +157,7 @@ async def open_session(
         run_dir = resume_run_dir(resume)
         previous = read_run_info(run_dir)
         if previous.topology != spec.name:
-            raise BusError(
+            raise RunNotFound(
                 f"cannot resume {run_dir} with spec {spec.source_path}: the run is topology {previous.topology!r}, "
                 f"the spec is {spec.name!r}"
             )

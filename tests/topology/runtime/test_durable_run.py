@@ -159,10 +159,19 @@ def test_the_embedded_bus_refuses_a_client_without_the_run_token(tmp_path: Path)
         stop(up)
 
 
-def test_resume_needs_a_run_dir(tmp_path: Path) -> None:
+def test_resume_needs_a_run_dir_of_the_same_topology(tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
     (tmp_path / "runs" / "nothing-here").mkdir(parents=True)
     up = start(spec, "--resume", str(tmp_path / "runs" / "nothing-here"))
     _, err = up.communicate(timeout=60)
     assert up.returncode == 1 and "no run found" in err and "Traceback" not in err
     assert not (tmp_path / "runs" / "latest").exists()
+    other = tmp_path / "runs" / "other-run"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({**EMPTY_RUN, "topology": "other"}))
+    up = start(spec, "--resume", str(other))
+    _, err = up.communicate(timeout=60)
+    assert up.returncode == 1 and "the run is topology 'other', the spec is 'rt-test'" in err
+
+
+EMPTY_RUN = {"bus_url": "nats://127.0.0.1:1", "pid": 1, "spec_path": "x", "started_at": 0.0, "heartbeat_s": 1.0}
