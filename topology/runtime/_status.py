@@ -180,7 +180,10 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.stopped_at))
         return result(False, f"the run stopped at {when} ({info.exit})", [])
     if not pid_alive(info.pid):
-        reason = f"its supervisor (pid {info.pid}) is gone without recording a stop (killed?)"
+        reason = (
+            f"its supervisor (pid {info.pid}) is gone without recording a stop (killed?); "
+            f"continue it with: flywheel up --resume {run_dir}"
+        )
         return result(False, reason, [])
     try:
         with anyio.fail_after(timeout_s):
