@@ -104,7 +104,7 @@ def test_sigkill_of_the_whole_tree_then_resume_continues_the_run(tmp_path: Path)
     try:
         run_dir = the_run(tmp_path)
         rows = wait_for("replicas running", lambda: live_rows(run_dir))
-        wait_for("traffic", lambda: consumed_since(run_dir, 20))
+        wait_for("traffic", lambda: consumed_since(run_dir, 60))
         first = run_json(run_dir)
         pids = [first["pid"], first["nats_pid"], *(r["pid"] for r in rows)]
     finally:
@@ -127,10 +127,12 @@ def test_sigkill_of_the_whole_tree_then_resume_continues_the_run(tmp_path: Path)
     assert f"resuming {run_dir}" in out
     assert (tmp_path / "runs" / "latest").resolve() == run_dir
     assert_nothing_acked_lost(run_dir)
-    # the consumer group's cursor survived: what was acked before the kill is not delivered again, only what was
-    # in flight (at most the tally's pull window) comes back
+    # the consumer group's cursor survived: what was acked before the kill is not delivered again. What comes back
+    # is what was in flight — the tally's pull window (17 at most) — and the acks of the last moments before
+    # nats-server died (it persists a consumer's state within 100 ms; the ticker sends 20 a second); a lost cursor
+    # would bring back all of the 60 and more
     again = [mid for mid in ledger(run_dir, "tally", "consumed.txt")[len(consumed_before) :] if mid in consumed_before]
-    assert len(again) <= 16
+    assert len(again) <= 30
 
 
 def test_the_embedded_bus_refuses_a_client_without_the_run_token(tmp_path: Path) -> None:
