@@ -105,6 +105,30 @@ def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: floa
     return rows
 
 
+def _bus_row(info: Any) -> list[dict[str, Any]]:
+    """The embedded nats-server as a row beside the replicas (it is supervised like them); none for an external bus."""
+    from topology.runtime._rundir import pid_alive
+
+    if not info.nats_pid:
+        return []
+    up = pid_alive(info.nats_pid)
+    return [
+        {
+            "actor": "nats-server",
+            "replica": 0,
+            "kind": "bus",
+            "state": "running" if up else "restarting",
+            "pid": info.nats_pid,
+            "restarts": info.bus_restarts,
+            "uptime_s": None,
+            "heartbeat_age_s": None,
+            "stale": False,
+            "counters": {},
+            "error": None,
+        }
+    ]
+
+
 def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
     from rich.table import Table
 
@@ -217,7 +241,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
                 records = await runtime.statuses()
                 for line in _new_urls(records, announced):  # a gateway's URL, once it listens
                     click.echo(line)
-                return _rows(records, expected, heartbeat_s)
+                return _rows(records, expected, heartbeat_s) + _bus_row(runtime.session.info)
             except Exception:  # a bus hiccup must not take the run down with it
                 return []
 
@@ -433,7 +457,8 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     Finds the run (RUN_DIR, --run-dir, or ./runs/latest), reads each replica's latest heartbeat
     from the bus and prints: actor, replica, state, pid, restarts, uptime, age of the last
     heartbeat (STALE when older than 3 heartbeat intervals: the replica is wedged or gone) and
-    its counters. Exits 1 when no run is live there.
+    its counters — and a row for the embedded nats-server (its pid and restarts). Exits 1 when
+    no run is live there.
 
     \b
     Examples:
@@ -454,6 +479,9 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
         raise click.ClickException(str(exc)) from None
     report = anyio.run(read_run_status, run_dir, backend="asyncio")
     rows = _rows(report.replicas, report.expected, report.heartbeat_s) if report.live else []
+    from topology.runtime._rundir import read_run_info
+
+    bus = _bus_row(read_run_info(run_dir)) if report.live else []
     if as_json:
         doc = {
             "run_dir": report.run_dir,
@@ -462,6 +490,7 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
             "live": report.live,
             "reason": report.reason,
             "replicas": rows,
+            "bus": bus[0] if bus else None,  # the embedded nats-server (pid, restarts), null for an external bus
         }
         click.echo(json.dumps(doc, indent=2))
         sys.exit(0 if report.live else 1)
@@ -471,7 +500,7 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # piped: do not cut counters at 80 columns
-    console.print(_table(rows, title=f"{report.topology} — {report.run_dir}"))
+    console.print(_table(rows + bus, title=f"{report.topology} — {report.run_dir}"))
 
 
 __all__ = ["status", "up"]

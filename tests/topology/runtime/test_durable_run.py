@@ -20,7 +20,7 @@ import anyio
 import psutil
 import pytest
 
-from tests.topology.runtime._helpers import gone, live_rows, wait_for, write_spec
+from tests.topology.runtime._helpers import gone, live_rows, status_json, wait_for, write_spec
 from topology.bus import Bus, BusError
 
 pytestmark = [pytest.mark.usefixtures("kinds_env"), pytest.mark.timeout(150)]
@@ -88,6 +88,8 @@ def test_killed_nats_server_comes_back_on_its_port_and_the_run_goes_on(tmp_path:
             "a new nats-server", lambda: (doc := run_json(run_dir))["bus_restarts"] == 1 and doc, timeout_s=30
         )
         assert after["nats_pid"] != before["nats_pid"] and after["bus_url"] == before["bus_url"]
+        bus = status_json(run_dir)["bus"]  # flywheel status shows the server beside the replicas
+        assert bus["pid"] == after["nats_pid"] and bus["restarts"] == 1 and bus["state"] == "running"
         seen = len(ledger(run_dir, "tally", "consumed.txt"))
         wait_for("traffic after the restart", lambda: consumed_since(run_dir, seen + 20), timeout_s=30)
         rows = wait_for("replicas running", lambda: live_rows(run_dir))
