@@ -189,3 +189,21 @@ async def test_a_full_bucket_evicts_its_oldest_and_counts_it(embedded_nats: Embe
         await until(actor, "feedback.joined", 1)
         joined = await scored_messages(producer, 1)
     assert [m.task_id for m in joined] == ["r7"]
+
+
+async def test_early_feedback_in_a_full_bucket_still_joins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """Feedback waits in a full feedback_pending bucket (which refuses new entries); when its request arrives the
+    pending entry is deleted — a marker on the same key, which the full bucket takes — and the join goes through."""
+    spec = joiner_spec(tmp_path, "{max_pending: 3}")
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer,
+        running_joiner(spec, embedded_nats, tmp_path) as actor,
+    ):
+        for i in range(3):
+            await producer.publish("feedback", "feedback", feedback(f"r{i}", score=1.0), id=f"f{i}")
+        await until(actor, "feedback.early", 3)
+        await producer.publish("traffic", "traffic", traffic("r2"), id="t2")
+        await until(actor, "feedback.joined", 1)
+        joined = await scored_messages(producer, 1)
+        assert actor.ctx.counters.get("errors") == 0
+    assert [m.task_id for m in joined] == ["r2"]
