@@ -145,6 +145,11 @@ class Bus:
             if "authorization" in why.lower():
                 why += " (the server refused the credentials: check bus.creds_file / bus.token_env)"
             raise BusError(f"cannot connect to NATS at {url}: {why}") from None
+        except BaseException:  # cancelled while connecting: leave no connection retrying in the background
+            connecting.cancel()
+            closing = asyncio.ensure_future(nc.close())
+            closing.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
         return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSpec(), reconnects=reconnects)
 
     async def close(self) -> None:
