@@ -229,13 +229,23 @@ def learner_checks(run_dir: Path) -> dict[str, Any]:
     order = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
     incarnations = order["incarnation"].to_list()
     resumes = {r["incarnation"]: r["step"] for r in lifecycle.filter(event="resume").iter_rows(named=True)}
+    checkpoints = lifecycle.filter(event="checkpoint")
     effective: list[str] = []
     lineage: list[int] = []
     for index, incarnation in enumerate(incarnations):
         rows = applied.filter(incarnation=incarnation) if applied.height else applied
         later = [resumes[i] for i in incarnations[index + 1 :] if i in resumes]
-        if later:
-            rows = rows.filter(rows["step"] <= later[0])
+        if later and rows.height:
+            # up to the checkpoint the next life resumed from, by time: groups without signal are accounted at the
+            # step the learner is at, also after that step's checkpoint (rolled back with it); by step if its row
+            # was never flushed
+            written = checkpoints.filter(
+                checkpoints["incarnation"].is_in(incarnations[: index + 1]) & (checkpoints["step"] == later[0])
+            )
+            if written.height:
+                rows = rows.filter(rows["ts"] <= written["ts"].max())
+            else:
+                rows = rows.filter(rows["step"] <= later[0])
         effective += rows["message_id"].to_list()
         lineage += sorted(set(rows["step"].to_list()))
     doubled = sorted(mid for mid, n in Counter(effective).items() if n > 1)
