@@ -18,6 +18,26 @@ demo *ARGS: bootstrap
 test *ARGS: bootstrap
     {{py}} -m pytest -q -n 2 --dist loadgroup {{ARGS}}
 
+# The suite N times in a row beside a CPU hog (a busy loop per core), stopping at a failure: `just stress 5`.
+stress N="5" *ARGS: bootstrap
+    #!/usr/bin/env bash
+    set -euo pipefail
+    hogs=()
+    for _ in $(seq "$(nproc)"); do "{{py}}" -c 'while True: pass' & hogs+=($!); done
+    trap 'kill "${hogs[@]}" 2>/dev/null || true' EXIT
+    for run in $(seq {{N}}); do
+        echo "flywheel: stress run $run of {{N}}, beside ${#hogs[@]} busy loops ($(date +%H:%M:%S))" >&2
+        if ! "{{py}}" -m pytest -q -n 2 --dist loadgroup {{ARGS}}; then
+            echo "flywheel: stress run $run of {{N}} FAILED" >&2
+            exit 1
+        fi
+    done
+    echo "flywheel: {{N}} consecutive passes beside ${#hogs[@]} busy loops" >&2
+
+# Kill -9 soak of a real run (each actor, nats-server, the whole tree + --resume); `just soak --service --quick`.
+soak *ARGS: bootstrap
+    {{py}} bench/soak.py {{ARGS}}
+
 # ruff (format and lint), mypy (strict on topology/ and actors/), and the import contracts (the layering).
 lint: bootstrap
     {{venv}}/bin/ruff format --check .

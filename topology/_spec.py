@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -58,10 +58,21 @@ def show(value: Any) -> str:
     return str(value)
 
 
+class RetentionSpec(SpecModel):
+    """What every durable channel keeps; a channel's own ``max_age_s`` (under ``channels:``) wins."""
+
+    # Limits drop the oldest messages first, consumed or not: they bound the disk an always-on run takes, and must
+    # stay well above the longest time a consumer may be away (a stopped learner, a recorder being fixed).
+    max_age_s: float | None = Field(default=7 * 86400.0, gt=0)  # drop messages older than this; null: keep
+    max_mb: int | None = Field(default=None, ge=1)  # per channel: keep at most this many MiB; null: no limit
+
+
 class BusSpec(SpecModel):
     """Where the NATS bus is. Credentials are never written here: only a file path or an env var name."""
 
-    embedded: bool = True  # start our own nats-server (JetStream, loopback, free port); false when url is set
+    # start our own nats-server (JetStream on loopback, data under the run dir, a token every client must present,
+    # restarted on the same port when it dies); false when url is set
+    embedded: bool = True
     url: str | None = None  # external server, nats://host:4222 (tls://, ws://, wss:// too)
     creds_file: str | None = None  # path to a NATS .creds file ("" counts as not given)
     token_env: str | None = None  # name of an environment variable holding a token
@@ -69,6 +80,16 @@ class BusSpec(SpecModel):
     max_deliver: int = Field(default=5, ge=1)  # deliveries before a message goes to the dead-letter channel
     ack_wait_s: float = Field(default=30.0, gt=0)  # seconds before an un-acked message is redelivered
     dedupe_window_s: float = Field(default=120.0, gt=0)  # JetStream duplicate window for Nats-Msg-Id
+    retention: RetentionSpec = RetentionSpec()  # how long durable channels keep messages (the oldest go first)
+    # embedded only — how often JetStream fsyncs its files: seconds, or always (after every write). An acknowledged
+    # message survives a kill of nats-server or of the whole run whatever this is (it is in the OS page cache);
+    # this bounds what a crash of the machine itself (power, kernel) can take. always costs throughput
+    # (bench/RESULTS.md).
+    sync_interval_s: Annotated[float, Field(gt=0)] | Literal["always"] = 1.0
+    # embedded only — JetStream's disk budget in MiB; null: nats-server's default, 75 % of the free disk at start.
+    #   When it is reached, publishes fail (nothing is dropped) until retention frees room.
+    max_file_store_mb: int | None = Field(default=None, ge=1)
+    max_memory_store_mb: int | None = Field(default=None, ge=1)  # embedded only — JetStream's memory budget in MiB
 
     @model_validator(mode="before")
     @classmethod
@@ -101,6 +122,13 @@ class BusSpec(SpecModel):
         if self.embedded and self.url is not None:
             raise ValueError("expected either embedded: true or url: nats://…, got both")
         return self
+
+    @property
+    def sync_interval(self) -> str:
+        """``sync_interval_s`` as nats-server's configuration spells it (``always``, ``250ms``)."""
+        if self.sync_interval_s == "always":
+            return "always"
+        return f"{max(1, round(float(self.sync_interval_s) * 1000))}ms"
 
 
 class RestartSpec(SpecModel):
@@ -257,6 +285,7 @@ __all__ = [
     "ChannelSpec",
     "ResourcesSpec",
     "RestartSpec",
+    "RetentionSpec",
     "RuntimeSpec",
     "SpecModel",
     "show",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,15 @@ import click
 
 async def connect_run(run_dir: Path, name: str) -> Any:
     """A Bus connected to the live run in ``run_dir``; ClickException (one line) when it is not live."""
-    from topology.bus import Bus
+    from topology.runtime import connect_run as connect_to
     from topology.runtime._rundir import pid_alive, read_run_info
 
     info = read_run_info(run_dir)
     if info.stopped_at is not None or not pid_alive(info.pid):
         raise click.ClickException(f"the run at {run_dir} is not running (start it with flywheel up)")
-    token = os.environ.get(info.token_env) if info.token_env else None
     try:
         with anyio.fail_after(10):
-            return await Bus.connect(
-                info.bus_url, topology=info.topology, name=name, creds_file=info.creds_file, token=token or None
-            )
+            return await connect_to(run_dir, name=name, info=info)
     except Exception as exc:
         raise click.ClickException(f"cannot reach the run's bus at {info.bus_url}: {exc}") from None
 

@@ -155,22 +155,15 @@ async def _live_bus(run_dir: Path | None) -> Any:
     """The run's bus when it is up (for versions in the object store); None otherwise."""
     if run_dir is None or not (run_dir / "run.json").is_file():
         return None
-    from topology.bus import Bus
+    from topology.runtime import connect_run
     from topology.runtime._rundir import pid_alive, read_run_info
 
     info = read_run_info(run_dir)
     if info.stopped_at is not None or not pid_alive(info.pid):
         return None
-    token = os.environ.get(info.token_env) if info.token_env else None
     try:
         with anyio.fail_after(5):
-            return await Bus.connect(
-                info.bus_url,
-                topology=info.topology,
-                name="flywheel-replay",
-                creds_file=info.creds_file,
-                token=token or None,
-            )
+            return await connect_run(run_dir, name="flywheel-replay", info=info)
     except Exception:
         return None
 

@@ -18,6 +18,9 @@ Contract:
   which JetStream stores once inside its dedupe window.
 - ``review_fraction`` of traffic (chosen by a hash of the request id) is queued on ``review`` with the
   id ``review.<request id>``.
+- Each of its buckets holds at most ``max_pending`` entries; when one is full its oldest entry is evicted early and
+  counted (``traffic.evicted``, ``feedback_pending.evicted``, ``feedback_applied.evicted`` in the heartbeat, and a
+  warning in the log at the first and every 1000th).
 
 Non-goals: joining on anything but the request id; feedback for requests the gateway never recorded
 (they wait in KV until the window closes, then expire).
@@ -71,7 +74,9 @@ def joined_sample(traffic: TrafficMsg, feedback: FeedbackMsg, *, source: str, do
 class JoinerActor(Actor[JoinerConfig]):
     def __init__(self, ctx: ActorContext, config: JoinerConfig) -> None:
         super().__init__(ctx, config)
-        self.state = JoinState(ctx.bus, ctx.topology, window_s=config.window_s, max_pending=config.max_pending)
+        self.state = JoinState(
+            ctx.bus, ctx.topology, window_s=config.window_s, max_pending=config.max_pending, on_evict=self._evicted
+        )
         self._in = {name: name for name in ("traffic", "feedback")}
         if len(ctx.consumes) == 2:
             self._in = {"traffic": ctx.consumes[0], "feedback": ctx.consumes[1]}
@@ -169,3 +174,12 @@ class JoinerActor(Actor[JoinerConfig]):
 
     def _who(self) -> str:
         return self.ctx.replica_id
+
+    def _evicted(self, what: str) -> None:
+        """A bucket was full (``max_pending``): its oldest entry went before its window closed."""
+        self.ctx.counters.inc(f"{what}.evicted")
+        total = sum(self.state.evicted.values())
+        if total == 1 or total % 1000 == 0:
+            self.ctx.log.warning(
+                "joiner.evicted", bucket=what, evicted=dict(self.state.evicted), max_pending=self.config.max_pending
+            )

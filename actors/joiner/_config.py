@@ -16,7 +16,8 @@ class JoinerConfig(SpecModel):
     """Fields of a `joiner` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
     window_s: float = Field(default=86_400.0, gt=0)  # how long a served request waits for its feedback
-    max_pending: int = Field(default=100_000, ge=1)  # requests held waiting for feedback; the oldest are dropped first
+    # requests held waiting for feedback; when full the oldest are dropped first, counted as traffic.evicted
+    max_pending: int = Field(default=100_000, ge=1)
     domain: str | None = None  # domain to tag joined samples with; null: the domain recorded with the request
     review_fraction: float = Field(default=0.0, ge=0, le=1)  # share of traffic queued for human review
     #   (chosen by a hash of the request id, so a redelivered record is chosen again or not at all)

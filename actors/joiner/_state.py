@@ -3,13 +3,19 @@
 Three buckets per topology, all with a TTL of the join window, so the state is bounded by time and survives
 a joiner restart (or a move to another host) without a checkpoint of its own:
 
-- ``fw_<topology>_traffic``: request id → the traffic record (JSON); ``max_pending`` bounds the number of
-  records (the oldest are dropped first).
+- ``fw_<topology>_traffic``: request id → the traffic record (JSON).
 - ``fw_<topology>_feedback_pending``: request id → the first feedback that arrived before its request.
 - ``fw_<topology>_feedback_applied``: request id → the feedback that was joined. Its presence is what makes
   repeated feedback count as a repeat: the first applied feedback wins.
 
 Keys are the request ids when they are valid KV keys, else ``h_<sha256 prefix>`` of them.
+
+Each bucket holds at most ``max_pending`` entries. A write that finds its bucket full evicts the oldest entry
+first — one whose window has not closed yet: feedback for an evicted request can no longer join (it waits, then
+expires), an evicted "applied" mark lets a repeat through — so every eviction is counted (``evicted[what]`` and the
+``on_evict`` callback, which the actor turns into the ``<bucket>.evicted`` counters of its heartbeat). The bucket
+refuses writes when full (discard new) and the joiner does the evicting, because the server's own "drop the oldest"
+would do it silently.
 
 Non-goals: compare-and-set across several joiner replicas beyond ``create`` (first writer wins); the joined
 sample's publish id is derived from the request id, so JetStream's dedupe window absorbs a race between them.
@@ -19,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 
 import nats.js.errors as js_errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from actors.protocol import join_bucket
@@ -30,6 +37,9 @@ from topology.bus import Bus
 __all__ = ["JoinState", "kv_key"]
 
 _KEY = re.compile(r"^[-_=a-zA-Z0-9]{1,200}$")
+_FULL = 10077  # JetStream: "maximum messages exceeded" (a discard-new stream at its max_msgs)
+_MAKE_ROOM_TRIES = 8  # evictions one write may need (other writers may take the room first)
+_MARKER = "KV-Operation"  # header of a delete / purge marker (not an entry)
 
 
 def kv_key(request_id: str) -> str:
@@ -41,31 +51,64 @@ def kv_key(request_id: str) -> str:
 class JoinState:
     """The three buckets of one topology; call :meth:`open` first."""
 
-    def __init__(self, bus: Bus, topology: str, *, window_s: float, max_pending: int) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        topology: str,
+        *,
+        window_s: float,
+        max_pending: int,
+        on_evict: Callable[[str], None] | None = None,
+    ) -> None:
         self._bus = bus
         self.window_s = window_s
         self.max_pending = max_pending
         self.names = {what: join_bucket(topology, what) for what in ("traffic", "feedback_pending", "feedback_applied")}
+        self.evicted = dict.fromkeys(self.names, 0)
+        self._on_evict = on_evict
         self._kv: dict[str, KeyValue] = {}
+        self._js: JetStreamContext = bus.nc.jetstream()
 
     async def open(self) -> None:
-        js = self._bus.nc.jetstream()
         for what, bucket in self.names.items():
             await self._bus.ensure_kv(bucket, ttl_s=self.window_s)
-            self._kv[what] = await js.key_value(bucket)
-            await self._bound(js, bucket)
+            self._kv[what] = await self._js.key_value(bucket)
+            await self._bound(bucket)
 
-    async def _bound(self, js: object, bucket: str) -> None:
-        """At most ``max_pending`` entries per bucket, dropping the oldest (KV buckets default to refusing)."""
-        from nats.js import JetStreamContext
-
-        assert isinstance(js, JetStreamContext)
-        info = await js.stream_info(f"KV_{bucket}")
+    async def _bound(self, bucket: str) -> None:
+        """At most ``max_pending`` entries per bucket; a write into a full one is refused (and then makes room)."""
+        info = await self._js.stream_info(f"KV_{bucket}")
         config = info.config
-        if config.max_msgs != self.max_pending or config.discard != api.DiscardPolicy.OLD:
+        if config.max_msgs != self.max_pending or config.discard != api.DiscardPolicy.NEW:
             config.max_msgs = self.max_pending
-            config.discard = api.DiscardPolicy.OLD
-            await js.update_stream(config)
+            config.discard = api.DiscardPolicy.NEW
+            await self._js.update_stream(config)
+
+    async def _with_room(self, what: str, write: Callable[[KeyValue], Awaitable[object]]) -> None:
+        """``write`` to the bucket, evicting its oldest entries while it is full."""
+        for _ in range(_MAKE_ROOM_TRIES):
+            try:
+                await write(self._kv[what])
+                return
+            except js_errors.APIError as exc:
+                if getattr(exc, "err_code", None) != _FULL:
+                    raise
+            await self._evict_oldest(what)
+        await write(self._kv[what])  # still full: let the error out (the caller naks and retries later)
+
+    async def _evict_oldest(self, what: str) -> None:
+        stream = f"KV_{self.names[what]}"
+        first = (await self._js.stream_info(stream)).state.first_seq
+        try:
+            oldest = await self._js.get_msg(stream, seq=first)
+        except js_errors.NotFoundError:
+            return  # gone meanwhile (expired, or another writer evicted it): there may be room now
+        await self._js.purge_stream(stream, subject=oldest.subject)
+        if oldest.headers and _MARKER in oldest.headers:
+            return  # a delete marker, not an entry: nothing was lost
+        self.evicted[what] += 1
+        if self._on_evict is not None:
+            self._on_evict(what)
 
     async def get(self, what: str, request_id: str) -> bytes | None:
         try:
@@ -75,12 +118,14 @@ class JoinState:
         return entry.value
 
     async def put(self, what: str, request_id: str, value: bytes) -> None:
-        await self._kv[what].put(kv_key(request_id), value)
+        key = kv_key(request_id)
+        await self._with_room(what, lambda kv: kv.put(key, value))
 
     async def create(self, what: str, request_id: str, value: bytes) -> bool:
         """Put only if absent (or deleted); False when a value is there already."""
+        key = kv_key(request_id)
         try:
-            await self._kv[what].create(kv_key(request_id), value)
+            await self._with_room(what, lambda kv: kv.create(key, value))
         except js_errors.KeyWrongLastSequenceError:
             return False
         except js_errors.BadRequestError as exc:

@@ -361,6 +361,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 )
             await delivery.ack()
             self._eval_scored(1)
+            self.ctx.report_soon()  # eval_out fell: a source steering by max_in_flight subtracts it from its count
             return
         if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
             self._unacked[mid] = delivery
@@ -387,6 +388,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._held[mid] = held
         self.batcher.add(msg.domain, held, held.size)
         self._arrived.set()
+        self.ctx.report_soon()  # delivered (no longer pending on the bus) and buffered: max_in_flight counts it here
 
     def _group_staleness(self, msg: ScoredMsg) -> int:
         return staleness(self.version, [v for c in msg.completions for v in c.versions])

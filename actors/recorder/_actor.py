@@ -11,6 +11,9 @@ disk):
    file — the recorder died between rename and ack, or nats-server died before persisting the ack — is
    acknowledged without being written again. The index is pruned to the un-acked window after each flush.
 3. The hidden temporary of a flush cut short is deleted at start; it never held an acknowledged message.
+3b. A directory holding another stream's recordings (another run's, or a stream deleted and created again, whose
+   sequences restarted) is refused at start with a message saying so: its files would make new messages look
+   already written (``ChannelWriter.claim``).
 4. A message redelivered while still buffered (``ack_wait_s`` elapsed) replaces its buffered copy; the flush
    interval is capped at half of ``ack_wait_s`` so that this stays rare.
 
@@ -33,11 +36,11 @@ from pydantic import BaseModel
 
 from actors.protocol import CHANNEL_MODELS, rows_of
 from actors.recorder._config import RecorderConfig
-from actors.recorder._writer import ChannelWriter
+from actors.recorder._writer import ChannelWriter, StreamIdentity
 from topology.bus import Bus, Delivery
 from topology.runtime import Actor, ActorContext, iterate_until
 
-__all__ = ["RecorderActor", "ack_floor"]
+__all__ = ["RecorderActor", "ack_floor", "stream_identity"]
 
 _Buffered = tuple[Delivery[Any], float, list[dict[str, Any]]]
 
@@ -49,6 +52,18 @@ async def ack_floor(bus: Bus, channel: str, group: str) -> int:
     except js_errors.NotFoundError:
         return 0
     return int(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0
+
+
+async def stream_identity(bus: Bus, channel: str) -> StreamIdentity:
+    """The identity of ``channel``'s stream (created with the bus's defaults when it does not exist yet)."""
+    js = bus.nc.jetstream()
+    try:
+        info = await js.stream_info(bus.stream(channel))
+    except js_errors.NotFoundError:
+        await bus.ensure_channel(channel)
+        info = await js.stream_info(bus.stream(channel))
+    created = info.created.isoformat() if info.created is not None else ""
+    return StreamIdentity(name=info.config.name or bus.stream(channel), created=created, last_seq=info.state.last_seq)
 
 
 class RecorderActor(Actor[RecorderConfig]):
@@ -80,6 +95,8 @@ class RecorderActor(Actor[RecorderConfig]):
 
     async def start(self) -> None:
         for channel, writer in self.writers.items():
+            stream = await stream_identity(self.ctx.bus, channel)
+            await anyio.to_thread.run_sync(writer.claim, stream)
             floor = await ack_floor(self.ctx.bus, channel, self.ctx.actor)
             found = await anyio.to_thread.run_sync(writer.recover, floor)
             self.ctx.log.info("recorder.recovered", channel=channel, ack_floor=floor, unacked_in_files=found)

@@ -13,16 +13,23 @@ Contract:
   a message at or below a pruned floor that still comes back (nats-server killed before it persisted its
   consumer state, so its floor went backwards) is looked up in the files whose name ranges cover it.
 - Temporaries left by a crash are deleted by ``recover``; they never held anything acknowledged.
+- A directory belongs to one stream: ``claim(stream)`` writes ``.stream.json`` (the stream's name and creation
+  time) into a fresh directory and refuses, with ``RecordingsMismatch``, a directory that holds another stream's
+  recordings — another run's, or those of a stream deleted and created again. Sequences restart with a new
+  stream, so its messages would look "already written" to the index and be acknowledged without being recorded.
+  A directory of recordings from before the claim file existed is adopted when its sequences fit in the stream.
 
 Non-goals: several writers on one channel directory (one recorder replica per directory), compaction of
-small files, a stream recreated from scratch (sequences restart; record into a fresh directory).
+small files, merging the recordings of two streams in one directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,9 +37,27 @@ import polars as pl
 
 from actors.protocol import frame
 
-__all__ = ["ChannelWriter", "parse_range", "partition_of"]
+__all__ = ["ChannelWriter", "RecordingsMismatch", "StreamIdentity", "parse_range", "partition_of"]
 
 _SEQ_DIGITS = 12
+CLAIM = ".stream.json"
+
+
+@dataclass(frozen=True)
+class StreamIdentity:
+    """Which stream a channel directory records: JetStream's name and creation time tell one stream's life from
+    the next (a deleted and re-created stream has the same name, a new creation time and sequences from 1)."""
+
+    name: str
+    created: str  # ISO time the server created the stream
+    last_seq: int = 0  # the stream's last sequence now (not part of the identity: it only grows)
+
+    def same_stream(self, other: StreamIdentity) -> bool:
+        return (self.name, self.created) == (other.name, other.created)
+
+
+class RecordingsMismatch(ValueError):
+    """A recordings directory that belongs to another stream (see the module docstring)."""
 
 
 def partition_of(ts: float, granularity: Literal["hour", "day"]) -> str:
@@ -75,6 +100,43 @@ class ChannelWriter:
         self._looked_up: set[Path] = set()
         self.files_written = 0
         self.rows_written = 0
+
+    # -- whose directory --------------------------------------------------------------------------------
+    def claim(self, stream: StreamIdentity) -> None:
+        """Bind the directory to ``stream``, or raise ``RecordingsMismatch`` (see the module docstring)."""
+        path = self.directory / CLAIM
+        try:
+            raw = json.loads(path.read_text())
+            owner = StreamIdentity(name=str(raw["name"]), created=str(raw["created"]))
+        except FileNotFoundError:
+            owner = None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RecordingsMismatch(f"{path} is unreadable ({exc}); move the directory away") from None
+        if owner is not None:
+            if not owner.same_stream(stream):
+                raise RecordingsMismatch(
+                    f"{self.directory} holds the recordings of stream {owner.name} created {owner.created}, not of "
+                    f"this run's stream {stream.name} created {stream.created} (another run's directory, or the "
+                    "stream was deleted and created again, so its sequences restarted): record into a fresh "
+                    "directory (the recorder's `directory`) or move the old recordings away"
+                )
+            return
+        ranges = [bounds for file in self._visible_files() if (bounds := parse_range(file.name)) is not None]
+        highest = max((last for _first, last in ranges), default=0)
+        if highest > stream.last_seq:
+            raise RecordingsMismatch(
+                f"{self.directory} holds recordings up to sequence {highest}, beyond the last message of this run's "
+                f"stream {stream.name} ({stream.last_seq}): they are another stream's; record into a fresh directory "
+                "(the recorder's `directory`) or move them away"
+            )
+        _make_dirs(self.directory)
+        temporary = self.directory / f".{CLAIM}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps({"name": stream.name, "created": stream.created}))
+        os.rename(temporary, path)
+        _fsync_dir(self.directory)
+
+    def _visible_files(self) -> list[Path]:
+        return list(self.directory.rglob("part-*.parquet")) if self.directory.is_dir() else []
 
     # -- exactly-once index ---------------------------------------------------------------------------
     def recover(self, ack_floor: int) -> int:

@@ -163,11 +163,18 @@ class SourceActor(Actor[SourceConfig]):
             total += per_batch * max(1, min(_AUTO_BATCHES, lead)) * actors[name].replicas
         return total
 
-    async def in_flight(self, own: dict[str, Any]) -> int:
+    async def in_flight(self, own: dict[str, Any], before: dict[tuple[str, int], LearnerStatus]) -> int:
         """Training groups between this source and its learners (see the module docstring); ``own``: this channel's
-        consumer groups as just read (`consumer_groups`), so they are not asked for again."""
-        from topology.runtime import read_status
+        consumer groups as just read (`consumer_groups`), so they are not asked for again; ``before``: the learners'
+        figures (`learner_statuses`) as read before ``own``.
 
+        The stage counts (consumer infos) and a learner's heartbeat are read at different moments while both move,
+        so the learner's figures are read on both sides of the counts and each taken on its safe side: the larger
+        ``buffered_groups`` (a group delivered before the counts is in the later one unless applied, which takes it
+        out of flight), the smaller ``eval_out`` (held-out prompts published after the first read are in the counts
+        but may not be subtracted; ones whose scores came back before the second read are in neither). Read after
+        the counts only, a held-out round published in between was subtracted without having been counted: the
+        source drew that many groups past its bound."""
         total = 0
         for channel, group, learner in self._pipeline:
             stream = self.ctx.bus.stream(channel)
@@ -184,15 +191,25 @@ class SourceActor(Actor[SourceConfig]):
                     pass  # nor the stream: nothing was published there yet
                 continue
             total += int(info.num_pending or 0)
-            if learner:
-                replicas = [(group, i) for i in range(self.ctx.spec.actors[group].replicas)]
-                for record in await read_status(self.ctx.bus, self.ctx.topology, replicas):
-                    status = LearnerStatus.from_counters(record.counters)
-                    # the learner's own held-out prompts pass through the same stages: not training groups
-                    total += status.buffered_groups - status.eval_out
-            else:
+            if not learner:
                 total += int(info.num_ack_pending or 0)
+        after = await self.learner_statuses()
+        for key in before.keys() | after.keys():
+            first, second = before.get(key, LearnerStatus()), after.get(key, LearnerStatus())
+            # the learner's own held-out prompts pass through the same stages: not training groups
+            total += max(first.buffered_groups, second.buffered_groups) - min(first.eval_out, second.eval_out)
         return max(total, 0)
+
+    async def learner_statuses(self) -> dict[tuple[str, int], LearnerStatus]:
+        """The backpressure figures of every learner replica on the pipeline, from their latest heartbeats."""
+        from topology.runtime import read_status
+
+        learners = sorted({group for _, group, learner in self._pipeline if learner})
+        replicas = [(name, i) for name in learners for i in range(self.ctx.spec.actors[name].replicas)]
+        if not replicas:
+            return {}
+        records = await read_status(self.ctx.bus, self.ctx.topology, replicas)
+        return {(r.actor, r.replica): LearnerStatus.from_counters(r.counters) for r in records}
 
     def sync_batch(self) -> int | None:
         """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""
@@ -252,12 +269,13 @@ class SourceActor(Actor[SourceConfig]):
         tokens, last = burst, time.monotonic()
         blocked_since: float | None = None
         while not ctx.stopping.is_set():
+            learners = await self.learner_statuses()  # before the counts: see in_flight
             groups = await self.consumer_groups()
             backlog = await self.backlog(groups)
             ctx.counters.set("backlog", backlog)
             room = min(config.max_pending - backlog, _BATCH)
             if self.max_in_flight is not None and room > 0:
-                in_flight = await self.in_flight(groups)
+                in_flight = await self.in_flight(groups, learners)
                 ctx.counters.set("in_flight", in_flight)
                 room = min(room, self.max_in_flight - in_flight)
             if rate is not None:

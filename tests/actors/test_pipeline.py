@@ -13,8 +13,7 @@ import pytest
 
 from actors.protocol import ScoredMsg
 from topology import load_spec
-from topology.bus import Bus
-from topology.runtime import SingleProcessRuntime
+from topology.runtime import SingleProcessRuntime, connect_run
 
 SPEC = """
 name: pipeline-test
@@ -45,8 +44,8 @@ def test_rollouts_are_generated_and_scored(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(runtime.run)
             await runtime.started.wait()
-            assert runtime.bus_url is not None
-            async with await Bus.connect(runtime.bus_url, topology=spec.name, name="test") as bus:
+            assert runtime.run_dir is not None
+            async with await connect_run(runtime.run_dir, name="test") as bus:  # with the run's token
                 await bus.ensure_channel("scored")
                 with anyio.fail_after(90):
                     async with bus.consume("scored", "test-reader", model=ScoredMsg) as reader:

@@ -1,9 +1,11 @@
 """Bus: one NATS connection for one actor process — durable channels, dead letters, KV, objects, heartbeats.
 
 Contract:
-- ``Bus.connect(url, topology=..., name=...)`` connects (token or creds file for external clusters), retries
-  for ``connect_timeout_s`` and then fails with a ``BusError`` naming the URL; once connected it reconnects
-  forever (a running service should ride out a NATS restart).
+- ``Bus.connect(url, topology=..., name=...)`` connects (a token, or a creds file for external clusters), retries
+  for ``connect_timeout_s`` and then fails with a ``BusError`` naming the URL (and saying so when the server refused
+  the credentials); once connected it reconnects forever (a running service rides out a NATS restart): publishes
+  wait up to their timeout for the server to come back, consumers re-issue their pulls and KV watches re-create
+  their watchers as soon as the connection is back (``bus.reconnects``, see ``_reconnect``).
 - A channel is a JetStream stream ``FW_<TOPOLOGY>_<CHANNEL>`` on subject ``fw.<topology>.<channel>``
   (file storage, limits retention, ``duplicate_window = dedupe_window_s``); ``ensure_channel`` creates or
   updates it; publishing or consuming a channel not yet ensured creates it with defaults.
@@ -41,6 +43,7 @@ from topology.bus._consumer import ChannelConsumer
 from topology.bus._envelope import Envelope, encode
 from topology.bus._errors import BusError
 from topology.bus._kv import STALL_S, Stores
+from topology.bus._reconnect import Reconnects
 from topology.bus._stats import BusStats
 
 __all__ = ["Bus", "EphemeralMessage", "EphemeralSubscription"]
@@ -54,7 +57,16 @@ _PUBLISH_TIMEOUT_S = 10.0
 class Bus:
     """Use ``await Bus.connect(...)``; close with ``await bus.close()`` or ``async with``."""
 
-    def __init__(self, nc: NATS, *, url: str, topology: str, name: str, settings: BusSpec) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        url: str,
+        topology: str,
+        name: str,
+        settings: BusSpec,
+        reconnects: Reconnects | None = None,
+    ) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=_PUBLISH_TIMEOUT_S)
         self.url = url
@@ -62,8 +74,9 @@ class Bus:
         self.name = name
         self.settings = settings
         self.stats = BusStats()
+        self.reconnects = reconnects or Reconnects()  # bumped by nats-py's reconnect callback
         self._acks = AckTracker(nc)
-        self._stores = Stores(self._js, self._acks)
+        self._stores = Stores(self._js, self._acks, self.reconnects)
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
         self._ephemeral: set[EphemeralSubscription] = set()
@@ -86,39 +99,60 @@ class Bus:
         if creds_file is not None and not await anyio.Path(creds_file).is_file():
             raise BusError(f"NATS creds file not found: {os.fspath(creds_file)}")
         log = structlog.get_logger("flywheel.bus").bind(url=url, bus=name)
+        refused: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         async def on_error(exc: Exception) -> None:
-            log.warning("nats error", error=str(exc) or type(exc).__name__)
+            text = str(exc) or type(exc).__name__
+            if "authorization" in text.lower() and not refused.done() and not nc.is_connected:
+                refused.set_result(text)  # refused at connect: no point retrying until the timeout
+                return
+            log.warning("nats error", error=text)
+
+        reconnects = Reconnects()
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
+            reconnects.reconnected()
 
         nc = NATS()
-        try:
-            await asyncio.wait_for(
-                nc.connect(
-                    servers=[url],
-                    name=name,
-                    token=token,
-                    user_credentials=os.fspath(creds_file) if creds_file is not None else None,
-                    connect_timeout=2,
-                    reconnect_time_wait=1,
-                    max_reconnect_attempts=-1,
-                    ping_interval=10,
-                    error_cb=on_error,
-                    reconnected_cb=on_reconnect,
-                    pending_size=64 * 1024 * 1024,
-                ),
-                connect_timeout_s,
+        connecting: asyncio.Future[object] = asyncio.ensure_future(
+            nc.connect(
+                servers=[url],
+                name=name,
+                token=token,
+                user_credentials=os.fspath(creds_file) if creds_file is not None else None,
+                connect_timeout=2,
+                reconnect_time_wait=1,
+                max_reconnect_attempts=-1,
+                ping_interval=10,
+                error_cb=on_error,
+                reconnected_cb=on_reconnect,
+                pending_size=64 * 1024 * 1024,
             )
+        )
+        try:
+            done, _ = await asyncio.wait(
+                [connecting, refused], timeout=connect_timeout_s, return_when="FIRST_COMPLETED"
+            )
+            if connecting not in done:
+                raise nats.errors.Error(str(refused.result())) if refused.done() else TimeoutError()
+            connecting.result()
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            connecting.cancel()
             try:
                 await nc.close()
             except Exception:
                 pass
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            if "authorization" in why.lower():
+                why += " (the server refused the credentials: check bus.creds_file / bus.token_env)"
             raise BusError(f"cannot connect to NATS at {url}: {why}") from None
-        return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSpec())
+        except BaseException:  # cancelled while connecting: leave no connection retrying in the background
+            connecting.cancel()
+            closing = asyncio.ensure_future(nc.close())
+            closing.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSpec(), reconnects=reconnects)
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
@@ -157,7 +191,11 @@ class Bus:
     async def ensure_channel(
         self, name: str, *, durable: bool = True, max_age_s: float | None = None, max_msgs: int = -1
     ) -> None:
-        """Create the channel's stream, or update it to this configuration; idempotent."""
+        """Create the channel's stream, or update it to this configuration; idempotent. ``max_age_s`` None: the
+        bus's ``retention.max_age_s``; the stream keeps at most ``retention.max_mb`` MiB either way."""
+        retention = self.settings.retention
+        if max_age_s is None:
+            max_age_s = retention.max_age_s
         dedupe = self.settings.dedupe_window_s
         if max_age_s is not None and max_age_s > 0:
             dedupe = min(dedupe, max_age_s)
@@ -169,6 +207,7 @@ class Bus:
             discard=api.DiscardPolicy.OLD,
             max_age=max_age_s or 0,
             max_msgs=max_msgs,
+            max_bytes=retention.max_mb * 1024 * 1024 if retention.max_mb is not None else -1,
             duplicate_window=dedupe,
         )
         try:

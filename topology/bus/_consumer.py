@@ -12,6 +12,8 @@ Contract:
 - Cancelling ``__anext__`` loses nothing: messages stay buffered; ``aclose`` drains the inbox (ending the
   interest of its pull requests), then naks what was buffered but not handed out, so the rest of the group
   gets them at once.
+- After the connection is re-established (a nats-server restart loses every waiting pull request) the consumer
+  pulls again at once instead of waiting for its old requests to expire.
 
 Non-goals: ordering across replicas; exactly-once handling (handlers must be idempotent on ``envelope.id``);
 iterating one consumer from several tasks at once.
@@ -163,6 +165,7 @@ class ChannelConsumer(Generic[P]):
             self._sub = await nc.subscribe(self._inbox, cb=self._on_msg)
             self._started = True
             self._bus.track(self)
+            self._bus.reconnects.add_callback(self._on_reconnect)
         return self
 
     async def aclose(self) -> None:
@@ -170,6 +173,7 @@ class ChannelConsumer(Generic[P]):
             return
         self._closed = True
         self._bus.untrack(self)
+        self._bus.reconnects.remove_callback(self._on_reconnect)
         if self._sub is None:
             return
         with anyio.CancelScope(shield=True):
@@ -234,6 +238,12 @@ class ChannelConsumer(Generic[P]):
         await self._bus.nc.publish(self._next_subject, request, reply=self._inbox)
         self._outstanding += want
         self._pull_deadline = time.monotonic() + _PULL_EXPIRES_S + _PULL_GRACE_S
+
+    def _on_reconnect(self) -> None:
+        """Pull requests did not survive the disconnect (a restarted server has none): pull again now."""
+        self._outstanding = 0
+        self._pull_deadline = 0.0
+        self._wakeup.set()
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers

@@ -2,7 +2,9 @@
 
 Contract: buckets are created on first use (``history`` 1 unless ``ensure_kv`` said otherwise); values are
 bytes; ``get`` of a missing or deleted key is ``None``; ``watch`` yields the current value (if any) and then
-every new value of the key — deletes are skipped. Object store puts chunk large blobs (1 MiB chunks) and
+every new value of the key — deletes are skipped — and rides out a server restart: on reconnect it re-creates its
+watcher and goes on from the last revision it yielded (a value is never yielded twice, one written while the
+server was away is not missed). Object store puts chunk large blobs (1 MiB chunks) and
 ``get`` returns the whole blob, checked against the SHA-256 digest nats-py recorded at put time; passing
 ``expect_digest`` (the digest ``object_put`` returned) also rejects an object that was replaced since.
 
@@ -29,6 +31,7 @@ from nats.nuid import NUID
 
 from topology.bus._acks import AckTracker
 from topology.bus._errors import BusError
+from topology.bus._reconnect import Reconnects
 
 __all__ = ["Stores"]
 
@@ -37,14 +40,16 @@ _CHUNKS_IN_FLIGHT = 16  # chunks sent before their store acks are awaited, and p
 _CHUNK_TIMEOUT_S = 30.0
 _NUID = NUID()
 STALL_S = 10.0  # an object read without a new chunk for this long has lost its object
+_WATCH_RETRY_S = 0.5  # a watcher that cannot be created (the server is away) is tried again this often
 
 
 class Stores:
     """Per-connection cache of KV buckets and object stores."""
 
-    def __init__(self, js: JetStreamContext, acks: AckTracker) -> None:
+    def __init__(self, js: JetStreamContext, acks: AckTracker, reconnects: Reconnects | None = None) -> None:
         self._js = js
         self._acks = acks
+        self._reconnects = reconnects or Reconnects()
         self._kv: dict[str, KeyValue] = {}
         self._obj: dict[str, ObjectStore] = {}
 
@@ -98,17 +103,40 @@ class Stores:
 
     async def watch(self, bucket: str, key: str) -> AsyncIterator[bytes]:
         kv = await self.kv(bucket)
-        watcher = await kv.watch(key, ignore_deletes=True)
-        try:
-            async for entry in watcher:
-                if entry is None or entry.value is None or entry.operation is not None:
-                    continue  # the "initial values done" marker, or a delete/purge
-                yield entry.value
-        finally:
+        last = 0  # revision of the last value yielded
+        while True:
+            generation = self._reconnects.count
             try:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-            except Exception:
-                pass
+                watcher = await kv.watch(key, ignore_deletes=True)
+            except (nats.errors.Error, js_errors.Error, TimeoutError):  # the server is away: try again
+                await asyncio.sleep(_WATCH_RETRY_S)
+                continue
+            reconnected: asyncio.Future[object] = asyncio.ensure_future(self._reconnects.wait(generation))
+            pending: list[asyncio.Future[object]] = []
+            try:
+                while not reconnected.done():
+                    update: asyncio.Future[object] = asyncio.ensure_future(watcher._updates.get())
+                    pending = [update]
+                    await asyncio.wait([update, reconnected], return_when=asyncio.FIRST_COMPLETED)
+                    if not update.done():
+                        break  # reconnected: the watcher's consumer may be gone with the old server
+                    entry = update.result()
+                    if not isinstance(entry, KeyValue.Entry | None):
+                        break  # the watcher was stopped
+                    if entry is None or entry.value is None or entry.operation is not None:
+                        continue  # the "initial values done" marker, or a delete/purge
+                    if entry.revision is not None and entry.revision <= last:
+                        continue  # seen before the watcher was re-created
+                    last = entry.revision or last
+                    yield entry.value
+            finally:
+                reconnected.cancel()
+                for future in pending:
+                    future.cancel()
+                try:
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+                except Exception:
+                    pass
 
     async def objects(self, bucket: str) -> ObjectStore:
         found = self._obj.get(bucket)

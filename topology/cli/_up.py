@@ -105,6 +105,30 @@ def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: floa
     return rows
 
 
+def _bus_row(info: Any) -> list[dict[str, Any]]:
+    """The embedded nats-server as a row beside the replicas (it is supervised like them); none for an external bus."""
+    from topology.runtime._rundir import pid_alive
+
+    if not info.nats_pid:
+        return []
+    up = pid_alive(info.nats_pid)
+    return [
+        {
+            "actor": "nats-server",
+            "replica": 0,
+            "kind": "bus",
+            "state": "running" if up else "restarting",
+            "pid": info.nats_pid,
+            "restarts": info.bus_restarts,
+            "uptime_s": None,
+            "heartbeat_age_s": None,
+            "stale": False,
+            "counters": {},
+            "error": None,
+        }
+    ]
+
+
 def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
     from rich.table import Table
 
@@ -217,7 +241,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
                 records = await runtime.statuses()
                 for line in _new_urls(records, announced):  # a gateway's URL, once it listens
                     click.echo(line)
-                return _rows(records, expected, heartbeat_s)
+                return _rows(records, expected, heartbeat_s) + _bus_row(runtime.session.info)
             except Exception:  # a bus hiccup must not take the run down with it
                 return []
 
@@ -247,8 +271,41 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
     return result
 
 
+def _resume_target(resume: str, spec_path: Path | None, run_root: Path | None) -> tuple[Path, Path]:
+    """``(run dir, spec path)`` of ``--resume RUN``: RUN is a run dir, a runs folder (its ``latest``), or ``latest``
+    (the ``latest`` of --run-dir, of SPEC's runtime.run_dir, else of ./runs); the spec is SPEC or the run's own."""
+    from topology.runtime._rundir import RunNotFound, find_run, read_run_info
+
+    if resume == "latest":
+        if run_root is not None:
+            where = run_root
+        elif spec_path is not None:
+            where = _load_spec_or_exit(spec_path).runtime.run_dir
+        else:
+            where = Path("runs")
+    else:
+        where = Path(resume)
+    try:
+        run_dir = find_run(where).resolve()
+    except RunNotFound as exc:
+        raise click.ClickException(f"--resume {resume}: {exc}") from None
+    if spec_path is None:
+        spec_path = Path(read_run_info(run_dir).spec_path)
+        if not spec_path.is_file():
+            raise click.ClickException(
+                f"--resume {resume}: the run's spec {spec_path} is gone; pass the spec: flywheel up SPEC --resume …"
+            )
+    return run_dir, spec_path
+
+
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("spec_path", metavar="[SPEC]", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--resume",
+    metavar="RUN",
+    help="Continue an existing run instead of starting a new one: RUN is its run dir, a runs folder (its latest "
+    "run), or 'latest'. SPEC defaults to the run's own spec.",
+)
 @click.option(
     "--duration",
     type=click.FloatRange(min=0, min_open=True),
@@ -298,7 +355,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
     help="When stdout is not a terminal, print a status line every S seconds.",
 )
 def up(
-    spec_path: Path,
+    spec_path: Path | None,
+    resume: str | None,
     duration: float | None,
     single_process: bool,
     runtime_kind: str | None,
@@ -314,11 +372,21 @@ def up(
       1. the spec is validated (every error printed with file:line; nothing starts if one is found)
       2. a run directory <run_dir>/<name>-<YYYYmmdd-HHMMSS>/ is created (runs/latest points at it):
          run.json (how to reach the run), logs/<actor>-<replica>.log, state/ (checkpoints), nats/
-      3. the bus starts (embedded nats-server) or is connected to, and every channel is created
+         (the bus's JetStream store and its token, readable by you only) — or, with --resume, an
+         existing one is taken back
+      3. the bus starts (embedded nats-server, on the run's store; clients must present the run's
+         token) or is connected to, and every channel is created; a nats-server that dies is
+         restarted on the same port and store, and the replicas reconnect
       4. each actor replica starts as its own process; a crashed one is restarted with backoff, and
          one that keeps crashing (runtime.restart.max_restarts within window_s) stops the topology
       5. Ctrl-C / SIGTERM / --duration: replicas drain (finish and ack in-flight work), then stop;
          a second Ctrl-C skips the drain
+
+    \b
+    Resuming (after a stop, a crash, or a kill -9 of everything): --resume continues the run where
+    the bus and the actors' state left it — the same channels and consumer positions, the learner's
+    checkpoint and ledger (nothing applied twice), recordings, joiner state, gate decisions and the
+    serving version; weight versions continue from the last one.
 
     \b
     Examples:
@@ -327,9 +395,16 @@ def up(
       flywheel up specs/embedded.yaml --single-process     # one process, easy to debug
       flywheel up specs/embedded.yaml --runtime ray        # each replica a Ray actor (local Ray)
       flywheel up specs/ray-cluster.yaml --address auto    # join the Ray cluster of this machine
+      flywheel up --resume latest                          # continue ./runs/latest
+      flywheel up --resume runs/embedded-default-20250101-120000
     In another terminal: flywheel status
     """
     _configure_logging()
+    resume_dir: Path | None = None
+    if resume is not None:
+        resume_dir, spec_path = _resume_target(resume, spec_path, run_root.resolve() if run_root else None)
+    elif spec_path is None:
+        raise click.UsageError("give a SPEC to run, or --resume RUN to continue a run")
     spec = _load_spec_or_exit(spec_path)
     from topology.runtime import LocalRuntime, SingleProcessRuntime
 
@@ -343,17 +418,19 @@ def up(
     if kind == "ray" and not single_process:
         from topology.runtime import RayRuntime
 
-        runtime = RayRuntime(spec, run_root=run_root, drain_timeout_s=drain_timeout, address=address)
+        runtime = RayRuntime(spec, run_root=run_root, drain_timeout_s=drain_timeout, address=address, resume=resume_dir)
     else:
         runtime_cls = SingleProcessRuntime if single_process else LocalRuntime
-        runtime = runtime_cls(spec, run_root=run_root, drain_timeout_s=drain_timeout)
+        runtime = runtime_cls(spec, run_root=run_root, drain_timeout_s=drain_timeout, resume=resume_dir)
+    if resume_dir is not None:
+        click.echo(f"resuming {resume_dir}")
     try:
         result = anyio.run(_up_main, runtime, duration, interval_s, backend="asyncio")
     except Exception as exc:  # bus could not start, run dir not writable, no Ray, …: one line, not a traceback
         from topology.bus import BusError
-        from topology.runtime import RayUnavailable
+        from topology.runtime import RayUnavailable, RunLocked, RunNotFound
 
-        if isinstance(exc, BusError | OSError | RayUnavailable):
+        if isinstance(exc, BusError | OSError | RayUnavailable | RunLocked | RunNotFound):
             raise click.ClickException(str(exc)) from None
         raise
     if result.ok:
@@ -380,7 +457,8 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     Finds the run (RUN_DIR, --run-dir, or ./runs/latest), reads each replica's latest heartbeat
     from the bus and prints: actor, replica, state, pid, restarts, uptime, age of the last
     heartbeat (STALE when older than 3 heartbeat intervals: the replica is wedged or gone) and
-    its counters. Exits 1 when no run is live there.
+    its counters — and a row for the embedded nats-server (its pid and restarts). Exits 1 when
+    no run is live there.
 
     \b
     Examples:
@@ -401,6 +479,9 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
         raise click.ClickException(str(exc)) from None
     report = anyio.run(read_run_status, run_dir, backend="asyncio")
     rows = _rows(report.replicas, report.expected, report.heartbeat_s) if report.live else []
+    from topology.runtime._rundir import read_run_info
+
+    bus = _bus_row(read_run_info(run_dir)) if report.live else []
     if as_json:
         doc = {
             "run_dir": report.run_dir,
@@ -409,6 +490,7 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
             "live": report.live,
             "reason": report.reason,
             "replicas": rows,
+            "bus": bus[0] if bus else None,  # the embedded nats-server (pid, restarts), null for an external bus
         }
         click.echo(json.dumps(doc, indent=2))
         sys.exit(0 if report.live else 1)
@@ -418,7 +500,7 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # piped: do not cut counters at 80 columns
-    console.print(_table(rows, title=f"{report.topology} — {report.run_dir}"))
+    console.print(_table(rows + bus, title=f"{report.topology} — {report.run_dir}"))
 
 
 __all__ = ["status", "up"]

@@ -80,7 +80,7 @@ async def run_replica(
     (:mod:`topology.runtime._gc`).
     """
     actor_spec = spec.actors[actor]
-    bus = await connect_bus(spec, bus_url, client_name=f"{spec.name}-{actor}-{replica}")
+    bus = await connect_bus(spec, bus_url, client_name=f"{spec.name}-{actor}-{replica}", run_dir=run_dir)
     freezer = HeapFreezer() if freeze_heap else None
     try:
         ctx = ActorContext(

@@ -25,7 +25,8 @@ Contract:
 
 Non-goals and limits: the embedded bus listens on the driver's loopback only, so a cluster with more than one
 node needs ``bus.url`` (the run refuses otherwise, in one sentence). Bus credentials are never shipped through
-Ray: ``token_env`` / ``creds_file`` must be set on every node. ``run_dir`` (logs, checkpoints in
+Ray: ``token_env`` / ``creds_file`` must be set on every node; the embedded bus's token is read from the run dir's
+0600 token file by each replica (one node, one user). ``run_dir`` (logs, checkpoints in
 ``state/``) should be on a filesystem every node shares, or a restarted learner may not find its checkpoint.
 """
 
@@ -185,8 +186,11 @@ class RayRuntime(RuntimeBase):
         handle_signals: bool = True,
         address: str | None = None,
         ray_init: Mapping[str, Any] | None = None,
+        resume: Path | None = None,
     ) -> None:
-        super().__init__(spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals)
+        super().__init__(
+            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
+        )
         self.address = address if address is not None else spec.runtime.address
         self.ray_init = dict(ray_init or {})
         self.handles: dict[tuple[str, int], Any] = {}
@@ -202,7 +206,7 @@ class RayRuntime(RuntimeBase):
         if started_ray:
             await anyio.to_thread.run_sync(self._init_ray, ray)
         try:
-            async with open_session(self.spec, run_root=self.run_root) as session:
+            async with open_session(self.spec, run_root=self.run_root, resume=self.resume) as session:
                 self.session = session
                 _log.info(
                     "topology up (ray)",
@@ -213,6 +217,7 @@ class RayRuntime(RuntimeBase):
                 )
                 try:
                     async with anyio.create_task_group() as tg:
+                        tg.start_soon(self.keep_bus_up, session)
                         if self.handle_signals:
                             tg.start_soon(self.watch_signals)
                         if duration_s is not None:

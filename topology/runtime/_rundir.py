@@ -2,16 +2,27 @@
 
 Contract: :func:`create_run_dir` makes ``<root>/<name>-<YYYYmmdd-HHMMSS>/`` (suffixed ``-2``, ``-3`` … when
 two runs start in the same second) with ``logs/``, ``state/`` and ``nats/``, and points ``<root>/latest`` at
-it. ``run.json`` says how to reach the run (``bus_url``, supervisor ``pid``, ``spec_path``, ``started_at``,
-the replicas to expect) and, once it ended, ``stopped_at`` and ``exit``. :func:`find_run` resolves what a
-user passes to ``flywheel status`` (a run dir, a root holding ``latest``, or nothing → ``./runs``).
+it; :func:`resume_run_dir` takes an existing one back (``flywheel up --resume``) and points ``latest`` at it.
+``run.json`` says how to reach the run (``bus_url``, supervisor ``pid``, ``spec_path``, ``started_at``,
+the replicas to expect, where the bus credential is) and, once it ended, ``stopped_at`` and ``exit``; a resumed
+run keeps ``first_started_at`` and counts ``resumes``. :func:`find_run` resolves what a user passes to
+``flywheel status`` or ``--resume`` (a run dir, a root holding ``latest``, or nothing → ``./runs``).
 
-Non-goals: no cleanup of old runs, no locking (two supervisors never share a run dir by construction).
+One supervisor per run dir: :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run_dir>/.lock`` for as long
+as the supervisor lives (the kernel drops it when the process dies, SIGKILL included), so a second ``up
+--resume`` of a live run is refused instead of sharing its store.
+
+The embedded bus's token lives in ``<run_dir>/nats/token``, mode 0600 (this user only); :func:`bus_token` reads
+it (or the external bus's ``token_env``) for a client that connects from outside the run.
+
+Non-goals: no cleanup of old runs.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +32,8 @@ import orjson
 
 RUN_JSON = "run.json"
 LATEST = "latest"
+LOCK = ".lock"
+TOKEN_FILE = "nats/token"  # relative to the run dir
 
 
 class RunNotFound(Exception):
@@ -41,6 +54,10 @@ class RunInfo:
     nats_pid: int | None = None  # the embedded nats-server, if any
     creds_file: str | None = None  # how to authenticate to the bus (a path / an env var name, never a secret)
     token_env: str | None = None
+    token_file: str | None = None  # the embedded bus's token (a 0600 file in the run dir)
+    bus_restarts: int = 0  # how often the supervisor brought a dead embedded nats-server back
+    first_started_at: float | None = None  # when the run first started (started_at: this incarnation)
+    resumes: int = 0  # how often `flywheel up --resume` continued this run
     spec: dict[str, Any] | None = None  # the merged spec data (after includes and ${ENV}) this run used
     stopped_at: float | None = None
     exit: str | None = None  # "ok" or the reason the topology stopped
@@ -83,6 +100,71 @@ def _point_latest(root: Path, target: str) -> None:
         tmp.unlink()
     tmp.symlink_to(target)  # relative, so the runs folder can be moved whole
     tmp.replace(link)  # atomic swap: a concurrent `flywheel status` never sees no link
+
+
+def resume_run_dir(run_dir: Path) -> Path:
+    """An existing run dir to continue (absolute). ``RunNotFound`` when it has no ``run.json``."""
+    run_dir = run_dir.resolve()
+    if not (run_dir / RUN_JSON).is_file():
+        raise RunNotFound(f"cannot resume {run_dir}: it has no {RUN_JSON} (not a run directory)")
+    for sub in ("logs", "state", "nats"):
+        (run_dir / sub).mkdir(exist_ok=True)
+    return run_dir
+
+
+def point_latest(run_dir: Path) -> None:
+    """Point ``latest`` beside ``run_dir`` at it (a resumed run is the latest one again)."""
+    _point_latest(run_dir.parent, run_dir.name)
+
+
+class RunLocked(Exception):
+    """Another live supervisor holds the run dir (so it cannot be resumed or shared)."""
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Take the run dir's lock for this process (see the module docstring); returns the descriptor to keep open.
+    ``RunLocked`` when another supervisor holds it."""
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunLocked(f"the run at {run_dir} is live (another `flywheel up` holds {run_dir / LOCK})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_token(run_dir: Path) -> str:
+    """The run's embedded-bus token: the one in ``<run_dir>/nats/token``, or a new random one written there 0600."""
+    path = run_dir / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        os.chmod(path, 0o600)
+        return token
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def bus_token(info: RunInfo) -> str | None:
+    """The token a client outside the run presents to its bus: the embedded bus's token file, else the external
+    bus's ``token_env`` from this process's environment; None when the bus takes none."""
+    if info.token_file:
+        try:
+            return Path(info.token_file).read_text().strip() or None
+        except OSError:
+            return None
+    if info.token_env:
+        return os.environ.get(info.token_env) or None
+    return None
 
 
 def write_run_info(run_dir: Path, info: RunInfo) -> None:

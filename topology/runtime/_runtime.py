@@ -1,6 +1,7 @@
 """The Runtime protocol and what the local runtimes share: stop requests, signals, duration, the verdict.
 
-Contract: ``await runtime.run(duration_s=...)`` brings the topology up, keeps it running until a stop is
+Contract: ``await runtime.run(duration_s=...)`` brings the topology up (in a new run dir, or continuing the run dir
+given as ``resume``), keeps its embedded nats-server alive, and keeps it running until a stop is
 requested (:meth:`request_stop`, SIGINT/SIGTERM when ``handle_signals``, ``duration_s`` elapsed, every
 replica finished by itself, or a replica exhausted its restart budget), drains it and returns a
 :class:`RunResult`. A second SIGINT/SIGTERM during the drain skips the rest of the grace period. Between
@@ -69,9 +70,11 @@ class RuntimeBase:
         run_root: Path | None = None,
         drain_timeout_s: float = 10.0,
         handle_signals: bool = True,
+        resume: Path | None = None,
     ) -> None:
         self.spec = spec
         self.run_root = run_root
+        self.resume = resume  # an existing run dir to continue instead of a new one
         self.drain_timeout_s = drain_timeout_s
         self.handle_signals = handle_signals
         self.started = anyio.Event()
@@ -130,6 +133,10 @@ class RuntimeBase:
                     self._hurry.set()
                 else:
                     self.request_stop(f"{name} received")
+
+    async def keep_bus_up(self, session: Session) -> None:
+        """Supervise the embedded nats-server (:meth:`Session.keep_bus_up`) with this runtime's restart policy."""
+        await session.keep_bus_up(self.policy, self.fail)
 
     async def stop_after(self, duration_s: float) -> None:
         await anyio.sleep(duration_s)

@@ -36,10 +36,11 @@ class SingleProcessRuntime(RuntimeBase):
         kinds = actor_kinds()
         factories = {name: resolve_factory(kinds[a.kind]) for name, a in self.spec.actors.items()}
         self._contexts: dict[tuple[str, int], ActorContext] = {}
-        async with open_session(self.spec, run_root=self.run_root, single_process=True) as session:
+        async with open_session(self.spec, run_root=self.run_root, single_process=True, resume=self.resume) as session:
             self.session = session
             _log.info("topology up (single process)", topology=self.spec.name, run_dir=str(session.run_dir))
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self.keep_bus_up, session)
                 if self.handle_signals:
                     tg.start_soon(self.watch_signals)
                 if duration_s is not None:

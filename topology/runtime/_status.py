@@ -12,7 +12,6 @@ Non-goals: no history (the bucket keeps the latest record per key), no clock-ske
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -160,8 +159,8 @@ class RunStatus:
 
 async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus:
     """Read ``run_dir/run.json``, connect to its bus and fetch every replica's latest heartbeat."""
-    from topology.bus import Bus
     from topology.runtime._rundir import pid_alive, read_run_info
+    from topology.runtime._session import connect_run
 
     info = read_run_info(run_dir)
 
@@ -181,18 +180,14 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.stopped_at))
         return result(False, f"the run stopped at {when} ({info.exit})", [])
     if not pid_alive(info.pid):
-        reason = f"its supervisor (pid {info.pid}) is gone without recording a stop (killed?)"
+        reason = (
+            f"its supervisor (pid {info.pid}) is gone without recording a stop (killed?); "
+            f"continue it with: flywheel up --resume {run_dir}"
+        )
         return result(False, reason, [])
-    token = os.environ.get(info.token_env) if info.token_env else None
     try:
         with anyio.fail_after(timeout_s):
-            bus = await Bus.connect(
-                info.bus_url,
-                name="flywheel-status",
-                topology=info.topology,
-                creds_file=info.creds_file,
-                token=token or None,
-            )
+            bus = await connect_run(run_dir, name="flywheel-status", info=info)
             try:
                 records = await read_status(bus, info.topology, info.replica_keys())
             finally:

@@ -3,12 +3,15 @@
 Contract:
 - Each replica runs ``python -m topology.runtime._child …`` with stdout+stderr appended to
   ``<run_dir>/logs/<actor>-<replica>.log``, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set from its
-  ``resources.num_cpus``, in its own session (a terminal ^C reaches the supervisor, which decides), and with
-  ``PR_SET_PDEATHSIG(SIGKILL)``: it dies with the supervisor, even a SIGKILLed one — no orphans.
+  ``resources.num_cpus``, the embedded bus's token in its environment (never on its command line), in its own
+  session (a terminal ^C reaches the supervisor, which decides), and with ``PR_SET_PDEATHSIG(SIGKILL)``: it dies
+  with the supervisor, even a SIGKILLed one — no orphans.
 - A replica that exits non-zero (or is killed) while the topology runs is restarted after the policy's
   backoff; its status record says ``restarting`` meanwhile. One that crashes more than ``max_restarts``
   times within ``window_s`` stops the whole topology; the result names the actor and quotes the last lines
   of its log. A replica that exits 0 by itself is done and not restarted.
+- The embedded nats-server is supervised too: restarted on its port with its store when it dies
+  (:meth:`Session.keep_bus_up`); the replicas ride the outage out on their reconnecting connections.
 - Stopping: SIGTERM to every child (they drain), wait up to ``drain_timeout_s``, SIGKILL the rest, then the
   session closes (nats-server stopped last).
 
@@ -78,17 +81,21 @@ class LocalRuntime(RuntimeBase):
         drain_timeout_s: float = 10.0,
         handle_signals: bool = True,
         python: Sequence[str] = (sys.executable,),
+        resume: Path | None = None,
     ) -> None:
-        super().__init__(spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals)
+        super().__init__(
+            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
+        )
         self.python = tuple(python)
         self.procs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
 
     async def run(self, *, duration_s: float | None = None) -> RunResult:
-        async with open_session(self.spec, run_root=self.run_root) as session:
+        async with open_session(self.spec, run_root=self.run_root, resume=self.resume) as session:
             self.session = session
             _log.info("topology up", topology=self.spec.name, run_dir=str(session.run_dir), bus=session.bus_url)
             try:
                 async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.keep_bus_up, session)
                     if self.handle_signals:
                         tg.start_soon(self.watch_signals)
                     if duration_s is not None:
@@ -125,7 +132,7 @@ class LocalRuntime(RuntimeBase):
             "--supervisor-pid",
             str(os.getpid()),
         ]
-        env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus)}
+        env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus), **session.replica_env()}
         with open(log_path, "ab") as out:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             out.write(f"--- flywheel: {actor}[{replica}] start #{restarts + 1} at {stamp} ---\n".encode())

@@ -170,3 +170,40 @@ async def test_a_fraction_of_traffic_is_queued_for_review(embedded_nats: Embedde
                     if len(queued) == len(chosen):
                         break
     assert queued == chosen
+
+
+async def test_a_full_bucket_evicts_its_oldest_and_counts_it(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """max_pending 5, 8 requests: the 3 oldest are evicted before their window closed — counted, and their late
+    feedback can no longer join, while the newest still do."""
+    spec = joiner_spec(tmp_path, "{max_pending: 5}")
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer,
+        running_joiner(spec, embedded_nats, tmp_path) as actor,
+    ):
+        for i in range(8):
+            await producer.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
+        await until(actor, "traffic.stored", 8)
+        assert actor.ctx.counters.get("traffic.evicted") == 3 and actor.report()["traffic.evicted"] == 3
+        assert [await actor.state.get("traffic", f"r{i}") is None for i in range(8)] == [True] * 3 + [False] * 5
+        await producer.publish("feedback", "feedback", feedback("r7", score=1.0), id="f7")
+        await until(actor, "feedback.joined", 1)
+        joined = await scored_messages(producer, 1)
+    assert [m.task_id for m in joined] == ["r7"]
+
+
+async def test_early_feedback_in_a_full_bucket_still_joins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """Feedback waits in a full feedback_pending bucket (which refuses new entries); when its request arrives the
+    pending entry is deleted — a marker on the same key, which the full bucket takes — and the join goes through."""
+    spec = joiner_spec(tmp_path, "{max_pending: 3}")
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer,
+        running_joiner(spec, embedded_nats, tmp_path) as actor,
+    ):
+        for i in range(3):
+            await producer.publish("feedback", "feedback", feedback(f"r{i}", score=1.0), id=f"f{i}")
+        await until(actor, "feedback.early", 3)
+        await producer.publish("traffic", "traffic", traffic("r2"), id="t2")
+        await until(actor, "feedback.joined", 1)
+        joined = await scored_messages(producer, 1)
+        assert actor.ctx.counters.get("errors") == 0
+    assert [m.task_id for m in joined] == ["r2"]

@@ -17,6 +17,7 @@ from actors.protocol import read_recordings, schema
 from actors.recorder import ChannelWriter
 from actors.recorder._actor import RecorderActor
 from actors.recorder._config import RecorderConfig
+from actors.recorder._writer import RecordingsMismatch, StreamIdentity
 from tests.actors.recorder._support import feedback, recorder_spec, scored, traffic
 from topology import BusSpec, Spec
 from topology.bus import Bus, Delivery, EmbeddedNats
@@ -158,3 +159,51 @@ async def test_messages_written_but_never_acked_are_not_written_again(
             frame = await wait_rows(tmp_path, "traffic", 21)
     counts = Counter(frame["request_id"].to_list())
     assert set(counts.values()) == {1} and len(counts) == 21
+
+
+async def test_a_directory_of_another_runs_stream_is_refused(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    first = recorder_spec(tmp_path)
+    async with (
+        await Bus.connect(embedded_nats.url, topology=first.name, name="producer") as producer,
+        running_recorder(first, embedded_nats, tmp_path),
+    ):
+        for i in range(3):
+            await producer.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
+        await wait_rows(tmp_path, "traffic", 3)
+    second = recorder_spec(tmp_path)  # another topology (another run) pointed at the same recordings
+    with pytest.raises(RecordingsMismatch, match=r"holds the recordings of stream .* not of this run's stream"):
+        async with running_recorder(second, embedded_nats, tmp_path):
+            pass
+
+
+async def test_a_recreated_stream_is_refused_instead_of_its_messages_acked_unwritten(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The stream is deleted and created again: its sequences restart at 1, where the directory already has files.
+    Without the claim, the index would call every new message "already written" and ack it unrecorded."""
+    spec = recorder_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer:
+        async with running_recorder(spec, embedded_nats, tmp_path):
+            for i in range(5):
+                await producer.publish("traffic", "traffic", traffic(f"old{i}"), id=f"old{i}")
+            await wait_rows(tmp_path, "traffic", 5)
+        await producer.nc.jetstream().delete_stream(producer.stream("traffic"))
+        await producer.ensure_channel("traffic")
+        for i in range(5):
+            await producer.publish("traffic", "traffic", traffic(f"new{i}"), id=f"new{i}")
+        with pytest.raises(RecordingsMismatch, match="deleted and created again"):
+            async with running_recorder(spec, embedded_nats, tmp_path):
+                pass
+    assert read_recordings(tmp_path / "recordings", "traffic")["request_id"].to_list() == [f"old{i}" for i in range(5)]
+
+
+def test_recordings_from_before_the_claim_are_adopted_when_they_fit_the_stream(tmp_path: Path) -> None:
+    writer = ChannelWriter(tmp_path, "feedback")
+    row = {"_seq": 7, "_id": "f7", "_ts": 0.0, "_source": "x", "request_id": "r7", "score": 1.0, "ts": 0.0}
+    writer.write({7: (0.0, [row])})
+    with pytest.raises(RecordingsMismatch, match="up to sequence 7, beyond the last message"):
+        writer.claim(StreamIdentity("FW_T_FEEDBACK", "2026-01-01T00:00:00", last_seq=3))
+    writer.claim(StreamIdentity("FW_T_FEEDBACK", "2026-01-01T00:00:00", last_seq=9))
+    writer.claim(StreamIdentity("FW_T_FEEDBACK", "2026-01-01T00:00:00", last_seq=12))  # the same stream, later
+    with pytest.raises(RecordingsMismatch):
+        writer.claim(StreamIdentity("FW_T_FEEDBACK", "2026-02-02T00:00:00", last_seq=12))

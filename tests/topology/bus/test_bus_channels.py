@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import nats.js.errors
 import pydantic
 import pytest
 
@@ -93,7 +94,16 @@ async def test_replicas_of_one_group_share_the_work(embedded_nats: EmbeddedNats)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(replica, bus_a, "a")
                 tg.start_soon(replica, bus_b, "b")
-                await anyio.sleep(0.2)  # both pull requests are waiting before anything is published
+                # both replicas' pull requests wait on the server before anything is published (a fixed pause
+                # here let a slow second replica miss the whole batch on a loaded machine)
+                js = bus_a.nc.jetstream()
+                while True:
+                    try:
+                        if (await js.consumer_info(bus_a.stream("prompts"), "gen")).num_waiting >= 2:
+                            break
+                    except nats.js.errors.NotFoundError:
+                        pass  # not created yet
+                    await anyio.sleep(0.01)
                 ids = await bus_a.publish_many("prompts", [("p", {"i": i}, None) for i in range(total)])
                 await all_seen.wait()
                 await anyio.sleep(0.3)  # a duplicate delivery, if any, would arrive now

@@ -1,7 +1,9 @@
 """Test-only actor kinds for the runtime tests: small but real actors on a real bus.
 
-- ``ticker`` publishes ``{"n": i}`` to its first ``publishes`` channel every ``interval_s``.
-- ``tally`` consumes its first ``consumes`` channel as one group, acks and counts.
+- ``ticker`` publishes ``{"n": i}`` to its first ``publishes`` channel every ``interval_s``; each message id whose
+  publish was acknowledged goes to ``<state_dir>/published.txt`` (ids are unique across restarts and resumes).
+- ``tally`` consumes its first ``consumes`` channel as one group, acks and counts; each message id goes to
+  ``<state_dir>/consumed.txt`` before it is acked (at-least-once: a redelivered id may appear twice).
 - ``crasher`` raises after ``crash_after_s`` — every time.
 Every kind appends its lifecycle steps to ``<state_dir>/lifecycle.txt`` so tests can check the order.
 Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.runtime._kinds``.
@@ -10,6 +12,7 @@ Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.ru
 from __future__ import annotations
 
 import os
+import uuid
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -57,15 +60,18 @@ class Ticker(_Recording):
         config = self.config
         assert isinstance(config, TickerConfig)
         channel = self.ctx.spec.actors[self.ctx.actor].publishes[0]
+        life = uuid.uuid4().hex[:8]  # one per process: ids never repeat across restarts or resumes
         n = 0
-        while not self.ctx.stopping.is_set():
-            await self.ctx.bus.publish(
-                channel, "tick", {"n": n}, id=f"{self.ctx.actor}-{self.ctx.replica}-{self.ctx.restarts}-{n}"
-            )
-            self.ctx.counters.inc("published")
-            n += 1
-            with anyio.move_on_after(config.interval_s):
-                await self.ctx.stopping.wait()
+        with open(self.ctx.state_dir / "published.txt", "a") as ledger:
+            while not self.ctx.stopping.is_set():
+                mid = f"{self.ctx.actor}-{self.ctx.replica}-{self.ctx.restarts}-{life}-{n}"
+                await self.ctx.bus.publish(channel, "tick", {"n": n}, id=mid)
+                ledger.write(mid + "\n")
+                ledger.flush()
+                self.ctx.counters.inc("published")
+                n += 1
+                with anyio.move_on_after(config.interval_s):
+                    await self.ctx.stopping.wait()
 
 
 class Tally(_Recording):
@@ -75,9 +81,12 @@ class Tally(_Recording):
         async with anyio.create_task_group() as tg:
 
             async def consume() -> None:
-                async for delivery in self.ctx.bus.consume(channel, self.ctx.actor, batch=8):
-                    self.ctx.counters.inc("consumed")
-                    await delivery.ack()
+                with open(self.ctx.state_dir / "consumed.txt", "a") as ledger:
+                    async for delivery in self.ctx.bus.consume(channel, self.ctx.actor, batch=8):
+                        ledger.write(delivery.id + "\n")
+                        ledger.flush()
+                        self.ctx.counters.inc("consumed")
+                        await delivery.ack()
 
             tg.start_soon(consume)
             await self.ctx.stopping.wait()

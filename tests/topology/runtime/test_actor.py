@@ -10,6 +10,7 @@ from topology.runtime import Actor, ActorContext, Counters
 
 def test_exported_members() -> None:
     assert set(topology.runtime.__all__) == {
+        "BUS_TOKEN_ENV",
         "Actor",
         "ActorContext",
         "ActorState",
@@ -20,11 +21,14 @@ def test_exported_members() -> None:
         "ReplicaStatus",
         "RestartPolicy",
         "RunInfo",
+        "RunLocked",
         "RunNotFound",
         "RunResult",
         "RunStatus",
         "Runtime",
         "SingleProcessRuntime",
+        "bus_token",
+        "connect_run",
         "find_run",
         "iterate_until",
         "read_run_info",

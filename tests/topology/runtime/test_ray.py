@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,11 @@ def ray_kinds(kinds_env: None, monkeypatch: pytest.MonkeyPatch, ray_instance: No
     import importlib
 
     monkeypatch.setenv("FLYWHEEL_PLUGINS", KINDS)
-    importlib.import_module("tests.topology.runtime._weight_kinds")
+    module = "tests.topology.runtime._weight_kinds"  # registered again per test: kinds_env takes test kinds out after
+    if module in sys.modules:
+        importlib.reload(sys.modules[module])
+    else:
+        importlib.import_module(module)
 
 
 async def _run_until(runtime: RayRuntime, probe: Any, timeout_s: float) -> tuple[RunResult, Any]:

@@ -1,9 +1,10 @@
+import os
 from pathlib import Path
 
 import pytest
 
-from topology.runtime import RunInfo, RunNotFound, find_run, read_run_info
-from topology.runtime._rundir import create_run_dir, write_run_info
+from topology.runtime import RunInfo, RunLocked, RunNotFound, bus_token, find_run, read_run_info
+from topology.runtime._rundir import create_run_dir, lock_run_dir, resume_run_dir, run_token, write_run_info
 
 
 def info() -> RunInfo:
@@ -44,3 +45,35 @@ def test_run_json_round_trips_and_find_run_follows_latest(tmp_path: Path) -> Non
 def test_find_run_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(RunNotFound, match="no run found at"):
         find_run(tmp_path)
+
+
+def test_one_supervisor_per_run_dir_and_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
+    run = create_run_dir(tmp_path, "demo")
+    held = lock_run_dir(run)
+    try:
+        with pytest.raises(RunLocked, match="is live"):
+            lock_run_dir(run)
+    finally:
+        os.close(held)
+    os.close(lock_run_dir(run))  # released: free again
+
+
+def test_the_run_token_is_private_and_stable(tmp_path: Path) -> None:
+    run = create_run_dir(tmp_path, "demo")
+    token = run_token(run)
+    assert len(token) >= 32 and run_token(run) == token
+    path = run / "nats" / "token"
+    assert path.stat().st_mode & 0o777 == 0o600 and (run / "nats").stat().st_mode & 0o777 == 0o700
+    assert bus_token(info_with(token_file=str(path))) == token
+
+
+def test_resume_needs_a_run_json(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFound, match="not a run directory"):
+        resume_run_dir(tmp_path)
+    run = create_run_dir(tmp_path, "demo")
+    write_run_info(run, info())
+    assert resume_run_dir(run) == run.resolve()
+
+
+def info_with(**fields: object) -> RunInfo:
+    return RunInfo(**{**info().__dict__, **fields})  # type: ignore[arg-type]

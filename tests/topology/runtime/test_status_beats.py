@@ -57,6 +57,7 @@ async def test_requested_beats_come_at_once_and_no_faster_than_the_floor(bus: Bu
         for _ in range(50):  # a burst of requests: puts at most every MIN_BEAT_S
             requests.request()
             await anyio.sleep(0.004)
+        await _wait_puts(puts, 3)  # at least one came of it (however loaded the machine)
         elapsed = time.monotonic() - started
-        assert 2 < puts[0] <= 2 + elapsed / MIN_BEAT_S + 1
+        assert puts[0] <= 2 + elapsed / MIN_BEAT_S + 1
         tg.cancel_scope.cancel()
