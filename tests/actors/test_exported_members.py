@@ -63,7 +63,7 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.gateway": {
         "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
-        "NoGenerators", "read_api_keys", "ServeCall", "ServeClient",
+        "NoGenerators", "generated_api_key", "read_api_keys", "ServeCall", "ServeClient",
     },
     "actors.source": set(),
     "actors.generator": set(),

@@ -144,13 +144,16 @@ def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
 
 
 def _new_urls(records: list[Any], announced: set[str]) -> list[str]:
-    """``<actor>: <url>`` for each replica reporting a ``url`` (a gateway) that was not printed yet."""
+    """``<actor>: <url>`` for each replica reporting a ``url`` (a gateway) that was not printed yet, and
+    ``<actor>: API key in <file>`` for one reporting an ``api_key_file`` (a key it generated)."""
     lines = []
     for r in records:
-        url = r.counters.get("url") if isinstance(r.counters, dict) else None
-        if isinstance(url, str) and url not in announced:
-            announced.add(url)
-            lines.append(f"{r.actor + ':':<8} {url}")
+        counters = r.counters if isinstance(r.counters, dict) else {}
+        for name, template in (("url", "{}"), ("api_key_file", "API key in {}")):
+            value = counters.get(name)
+            if isinstance(value, str) and value not in announced:
+                announced.add(value)
+                lines.append(f"{r.actor + ':':<8} {template.format(value)}")
     return lines
 
 
