@@ -22,9 +22,9 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.domains": {
         "ArithmeticOptions", "build_verifier", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "domains_from_spec",
-        "DomainSampler", "DomainSource", "DomainVerifier", "ExtractOptions", "heldout_bucket", "JsonlSource",
-        "open_source", "PyExprOptions", "read_jsonl_tasks", "score", "Scorer", "SourceError", "Task", "task_id",
-        "Verifier", "verifier_names", "VerifierError", "VerifyResult",
+        "DomainSampler", "DomainSource", "DomainVerifier", "ExtractOptions", "find_task", "heldout_bucket",
+        "JsonlSource", "open_source", "PyExprOptions", "read_jsonl_tasks", "score", "Scorer", "SourceError", "Task",
+        "task_id", "Verifier", "verifier_names", "VerifierError", "VerifyResult",
     },
     "actors.sandbox": {
         "Isolation", "IsolationRefused", "PoolStatistics", "SandboxLimits", "SandboxPool", "SandboxResult",
