@@ -67,6 +67,11 @@ class JoinState:
             config.discard = api.DiscardPolicy.OLD
             await js.update_stream(config)
 
+    async def count(self, what: str) -> int:
+        """Entries in one bucket now (deleted keys' markers included until they expire)."""
+        info = await self._bus.nc.jetstream().stream_info(f"KV_{self.names[what]}")
+        return int(info.state.messages)
+
     async def get(self, what: str, request_id: str) -> bytes | None:
         try:
             entry = await self._kv[what].get(kv_key(request_id))
