@@ -9,6 +9,10 @@ Contract:
 - ``incarnation`` names one life of the learner process (a restart is a new incarnation), so parts of different
   lives never collide and the audit trail can tell them apart.
 - :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null).
+- :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
+  each incarnation's rows up to the step the next one resumed from (later steps were rolled back with the
+  weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
+  applied twice.
 - :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg).
 
 Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the live counters).
@@ -23,7 +27,7 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["MetricsWriter", "plot_heldout", "read_metrics"]
+__all__ = ["MetricsWriter", "effective_applied", "plot_heldout", "read_metrics"]
 
 
 class MetricsWriter:
@@ -65,6 +69,25 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     if not parts:
         return pl.DataFrame()
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+
+
+def effective_applied(run_dir: Path) -> pl.DataFrame:
+    """The ``applied`` rows whose effect is in the final weights (see the module docstring), oldest first."""
+    applied = read_metrics(run_dir, "applied")
+    lifecycle = read_metrics(run_dir, "lifecycle")
+    if applied.height == 0 or lifecycle.height == 0:
+        return applied
+    resumes = lifecycle.filter(pl.col("event") == "resume").sort("ts")
+    incarnations = sorted(set(lifecycle["incarnation"].to_list()))
+    kept = []
+    for index, incarnation in enumerate(incarnations):
+        rows = applied.filter(pl.col("incarnation") == incarnation)
+        if index + 1 < len(incarnations):
+            resumed = resumes.filter(pl.col("incarnation") == incarnations[index + 1])
+            resumed_at = int(resumed["step"][0]) if resumed.height else 0
+            rows = rows.filter(pl.col("step") <= resumed_at)
+        kept.append(rows)
+    return pl.concat(kept, how="diagonal_relaxed")
 
 
 def eval_mode(evals: Any) -> str:

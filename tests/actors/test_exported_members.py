@@ -57,7 +57,8 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.learner": {
         "AdvantageEstimator", "AppliedLedger", "Checkpointer", "decoupled_ppo_loss", "DomainBatcher",
-        "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors", "importance_weights", "is_stale",
+        "effective_applied", "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors",
+        "importance_weights", "is_stale",
         "k3_kl", "LearnerConfig", "LossStats", "MetricsWriter", "plot_heldout", "PPOConfig", "read_metrics",
         "reference_pairs", "RunningStats", "staleness", "StepStats", "Trainer", "TrainSample", "warm_start",
         "WarmStartResult",

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from actors.learner import LearnerConfig, read_metrics
+from actors.learner import LearnerConfig
 from actors.learner._actor import LearnerActor
 from actors.policy import CharTokenizer, encode_prompt
 from actors.protocol import ScoredMsg
@@ -146,16 +146,7 @@ async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:
 
 
 def effective_applied(run_dir: Path) -> list[str]:
-    """Message ids whose effect is in the final weights: each incarnation's applications up to the step the next
-    incarnation resumed from (later ones were rolled back with the weights), plus all of the last one's."""
-    applied = read_metrics(run_dir, "applied")
-    resumes = read_metrics(run_dir, "lifecycle").filter(event="resume").sort("ts")
-    incarnations = sorted(set(read_metrics(run_dir, "lifecycle")["incarnation"].to_list()))
-    ids: list[str] = []
-    for index, incarnation in enumerate(incarnations):
-        rows = applied.filter(incarnation=incarnation)
-        if index + 1 < len(incarnations):
-            resumed_at = resumes.filter(incarnation=incarnations[index + 1])["step"].item()
-            rows = rows.filter(rows["step"] <= resumed_at)
-        ids.extend(rows["message_id"].to_list())
-    return ids
+    """Message ids whose effect is in the final weights (`actors.learner.effective_applied`)."""
+    from actors.learner import effective_applied as rows
+
+    return list(rows(run_dir)["message_id"].to_list())
