@@ -124,6 +124,7 @@ class LearnerActor(Actor[LearnerConfig]):
             weights,
             config.batch_size,
             fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
+            partial_after_s=config.partial_batch_after_s,
             buffer_size=config.buffer_size,
         )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet

@@ -65,6 +65,9 @@ class LearnerConfig(SpecModel):
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain
     buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits
     fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others
+    # train a batch short of batch_size once its oldest sample waited this long (users' feedback at low traffic
+    # reaches a version in bounded time); null: always wait for batch_size
+    partial_batch_after_s: float | None = Field(default=None, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
     weight_transport: Literal["auto", "object-store", "disk", "distributed"] = "auto"  # how generators get weights;
     #   auto: disk on the local runtime (every replica shares the run dir: no bus round trip), the bus's object store
