@@ -1,0 +1,196 @@
+"""The always-on service end to end, as users see it: `flywheel up` (real processes, real nats-server), users sending
+requests and feedback over HTTP, and every actor of the production loop SIGKILLed in turn while they do.
+
+The property (the three ledgers agree): every request the gateway acknowledged is in the recorder's parquet exactly
+once; every feedback the gateway accepted is recorded, and applied by the learner exactly once — counted from the
+learner's audit trail (`actors.learner.effective_applied`: what is in the final weights), not from its counters.
+Meanwhile the gate keeps deciding (its log grows after its own restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from actors.learner import effective_applied, read_metrics
+from actors.protocol import read_recordings
+from actors.replay import read_decisions
+from tests.topology.runtime._helpers import status_json, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = """\
+name: svc-crash
+bus: {embedded: true, ack_wait_s: 5, max_deliver: 50}
+runtime:
+  run_dir: runs
+  heartbeat_s: 0.3
+  restart: {max_restarts: 5, window_s: 120, backoff_s: 0.2, backoff_max_s: 1}
+policy:
+  model: builtin:tiny-gpt
+  config: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}
+  warm_start: {steps: 0}
+domains:
+  production: {source: "jsonl:production.jsonl", verifier: math, group_size: 1, heldout: 4, max_new_tokens: 4}
+actors:
+  serving:
+    kind: generator
+    consumes: []
+    publishes: []
+    serve: true
+    follow: serving
+    max_batch_size: 16
+    resources: {num_cpus: 0.25}
+  gateway: {port: 0, default_max_tokens: 4, request_timeout_s: 10, resources: {num_cpus: 0.25}}
+  joiner: {resources: {num_cpus: 0}}
+  recorder: {flush_every_s: 1, resources: {num_cpus: 0}}
+  learner:
+    resources: {num_cpus: 0.5}
+    batch_size: 8
+    checkpoint_every_steps: 2
+    eval_every_steps: 0
+    partial_batch_after_s: 2
+    publish_min_interval_s: 1
+    metrics_flush_s: 0.5
+  gate:
+    resources: {num_cpus: 0.25}
+    replay_from: traffic
+    min_samples: 4
+    max_samples: 16
+    greedy: true
+    rollback_check_s: 2
+"""
+KILLED = ("gateway", "joiner", "recorder", "learner", "serving", "gate")
+
+
+class Users:
+    """A few users: each sends a prompt, then rates the answer at once (retrying until the gateway accepts it)."""
+
+    def __init__(self, url: str, key: str, prompts: list[str]) -> None:
+        self.url, self.key, self.prompts = url, key, prompts
+        self.acknowledged: set[str] = set()
+        self.accepted: set[str] = set()
+        self.failures = 0
+
+    async def user(self, index: int, stop: asyncio.Event) -> None:
+        rng = random.Random(index)
+        async with httpx.AsyncClient(timeout=15) as http:
+            while not stop.is_set():
+                body = {"model": "flywheel", "prompt": rng.choice(self.prompts), "max_tokens": 4}
+                try:
+                    response = await http.post(f"{self.url}/v1/completions", json=body)
+                except httpx.HTTPError:
+                    response = None
+                if response is None or response.status_code != 200:
+                    self.failures += 1
+                    await asyncio.sleep(0.3)
+                    continue
+                rid = response.json()["id"]
+                self.acknowledged.add(rid)
+                rating = {"request_id": rid, "score": float(rng.random() < 0.5)}
+                while not stop.is_set():
+                    try:
+                        fb = await http.post(
+                            f"{self.url}/v1/feedback", json=rating, headers={"Authorization": f"Bearer {self.key}"}
+                        )
+                        if fb.status_code == 200:
+                            self.accepted.add(rid)
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.3)
+
+
+def pid_of(run_dir: Path, actor: str) -> int | None:
+    for row in status_json(run_dir).get("replicas", []):
+        if row["actor"] == actor and row["state"] == "running":
+            return int(row["pid"])
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_actor_killed_in_turn_and_the_three_ledgers_agree(tmp_path: Path) -> None:
+    rows = [f"{a}+{b}=" for a in range(10) for b in range(4)]
+    (tmp_path / "production.jsonl").write_text(
+        "\n".join(json.dumps({"prompt": p, "verifier_fields": {"answer": str(eval(p[:-1]))}}) for p in rows) + "\n"
+    )
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("FLYWHEEL_API_KEYS", None)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "topology.cli", "up", str(tmp_path / "spec.yaml"), "--every", "1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert up.stdout is not None
+    url = key_file = ""
+    output: list[str] = []
+    while not (url and key_file):
+        line = up.stdout.readline()
+        assert line, "flywheel up ended early:\n" + "".join(output[-30:])
+        output.append(line)
+        if line.startswith("gateway:") and "API key in" in line:
+            key_file = line.split("API key in", 1)[1].strip()
+        elif line.startswith("gateway:"):
+            url = line.split(None, 1)[1].strip()
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    users = Users(url, Path(key_file).read_text().strip(), rows)
+    kills: list[tuple[str, int]] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(users.user(i, stop)) for i in range(4)]
+        await asyncio.sleep(6)
+        for actor in KILLED:
+            pid = await asyncio.to_thread(wait_for, f"{actor} running", lambda a=actor: pid_of(run_dir, a), 60)
+            os.kill(pid, signal.SIGKILL)
+            kills.append((actor, pid))
+            await asyncio.sleep(5)
+        await asyncio.to_thread(wait_for, "every replica back", lambda: all(pid_of(run_dir, a) for a in KILLED), 60)
+        await asyncio.sleep(3)
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(scenario())
+
+        def settled() -> bool:
+            applied = read_metrics(run_dir, "applied")
+            return applied.height > 0 and users.accepted <= set(applied["task_id"].to_list())
+
+        wait_for("every accepted feedback applied", settled, timeout_s=60, every_s=1)
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=60)
+        output.append(rest)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, "".join(output[-40:])
+    assert len(kills) == len(KILLED), kills
+    assert len(users.acknowledged) > 50 and len(users.accepted) > 50
+
+    recorded = read_recordings(run_dir, "traffic")["request_id"].to_list()
+    assert users.acknowledged <= set(recorded), "an acknowledged request is missing from the recordings"
+    assert len(recorded) == len(set(recorded)), "a request was recorded twice"
+    feedback = read_recordings(run_dir, "feedback")["request_id"].to_list()
+    assert users.accepted <= set(feedback), "an accepted feedback is missing from the recordings"
+
+    applied: list[str] = [str(m) for m in effective_applied(run_dir)["message_id"].to_list()]
+    assert all(m.startswith("joined.") for m in applied)
+    once = [m.removeprefix("joined.") for m in applied]
+    assert sorted(once) == sorted(set(once)), "a feedback was applied twice"
+    assert set(once) == users.accepted, "applied feedback differs from what the gateway accepted"
+    assert len({e["version"] for e in read_decisions(run_dir)}) >= 2  # the gate decided, before and after its kill
