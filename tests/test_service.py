@@ -194,3 +194,71 @@ def test_every_actor_killed_in_turn_and_the_three_ledgers_agree(tmp_path: Path) 
     assert sorted(once) == sorted(set(once)), "a feedback was applied twice"
     assert set(once) == users.accepted, "applied feedback differs from what the gateway accepted"
     assert len({e["version"] for e in read_decisions(run_dir)}) >= 2  # the gate decided, before and after its kill
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_shipped_service_spec_answers_the_official_openai_client(tmp_path: Path) -> None:
+    """`flywheel up specs/service.yaml` as a user runs it: the URL and the key file are printed; the official client
+    gets chat, streaming, completions and models; bad input is an OpenAI-shaped 4xx; feedback needs the key."""
+    import openai
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLYWHEEL_GATEWAY_PORT": "0", "FLYWHEEL_METRICS_PORT": "0"}
+    env.pop("FLYWHEEL_API_KEYS", None)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "topology.cli", "up", "specs/service.yaml", "--run-dir", str(tmp_path), "--every", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert up.stdout is not None
+    seen: dict[str, str] = {}
+    output: list[str] = []
+    try:
+        while len(seen) < 3:
+            line = up.stdout.readline()
+            assert line, "flywheel up ended early:\n" + "".join(output[-30:])
+            output.append(line)
+            if line.startswith("gateway:") and "API key in" in line:
+                seen["key_file"] = line.split("API key in", 1)[1].strip()
+            elif line.startswith("gateway:"):
+                seen["url"] = line.split(None, 1)[1].strip()
+            elif line.startswith("metrics: "):
+                seen["metrics"] = line.split(None, 1)[1].strip()
+        assert seen["key_file"].startswith(str(tmp_path)) and seen["key_file"].endswith("/gateway/api_key")
+        key = Path(seen["key_file"]).read_text().strip()
+        client = openai.OpenAI(base_url=seen["url"] + "/v1", api_key=key, max_retries=0, timeout=30)
+        assert [m.id for m in client.models.list().data] == ["flywheel"]
+        chat = client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "7+5+9+3="}])
+        assert chat.id.startswith("fw-") and isinstance(chat.choices[0].message.content, str)
+        done = client.completions.create(model="flywheel", prompt="7+5+9+3=", max_tokens=8)
+        assert done.id.startswith("fw-") and done.choices[0].finish_reason in ("stop", "length")
+        chunks = list(
+            client.chat.completions.create(
+                model="flywheel", messages=[{"role": "user", "content": "1+2="}], stream=True
+            )
+        )
+        assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.completions.create(model="flywheel", prompt="x", max_tokens=100_000)
+        assert bad.value.status_code == 400 and "max_tokens" in str(bad.value)
+        refused = httpx.post(seen["url"] + "/v1/feedback", json={"request_id": done.id, "score": 1}, timeout=10)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "missing_api_key"
+        accepted = httpx.post(
+            seen["url"] + "/v1/feedback",
+            json={"request_id": done.id, "label": "thumbs_up"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+        assert accepted.status_code == 200 and accepted.json()["request_id"] == done.id
+        assert "flywheel_replica_up" in httpx.get(seen["metrics"], timeout=10).text
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
