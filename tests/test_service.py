@@ -229,6 +229,11 @@ def test_the_shipped_service_spec_answers_the_official_openai_client(tmp_path: P
                 seen["metrics"] = line.split(None, 1)[1].strip()
         assert seen["key_file"].startswith(str(tmp_path)) and seen["key_file"].endswith("/gateway/api_key")
         key = Path(seen["key_file"]).read_text().strip()
+
+        def healthy() -> bool:  # the serving generator answers (it starts beside the gateway, not before it)
+            return httpx.get(seen["url"] + "/healthz", timeout=5).status_code == 200
+
+        wait_for("the serving generator", healthy, timeout_s=90, every_s=0.5)
         client = openai.OpenAI(base_url=seen["url"] + "/v1", api_key=key, max_retries=0, timeout=30)
         assert [m.id for m in client.models.list().data] == ["flywheel"]
         chat = client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "7+5+9+3="}])
