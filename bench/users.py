@@ -122,7 +122,7 @@ def variant_spec(name: str, checkpoint: Path, folder: Path, overrides: dict[str,
     data["name"] = f"users-{name}"
     data["runtime"]["run_dir"] = str(folder / "runs")
     data["runtime"]["metrics_port"] = 0
-    data["actors"]["gateway"]["port"] = 0
+    data["actors"]["gateway"]["port"] = free_port()  # fixed for the run: a restarted gateway comes back at the same URL
     data["policy"]["checkpoint"] = str(checkpoint)
     for domain in data["domains"].values():
         for key in ("source", "heldout"):
@@ -138,6 +138,14 @@ def variant_spec(name: str, checkpoint: Path, folder: Path, overrides: dict[str,
     path = folder / f"{name}.yaml"
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -307,24 +315,29 @@ async def send_feedback(pop: Population, http: Any, request: Request, *, until: 
         await asyncio.sleep(0.5)
 
 
-async def feedback_loop(pop: Population, stop_at: float, grace_s: float) -> None:
-    """Send each rating when due; after ``stop_at`` the ones still pending go at once (within ``grace_s``)."""
+async def feedback_loop(pop: Population, stop_at: float, grace_s: float, senders: int = 16) -> None:
+    """Send each rating when due by ``senders`` workers (a gateway that is down is retried, never stormed); after
+    ``stop_at`` the ones still pending go at once (within ``grace_s``)."""
     import httpx
 
+    ready: asyncio.Queue[Request | None] = asyncio.Queue()
+
+    async def sender(http: Any) -> None:
+        while (request := await ready.get()) is not None:
+            await send_feedback(pop, http, request, until=stop_at + grace_s)
+
     async with httpx.AsyncClient() as http:
-        pending: set[asyncio.Task[None]] = set()
+        workers = [asyncio.ensure_future(sender(http)) for _ in range(senders)]
         while time.time() < stop_at + grace_s:
             now = time.time()
             while pop.due and (pop.due[0][0] <= now or now >= stop_at):
-                _, _, request = heapq.heappop(pop.due)
-                task = asyncio.ensure_future(send_feedback(pop, http, request, until=stop_at + grace_s))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-            if now >= stop_at and not pop.due and not pending:
-                return
+                ready.put_nowait(heapq.heappop(pop.due)[2])
+            if now >= stop_at and not pop.due and ready.empty():
+                break
             await asyncio.sleep(0.05)
-        for task in list(pending):
-            task.cancel()
+        for _ in workers:
+            ready.put_nowait(None)
+        await asyncio.gather(*workers)
 
 
 async def reviewer(pop: Population, run_dir: Path, stop_at: float) -> None:
@@ -372,7 +385,13 @@ async def killer(
     try:
         for index, actor in enumerate(actors):
             await asyncio.sleep(max(0.0, start_at + index * step - time.time()))
-            records = await read_status(bus, info.topology, [(actor, 0)])
+            records = []
+            for _ in range(10):  # a heartbeat read that times out under load is tried again
+                try:
+                    records = await read_status(bus, info.topology, [(actor, 0)])
+                    break
+                except Exception:
+                    await asyncio.sleep(1.0)
             if not records or records[0].state != "running":
                 log.append(
                     {"actor": actor, "ts": time.time(), "killed": False, "state": records[0].state if records else None}
@@ -627,21 +646,23 @@ def run_variant(name: str, opts: argparse.Namespace, checkpoint: Path, folder: P
         opts.seed,
         opts.users,
     )
-    time.sleep(opts.warmup)  # the first version is promoted, the serving generator swaps it in
-    started = time.time()
     actors = [a for a in KILL_ORDER if a in json.loads(spec_path.read_text())["actors"]]
-    kills = asyncio.run(drive(service, pop, opts.duration, opts.kill, actors))
-    ended = time.time()
-    accepted = {r.rid for r in pop.requests if r.feedback is not None}
-    wait_settled(service.run_dir, accepted, timeout_s=90)
-    service.proc.send_signal(signal.SIGINT)
     try:
-        service.proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        service.proc.kill()
-        service.proc.wait()
-    stop[0] = True
-    collector.join(timeout=5)
+        time.sleep(opts.warmup)  # the first version is promoted, the serving generator swaps it in
+        started = time.time()
+        kills = asyncio.run(drive(service, pop, opts.duration, opts.kill, actors))
+        ended = time.time()
+        accepted = {r.rid for r in pop.requests if r.feedback is not None}
+        wait_settled(service.run_dir, accepted, timeout_s=90)
+    finally:  # whatever happened, the service stops (a drain, then SIGKILL)
+        service.proc.send_signal(signal.SIGINT)
+        try:
+            service.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            service.proc.kill()
+            service.proc.wait()
+        stop[0] = True
+        collector.join(timeout=5)
     ledger_path = folder / f"ledger-{name}.jsonl"
     with open(ledger_path, "w") as out:
         for request in pop.requests:

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ actors:
     follow: serving
     max_batch_size: 16
     resources: {num_cpus: 0.25}
-  gateway: {port: 0, default_max_tokens: 4, request_timeout_s: 10, resources: {num_cpus: 0.25}}
+  gateway: {port: PORT, default_max_tokens: 4, request_timeout_s: 10, resources: {num_cpus: 0.25}}
   joiner: {resources: {num_cpus: 0}}
   recorder: {flush_every_s: 1, resources: {num_cpus: 0}}
   learner:
@@ -123,7 +124,10 @@ def test_every_actor_killed_in_turn_and_the_three_ledgers_agree(tmp_path: Path) 
     (tmp_path / "production.jsonl").write_text(
         "\n".join(json.dumps({"prompt": p, "verifier_fields": {"answer": str(eval(p[:-1]))}}) for p in rows) + "\n"
     )
-    (tmp_path / "spec.yaml").write_text(SPEC)
+    with socket.socket() as sock:  # a fixed port: the restarted gateway is where users know it is
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("PORT", str(port)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("FLYWHEEL_API_KEYS", None)
     up = subprocess.Popen(
@@ -159,7 +163,8 @@ def test_every_actor_killed_in_turn_and_the_three_ledgers_agree(tmp_path: Path) 
             kills.append((actor, pid))
             await asyncio.sleep(5)
         await asyncio.to_thread(wait_for, "every replica back", lambda: all(pid_of(run_dir, a) for a in KILLED), 60)
-        await asyncio.sleep(3)
+        after_kills = len(users.accepted)
+        await asyncio.to_thread(wait_for, "users served again", lambda: len(users.accepted) > after_kills + 20, 60)
         stop.set()
         await asyncio.gather(*tasks)
 

@@ -17,7 +17,7 @@ def test_variant_specs_validate(tmp_path: Path, name: str) -> None:
     checkpoint.write_bytes(b"")  # only its path is written into the spec
     path = variant_spec(name, checkpoint, tmp_path, {"actors": {"learner": {"lr": 3.0e-4}}})
     spec = load_spec(path)
-    assert spec.actors["gateway"].config.port == 0  # type: ignore[attr-defined]
+    assert spec.actors["gateway"].config.port > 0  # type: ignore[attr-defined]  # fixed: a restart comes back there
     assert spec.runtime.metrics_port == 0 and spec.runtime.run_dir == tmp_path / "runs"
     assert spec.actors["learner"].config.lr == 3.0e-4  # type: ignore[attr-defined]
     data = json.loads(path.read_text())
