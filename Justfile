@@ -51,6 +51,11 @@ bench *ARGS: bootstrap
         if [ -f bench/$b.py ]; then {{py}} bench/$b.py {{ARGS}}; fi; \
     done
 
+# Simulated users against specs/service.yaml (bench/users.py): served accuracy over time, feedback-to-serving latency,
+# promotions and rollbacks, the three ledgers. `just users --quick` takes about 90 s; `--duration 600 --kill` the full one.
+users *ARGS: bootstrap
+    {{py}} bench/users.py {{ARGS}}
+
 # Check every example spec.
 validate: bootstrap
     {{py}} -m topology.cli validate specs/*.yaml

@@ -43,7 +43,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.learner import read_metrics  # noqa: E402
+from actors.learner import effective_applied, read_metrics  # noqa: E402
 from actors.protocol import read_recordings  # noqa: E402
 
 API_KEY = "soak-key-0123456789"
@@ -223,31 +223,17 @@ class Client(threading.Thread):
 
 
 def learner_checks(run_dir: Path) -> dict[str, Any]:
-    applied = read_metrics(run_dir, "applied")
     lifecycle = read_metrics(run_dir, "lifecycle")
     steps = read_metrics(run_dir, "step")
-    order = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
-    incarnations = order["incarnation"].to_list()
+    kept = effective_applied(run_dir)
+    incarnations = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
+    incarnations = incarnations["incarnation"].to_list()
     resumes = {r["incarnation"]: r["step"] for r in lifecycle.filter(event="resume").iter_rows(named=True)}
-    checkpoints = lifecycle.filter(event="checkpoint")
-    effective: list[str] = []
+    effective: list[str] = kept["message_id"].to_list() if kept.height else []
     lineage: list[int] = []
-    for index, incarnation in enumerate(incarnations):
-        rows = applied.filter(incarnation=incarnation) if applied.height else applied
-        later = [resumes[i] for i in incarnations[index + 1 :] if i in resumes]
-        if later and rows.height:
-            # up to the checkpoint the next life resumed from, by time: groups without signal are accounted at the
-            # step the learner is at, also after that step's checkpoint (rolled back with it); by step if its row
-            # was never flushed
-            written = checkpoints.filter(
-                checkpoints["incarnation"].is_in(incarnations[: index + 1]) & (checkpoints["step"] == later[0])
-            )
-            if written.height:
-                rows = rows.filter(rows["ts"] <= written["ts"].max())
-            else:
-                rows = rows.filter(rows["step"] <= later[0])
-        effective += rows["message_id"].to_list()
-        lineage += sorted(set(rows["step"].to_list()))
+    for incarnation in incarnations:
+        rows = kept.filter(incarnation=incarnation) if kept.height else kept
+        lineage += sorted(set(rows["step"].to_list())) if rows.height else []
     doubled = sorted(mid for mid, n in Counter(effective).items() if n > 1)
     versions = steps.sort("ts")["version"].to_list() if steps.height else []
     went_back = sum(1 for a, b in itertools.pairwise(versions) if b < a)

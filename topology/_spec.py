@@ -153,6 +153,10 @@ class RuntimeSpec(SpecModel):
     run_dir: Path = Path("runs")  # run directories go under it; relative to the spec file
     restart: RestartSpec = RestartSpec()
     heartbeat_s: float = Field(default=1.0, gt=0)  # how often each replica reports its state and counters
+    # flywheel up serves every replica's state and numeric counters as Prometheus metrics on this port
+    # (http://<metrics_host>:<port>/metrics); 0 picks a free one (printed at start); null: no endpoint
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"  # interface of the metrics endpoint; 0.0.0.0 exposes it to the network
     address: str | None = None  # kind: ray only — cluster address ("auto", "ray://host:10001"); null starts one
     # kind: ray only — how replicas spread over the cluster's nodes. null: Ray's default, each replica placed
     # on its own; spread: one placement group, bundles on as many nodes as possible; pack: one placement

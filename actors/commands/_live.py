@@ -9,10 +9,17 @@ and needs no extra channel. It reads these counter names (absent ones are simply
 
 The first held-out accuracy seen per domain is kept as the baseline (the learner evaluates right after the
 warm start), so the view shows how far each domain has climbed.
+
+With a production loop (a gateway, a joiner or a gate) a service line follows: the version serving users (the
+gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
+requests/s (the gateway replicas' ``requests``, differenced between two looks), feedback joined and waiting (the
+joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users rate them (the joiner's
+``feedback_score``: mean score of the last 200 ratings) and the gate's ``last_decision``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +32,15 @@ _PHASES: dict[float, str] = {0: "warmstart", 1: "rl"}  # counters are numbers: t
 @dataclass
 class LearningView:
     baseline: dict[str, float] = field(default_factory=dict)
+    _requests: tuple[float, float] | None = None  # (monotonic time, requests served) at the previous look
+    _rate: float | None = None
 
     def summarize(self, records: Iterable[Any]) -> dict[str, Any] | None:
         learner: dict[str, Any] = {}
         tokens_per_s = 0.0
         gen_versions: list[float] = []
+        service: dict[str, Any] = {}
+        serving_versions: list[float] = []
         for record in records:
             counters = dict(getattr(record, "counters", {}) or {})
             kind = getattr(record, "kind", "") or ""
@@ -39,7 +50,28 @@ class LearningView:
                 tokens_per_s += float(counters.get("tokens_per_s", 0.0))
                 if "version" in counters:
                     gen_versions.append(float(counters["version"]))
-        if not learner and not gen_versions:
+                    if "serve_requests" in counters:
+                        serving_versions.append(float(counters["version"]))
+            elif kind == "gateway":
+                service["requests"] = service.get("requests", 0.0) + float(counters.get("requests", 0.0))
+                service["feedback_accepted"] = service.get("feedback_accepted", 0.0) + float(
+                    counters.get("feedback", 0.0)
+                )
+            elif kind == "joiner":
+                service["joined"] = service.get("joined", 0.0) + float(counters.get("feedback.joined", 0.0))
+                service["waiting"] = service.get("waiting", 0.0) + float(counters.get("feedback_waiting", 0.0))
+                if "feedback_score" in counters:
+                    service["users_score"] = float(counters["feedback_score"])
+            elif kind == "gate":
+                if "serving_version" in counters:
+                    service["serving"] = float(counters["serving_version"])
+                if counters.get("last_decision"):
+                    service["last_decision"] = str(counters["last_decision"])
+        if service:
+            if "serving" not in service and serving_versions:
+                service["serving"] = min(serving_versions)
+            service["requests_per_s"] = self._requests_per_s(service.get("requests"))
+        if not learner and not gen_versions and not service:
             return None
         domains = sorted(
             {key.split(".", 1)[1] for key in learner if key.startswith(("reward.", "heldout_acc.", "dropped_stale."))}
@@ -68,13 +100,50 @@ class LearningView:
             "tokens_per_s": tokens_per_s,
             "generator_versions": (min(gen_versions), max(gen_versions)) if gen_versions else None,
             "domains": rows,
+            "service": service or None,
         }
+
+    def _requests_per_s(self, total: float | None) -> float | None:
+        if total is None:
+            return None
+        now = time.monotonic()
+        if self._requests is not None and now - self._requests[0] >= 0.5:
+            then, before = self._requests
+            self._rate = max(0.0, total - before) / (now - then)  # a gateway restart resets its count: not < 0
+        if self._requests is None or now - self._requests[0] >= 0.5:
+            self._requests = (now, total)
+        return self._rate
+
+    @staticmethod
+    def service_line(summary: dict[str, Any]) -> str | None:
+        service = summary.get("service")
+        if not service:
+            return None
+        bits = []
+        if service.get("serving") is not None:
+            bits.append(f"serving v{int(service['serving'])}")
+        if summary.get("version") is not None:
+            bits.append(f"training v{int(summary['version'])}")
+        rate = service.get("requests_per_s")
+        if rate is not None:
+            bits.append(f"{rate:,.1f} req/s")
+        elif service.get("requests") is not None:
+            bits.append(f"{int(service['requests']):,} requests")
+        if "joined" in service:
+            bits.append(f"feedback {int(service['joined']):,} joined, {int(service.get('waiting', 0)):,} waiting")
+        if service.get("users_score") is not None:
+            bits.append(f"users' score {service['users_score']:.2f}")
+        if service.get("last_decision"):
+            bits.append(f"gate: {service['last_decision']}")
+        return "service: " + " · ".join(bits)
 
     def renderable(self, records: Iterable[Any]) -> Any:
         summary = self.summarize(records)
         if summary is None:
             return None
+        from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=self.headline(summary), title_justify="left", show_edge=False, pad_edge=False)
         for column in ("domain", "reward", "held-out acc", "Δ since start", "dropped (stale)"):
@@ -87,13 +156,17 @@ class LearningView:
                 _delta(row["heldout_acc"], row["baseline"]),
                 str(int(row["dropped"] or 0)),
             )
-        return table
+        service = self.service_line(summary)
+        return Group(Text(service), table) if service is not None else table
 
     def line(self, records: Iterable[Any]) -> str | None:
         summary = self.summarize(records)
         if summary is None:
             return None
         parts = [self.headline(summary)]
+        service = self.service_line(summary)
+        if service is not None:
+            parts.append(service)
         for row in summary["domains"]:
             parts.append(
                 f"{row['domain']}: acc {_pct(row['heldout_acc'])} ({_delta(row['heldout_acc'], row['baseline'])})"

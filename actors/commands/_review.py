@@ -1,8 +1,23 @@
-"""``flywheel review``: label queued production samples in the terminal; labels flow back as feedback."""
+"""``flywheel review``: label queued production samples in the terminal; labels flow back as feedback.
+
+Contract:
+- The joiner queues ``review_fraction`` of served requests on ``review``; :func:`review_samples` takes them one by one
+  (consumer group ``review``: every reviewer shares one queue) and asks a ``label`` function for each — the
+  terminal's keyboard here, a scripted reviewer in ``bench/users.py``. ``good`` / ``bad`` are published on
+  ``feedback`` with id ``review.<request id>`` and source ``review`` (the joiner then trains on them as
+  ``origin: review``); ``skip`` takes the sample off the queue without a label; ``quit`` leaves it queued and stops.
+- What users sent and what the model answered is untrusted text: it is shown as plain text — never interpreted as
+  rich markup — with control characters (terminal escapes, bidirectional overrides, zero-width characters)
+  stripped (:func:`plain`).
+
+Non-goals: several labels per sample, free-text corrections.
+"""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +25,8 @@ import anyio
 import click
 
 from actors.commands._promote import connect_run, find_run_dir
+
+__all__ = ["plain", "review", "review_samples"]
 
 _CHOICES = {
     "g": "good",
@@ -22,6 +39,50 @@ _CHOICES = {
     "quit": "quit",
 }
 _SCORES = {"good": 1.0, "bad": 0.0}
+# C0 and C1 controls but newline and tab, DEL, and the invisible format characters that reorder or hide text
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+
+Label = Callable[[Any, Any], Awaitable[str]]  # (TrafficMsg, delivery) → good | bad | skip | quit
+
+
+def plain(text: str) -> str:
+    """``text`` safe to print to a terminal: control and invisible formatting characters removed, tabs as spaces."""
+    return _UNSAFE.sub("", text).replace("\t", "    ")
+
+
+async def review_samples(bus: Any, label: Label, *, limit: int | None = None, wait_s: float = 5.0) -> dict[str, int]:
+    """Label queued samples with ``label`` until ``limit`` labels, a ``quit``, or an empty queue for ``wait_s``;
+    returns the counts of good, bad and skip, and ``empty`` 1 when it stopped on an empty queue."""
+    from actors.protocol import REVIEW_SOURCE, TrafficMsg
+
+    counts = {"good": 0, "bad": 0, "skip": 0, "empty": 0}
+    async with bus.consume("review", "review", model=TrafficMsg, batch=1) as queue:
+        while limit is None or counts["good"] + counts["bad"] < limit:
+            delivery: Any = None
+            with anyio.move_on_after(wait_s):
+                delivery = await queue.__anext__()
+            if delivery is None:
+                counts["empty"] = 1
+                break
+            sample: TrafficMsg = delivery.payload
+            answer = await label(sample, delivery)
+            if answer == "quit":
+                await delivery.nak()
+                break
+            if answer in _SCORES:
+                feedback = {
+                    "request_id": sample.request_id,
+                    "score": _SCORES[answer],
+                    "label": answer,
+                    "comment": "",
+                    "ts": time.time(),
+                }
+                await bus.publish(
+                    "feedback", "feedback", feedback, id=f"review.{sample.request_id}", source=REVIEW_SOURCE
+                )
+            counts[answer] += 1
+            await delivery.ack()
+    return counts
 
 
 @click.command()
@@ -39,7 +100,7 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
     """Label the samples the joiner queued for human review (joiner: review_fraction > 0).
 
     \b
-    For each one: the prompt and the served completion, then
+    For each one: the prompt and the served completion (as plain text), then
       g / good   the completion is good   → feedback score 1
       b / bad    the completion is bad    → feedback score 0
       s / skip   no label (taken off the queue)
@@ -57,44 +118,24 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
 async def _review(run_dir: Path, limit: int | None, wait_s: float) -> dict[str, int]:
     from rich.console import Console
     from rich.panel import Panel
-
-    from actors.protocol import REVIEW_SOURCE, TrafficMsg
+    from rich.text import Text
 
     console = Console()
-    counts = {"good": 0, "bad": 0, "skip": 0}
+
+    async def ask(sample: Any, delivery: Any) -> str:
+        where = f"prompt · {sample.request_id} · {sample.domain or '-'}"
+        console.print(Panel(Text(plain(sample.prompt)), title=Text(plain(where))))
+        version = max(sample.completion.versions, default=-1)
+        console.print(Panel(Text(plain(sample.completion.text)), title=Text(f"completion · v{version}")))
+        return await _ask(delivery)
+
     bus = await connect_run(run_dir, "flywheel-review")
     try:
-        async with bus.consume("review", "review", model=TrafficMsg, batch=1) as queue:
-            while limit is None or counts["good"] + counts["bad"] < limit:
-                delivery: Any = None
-                with anyio.move_on_after(wait_s):
-                    delivery = await queue.__anext__()
-                if delivery is None:
-                    console.print("review queue empty")
-                    break
-                sample: TrafficMsg = delivery.payload
-                console.print(Panel(sample.prompt, title=f"prompt · {sample.request_id} · {sample.domain or '-'}"))
-                version = max(sample.completion.versions, default=-1)
-                console.print(Panel(sample.completion.text, title=f"completion · v{version}"))
-                answer = await _ask(delivery)
-                if answer == "quit":
-                    await delivery.nak()
-                    break
-                if answer in _SCORES:
-                    feedback = {
-                        "request_id": sample.request_id,
-                        "score": _SCORES[answer],
-                        "label": answer,
-                        "comment": "",
-                        "ts": time.time(),
-                    }
-                    await bus.publish(
-                        "feedback", "feedback", feedback, id=f"review.{sample.request_id}", source=REVIEW_SOURCE
-                    )
-                counts[answer] += 1
-                await delivery.ack()
+        counts = await review_samples(bus, ask, limit=limit, wait_s=wait_s)
     finally:
         await bus.close()
+    if counts["empty"]:
+        console.print("review queue empty")
     return counts
 
 
@@ -120,6 +161,3 @@ async def _ask(delivery: Any) -> str:
             answer.append("quit")
         tg.cancel_scope.cancel()
     return answer[0]
-
-
-__all__ = ["review"]

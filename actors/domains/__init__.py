@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from actors.domains._domains import DomainSampler as DomainSampler
     from actors.domains._domains import DomainSource as DomainSource
     from actors.domains._domains import domains_from_spec as domains_from_spec
+    from actors.domains._domains import find_task as find_task
     from actors.domains._domains import open_source as open_source
     from actors.domains._extract import ExtractOptions as ExtractOptions
     from actors.domains._jsonl import JsonlSource as JsonlSource
@@ -48,6 +49,7 @@ _EXPORTS = {
     "DomainSource": "_domains",
     "DomainVerifier": "_score",
     "ExtractOptions": "_extract",
+    "find_task": "_domains",
     "heldout_bucket": "_task",
     "JsonlSource": "_jsonl",
     "open_source": "_domains",
@@ -83,6 +85,7 @@ __all__ = [
     "VerifyResult",
     "build_verifier",
     "domains_from_spec",
+    "find_task",
     "heldout_bucket",
     "open_source",
     "read_jsonl_tasks",

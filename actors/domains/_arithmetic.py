@@ -5,12 +5,16 @@ Python precedence (`*` before `+ -`); the reference is `str(eval(expression))`, 
 receives as `verifier_fields = {"answer": "<value>"}`. Key: `arithmetic|<expression>`.
 Bounds (checked at construction): digits 1–4, ops 1–3 → prompts ≤ 20 characters, answers ≤ 17.
 
+`parse(prompt)` rebuilds the task of any such prompt (`12+3*4=`), whatever the options, so served traffic that
+asked one can be scored.
+
 Non-goals: division, parentheses, non-integers (a character-level tiny model must be able to learn it).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,6 +22,9 @@ from actors.domains._builtin import Draw, check_range
 from actors.domains._task import SourceError
 
 __all__ = ["ArithmeticGenerator", "ArithmeticOptions", "evaluate_int_expression"]
+
+_PROMPT = re.compile(r"^(\d{1,4})((?:[-+*]\d{1,4}){1,3})=$")
+_TERM = re.compile(r"([-+*])(\d+)")
 
 
 @dataclass(frozen=True)
@@ -71,3 +78,14 @@ class ArithmeticGenerator:
             reference=answer,
             verifier_fields={"answer": answer},
         )
+
+    def parse(self, prompt: str) -> Draw | None:
+        """The task whose prompt is ``prompt`` (``37+5*12=``), or None when it is not an arithmetic prompt."""
+        match = _PROMPT.match(prompt)
+        if match is None:
+            return None
+        terms = _TERM.findall(match.group(2))
+        numbers = [int(match.group(1)), *(int(n) for _, n in terms)]
+        answer = str(evaluate_int_expression(numbers, [op for op, _ in terms]))
+        expression = prompt[:-1]
+        return Draw(key=f"arithmetic|{expression}", prompt=prompt, reference=answer, verifier_fields={"answer": answer})

@@ -139,6 +139,13 @@ class BuiltinSource:
     def heldout(self) -> list[Task]:
         return list(self._heldout)
 
+    def find(self, prompt: str) -> Task | None:
+        """The task whose prompt is ``prompt``, rebuilt from the text by the generator's ``parse`` (None when the
+        generator has none or the text is not one of its prompts)."""
+        parse = getattr(self.generator, "parse", None)
+        draw = parse(prompt) if parse is not None else None
+        return self._task(draw) if draw is not None else None
+
     def _task(self, draw: Draw) -> Task:
         return Task(
             id=task_id(self.domain, draw.key),

@@ -9,6 +9,8 @@ Contract:
 - `DomainSource.sample(rng)` never returns a task for which `is_heldout` is true, and `heldout()` returns
   only such tasks: the held-out split is disjoint from training (see `_builtin.py`, `_jsonl.py`).
 - Everything is deterministic given the RNG passed to `sample`; `heldout()` does not depend on any seed.
+- `find(prompt)` returns the task whose prompt is exactly that text (None otherwise); `find_task` tries a served
+  request's texts in turn (the prompt as the policy saw it, then what the user typed).
 - `Domain` bundles a source with what the spec says about it (verifier, weight, group size);
   `DomainSampler` draws (domain, task) pairs with probability proportional to the domains' weights.
 
@@ -33,7 +35,15 @@ from actors.domains._pyexpr import PyExprGenerator, PyExprOptions
 from actors.domains._task import SourceError, Task
 from actors.protocol import domains_of
 
-__all__ = ["BUILTIN_SOURCES", "Domain", "DomainSampler", "DomainSource", "domains_from_spec", "open_source"]
+__all__ = [
+    "BUILTIN_SOURCES",
+    "Domain",
+    "DomainSampler",
+    "DomainSource",
+    "domains_from_spec",
+    "find_task",
+    "open_source",
+]
 
 
 @runtime_checkable
@@ -50,6 +60,12 @@ class DomainSource(Protocol):
         ...
 
     def is_heldout(self, task: Task) -> bool: ...
+
+    def find(self, prompt: str) -> Task | None:
+        """The task (training or held-out) whose prompt is exactly ``prompt``, or None: how a served request
+        that asked a domain's prompt gets its verifier fields (builtins rebuild it from the text, files look
+        it up)."""
+        ...
 
 
 def _arithmetic(options: Mapping[str, Any]) -> TaskGenerator:
@@ -196,6 +212,20 @@ def domains_from_spec(spec: Any, names: Iterable[str] | None = None) -> dict[str
             verifier_config=dict(getattr(entry, "verifier_config", None) or {}),
         )
     return out
+
+
+def find_task(domains: Mapping[str, Domain], domain: str | None, texts: Iterable[str]) -> Task | None:
+    """The task of ``domain`` whose prompt is the first of ``texts`` the domain's source knows (None: none is,
+    or the domain is not one of ``domains``)."""
+    found = domains.get(domain or "")
+    if found is None:
+        return None
+    for text in texts:
+        if text:
+            task = found.source.find(text)
+            if task is not None:
+                return task
+    return None
 
 
 class DomainSampler:

@@ -6,6 +6,8 @@ question asks for 1..`ask` of them (in random order). Ages are JSON integers, ev
 Verifier fields (for the `json-fields` verifier): `{"fields": {"age": 36, "city": "Rome"}}` — the expected
 value of every requested key. Key: the prompt text. Bounds: prompts ≤ 40 characters, answers ≤ 40.
 
+`parse(prompt)` rebuilds the task of any such prompt, so served traffic that asked one can be scored.
+
 Non-goals: nested JSON, free-form prose, missing-field questions.
 """
 
@@ -53,6 +55,33 @@ class ExtractGenerator:
         asked = rng.sample(names, rng.randint(1, self.options.ask))
         wanted = {name: record[name] for name in asked}
         prompt = ";".join(f"{k}={v}" for k, v in record.items()) + "?" + ",".join(asked)
+        return Draw(
+            key=f"extract|{prompt}",
+            prompt=prompt,
+            reference=json.dumps(wanted, separators=(",", ":")),
+            verifier_fields={"fields": wanted},
+        )
+
+    def parse(self, prompt: str) -> Draw | None:
+        """The task whose prompt is ``prompt`` (``name=Ada;age=36?age``), or None when it is not one."""
+        record_text, sep, asked_text = prompt.partition("?")
+        if not sep or not record_text or not asked_text:
+            return None
+        record: dict[str, Any] = {}
+        for part in record_text.split(";"):
+            name, eq, value = part.partition("=")
+            if not eq or name not in _VALUES or name in record or not value:
+                return None
+            if name == "age":
+                if not value.isdigit():
+                    return None
+                record[name] = int(value)
+            else:
+                record[name] = value
+        asked = asked_text.split(",")
+        if len(set(asked)) != len(asked) or any(name not in record for name in asked):
+            return None
+        wanted = {name: record[name] for name in asked}
         return Draw(
             key=f"extract|{prompt}",
             prompt=prompt,

@@ -15,6 +15,9 @@ Held-out split: an integer `heldout` n holds out the n rows with the smallest `h
 (deterministic, independent of row order and seed); `jsonl:<path>` holds out every row of that file and
 removes rows with the same key or prompt from training. Training samples uniformly among the rest.
 
+`find(prompt)` returns the row with exactly that prompt (training or held-out): how served traffic that asked a
+file's prompt gets the row's verifier fields back (replay, the gate, the joiner).
+
 Non-goals: streaming files that do not fit in memory; per-row weights.
 """
 
@@ -141,6 +144,7 @@ class JsonlSource:
         self._train = train
         self._heldout = held
         self._heldout_keys = frozenset(t.key for t in held) | frozenset(t.prompt for t in held)
+        self._by_prompt = {t.prompt: t for t in [*tasks, *held]}
 
     def is_heldout(self, task: Task) -> bool:
         return task.key in self._heldout_keys or task.prompt in self._heldout_keys
@@ -150,6 +154,10 @@ class JsonlSource:
 
     def heldout(self) -> list[Task]:
         return list(self._heldout)
+
+    def find(self, prompt: str) -> Task | None:
+        """The row (training or held-out) whose prompt is exactly ``prompt``."""
+        return self._by_prompt.get(prompt)
 
     def __len__(self) -> int:
         return len(self._train)

@@ -10,6 +10,8 @@ Verifier fields (for the `python-expr` verifier, which evaluates the completion 
 evaluate to `target`. Without the pattern the literal `17` would score, so the verifier must apply it.
 Key: `pyexpr|<digits>|<target>|<operators>`. Bounds: terms 2–5 → prompts ≤ 40 characters, answers ≤ 9.
 
+`parse(prompt)` rebuilds the task of any such prompt, so served traffic that asked one can be scored.
+
 Non-goals: parentheses, multi-digit operands, division.
 """
 
@@ -26,6 +28,8 @@ from actors.domains._builtin import Draw, check_range
 from actors.domains._task import SourceError
 
 __all__ = ["PyExprGenerator", "PyExprOptions"]
+
+_PROMPT = re.compile(r"^([1-9](?: [1-9]){1,4}) -> (-?\d+) \(python, ([-+*]{1,3})\):$")
 
 
 @dataclass(frozen=True)
@@ -55,21 +59,40 @@ class PyExprGenerator:
     def draw(self, rng: random.Random) -> Draw:
         digits = [rng.randint(1, 9) for _ in range(self.options.terms)]
         chosen = [rng.choice(self._operators) for _ in range(self.options.terms - 1)]
-        target = evaluate_int_expression(digits, chosen)
-        reference = next(
+        draw = _task(digits, evaluate_int_expression(digits, chosen), self._operators)
+        assert draw is not None  # the drawn operators reach the target
+        return draw
+
+    def parse(self, prompt: str) -> Draw | None:
+        """The task whose prompt is ``prompt`` (``3 5 2 -> 17 (python, +-*):``), or None when it is not one (or no
+        choice of the listed operators reaches its target)."""
+        match = _PROMPT.match(prompt)
+        if match is None or len(set(match.group(3))) != len(match.group(3)):
+            return None
+        digits = [int(d) for d in match.group(1).split()]
+        return _task(digits, int(match.group(2)), sorted(match.group(3), key="+-*".index))
+
+
+def _task(digits: list[int], target: int, operators: list[str]) -> Draw | None:
+    reference = next(
+        (
             _join(digits, ops)
-            for ops in itertools.product(self._operators, repeat=len(chosen))
+            for ops in itertools.product(operators, repeat=len(digits) - 1)
             if evaluate_int_expression(digits, list(ops)) == target
-        )
-        shown = " ".join(map(str, digits))
-        op_class = "[" + "".join(re.escape(op) for op in self._operators) + "]"
-        pattern = r"\s*" + rf"\s*{op_class}\s*".join(map(str, digits)) + r"\s*"
-        return Draw(
-            key=f"pyexpr|{''.join(map(str, digits))}|{target}|{''.join(self._operators)}",
-            prompt=f"{shown} -> {target} (python, {''.join(self._operators)}):",
-            reference=reference,
-            verifier_fields={"target": target, "pattern": pattern},
-        )
+        ),
+        None,
+    )
+    if reference is None:
+        return None
+    shown = " ".join(map(str, digits))
+    op_class = "[" + "".join(re.escape(op) for op in operators) + "]"
+    pattern = r"\s*" + rf"\s*{op_class}\s*".join(map(str, digits)) + r"\s*"
+    return Draw(
+        key=f"pyexpr|{''.join(map(str, digits))}|{target}|{''.join(operators)}",
+        prompt=f"{shown} -> {target} (python, {''.join(operators)}):",
+        reference=reference,
+        verifier_fields={"target": target, "pattern": pattern},
+    )
 
 
 def _join(digits: list[int], ops: tuple[str, ...]) -> str:

@@ -12,12 +12,13 @@ from actors.gateway._config import GatewayConfig
 from topology import lazy_exports
 
 if TYPE_CHECKING:
-    from actors.gateway._actor import GatewayActor, read_api_keys
+    from actors.gateway._actor import GatewayActor, generated_api_key, read_api_keys
     from actors.gateway._app import ApiError, ApiKeys, Gateway
     from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
 
 _LAZY = {
     "GatewayActor": "_actor",
+    "generated_api_key": "_actor",
     "read_api_keys": "_actor",
     "ApiError": "_app",
     "ApiKeys": "_app",
@@ -40,6 +41,7 @@ __all__ = [
     "NoGenerators",
     "ServeCall",
     "ServeClient",
+    "generated_api_key",
     "read_api_keys",
 ]
 

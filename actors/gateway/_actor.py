@@ -1,10 +1,12 @@
 """The gateway actor: uvicorn serving :class:`~actors.gateway._app.Gateway` inside the actor's event loop.
 
 Lifecycle: ``start`` loads the policy's tokenizer (never its weights), the API keys (the env var named by
-``api_keys_env`` and/or ``api_keys_file``; never the spec text), binds the socket (``port: 0`` picks a free
-one) and subscribes to generator replies; ``run`` serves until ``ctx.stopping``, then lets open requests
-finish (up to ``request_timeout_s``); ``stop`` releases the socket. ``report()`` adds ``url`` to the
-counters, so heartbeats — and ``flywheel up`` / ``flywheel status`` — show where the gateway listens.
+``api_keys_env`` and/or ``api_keys_file``; never the spec text; with neither and ``generate_api_key``, the key in
+``<run_dir>/<actor>/api_key``, made on first start: see :func:`generated_api_key`), binds the socket (``port: 0``
+picks a free one) and subscribes to generator replies; ``run`` serves until ``ctx.stopping``, then lets open
+requests finish (up to ``request_timeout_s``); ``stop`` releases the socket. ``report()`` adds ``url`` (and
+``api_key_file`` for a generated key) to the counters, so heartbeats — and ``flywheel up`` / ``flywheel status`` —
+show where the gateway listens and where its key is.
 
 Non-goals: TLS, HTTP/2, several workers per replica (run more replicas behind a load balancer instead).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 from collections.abc import Generator
 from pathlib import Path
@@ -30,7 +33,7 @@ from actors.gateway._prompt import PromptBuilder, load_tokenizer
 from actors.protocol import ping_subject, policy_of
 from topology.runtime import Actor, ActorContext
 
-__all__ = ["GatewayActor", "read_api_keys"]
+__all__ = ["GatewayActor", "generated_api_key", "read_api_keys"]
 
 
 def read_api_keys(config: GatewayConfig, spec_dir: Path) -> list[str]:
@@ -45,6 +48,31 @@ def read_api_keys(config: GatewayConfig, spec_dir: Path) -> list[str]:
             raise ValueError(f"api_keys_file: cannot read {path}: {exc.strerror or exc}") from None
         keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     return keys
+
+
+def generated_api_key(path: Path) -> str:
+    """The key in ``path``, made first when the file does not exist: 32 random bytes (URL-safe), mode 0600.
+
+    The file appears whole or not at all (written beside it, then hard-linked into place, which fails when it
+    exists), so replicas starting together and a restarted gateway all end up with the one key of the run.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        partial = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(32) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # another replica was first: its key is the run's key
+                os.link(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    key = path.read_text().strip()
+    if not key:
+        raise ValueError(f"{path}: the generated API key file is empty; delete it and restart the gateway")
+    return key
 
 
 class _Uvicorn(uvicorn.Server):
@@ -63,11 +91,17 @@ class GatewayActor(Actor[GatewayConfig]):
         self._socket: socket.socket | None = None
         self._client: ServeClient | None = None
         self._health: tuple[float, dict[str, Any]] = (0.0, {})
+        self.api_key_file: Path | None = None  # where a generated key is (None: keys were configured)
 
     async def start(self) -> None:
         spec_dir = self.ctx.spec.source_path.parent
         tokenizer = await asyncio.to_thread(load_tokenizer, policy_of(self.ctx.spec), spec_dir)
-        keys = ApiKeys(read_api_keys(self.config, spec_dir))
+        configured = read_api_keys(self.config, spec_dir)
+        if not configured and self.config.generate_api_key:
+            self.api_key_file = self.ctx.run_dir / self.ctx.actor / "api_key"
+            configured = [await asyncio.to_thread(generated_api_key, self.api_key_file)]
+            self.ctx.log.info("gateway.generated_api_key", file=str(self.api_key_file))
+        keys = ApiKeys(configured)
         if not len(keys):
             self.ctx.log.warning(
                 "gateway.no_api_keys",
@@ -132,6 +166,8 @@ class GatewayActor(Actor[GatewayConfig]):
         report: dict[str, Any] = dict(self.ctx.counters.snapshot())
         if self.url is not None:
             report["url"] = self.url
+        if self.api_key_file is not None:
+            report["api_key_file"] = str(self.api_key_file)
         return report
 
     async def _publish(self, channel: str, type: str, payload: dict[str, Any], id: str) -> None:

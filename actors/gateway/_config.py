@@ -21,6 +21,10 @@ class GatewayConfig(SpecModel):
     model_name: str = "flywheel"  # the model id reported by /v1/models and accepted in requests
     api_keys_env: str = "FLYWHEEL_API_KEYS"  # env var with comma-separated keys for feedback and admin routes
     api_keys_file: str | None = None  # file with one key per line (# comments); relative to the spec file
+    # with neither keys in the env var nor a file: make one key and write it to <run_dir>/<actor>/api_key (mode
+    # 0600; kept across gateway restarts, shared by replicas), so feedback works out of the box; false: refuse
+    # every feedback call until keys are configured
+    generate_api_key: bool = True
     require_key_for_inference: bool = False  # also demand a key on /v1/chat/completions, /v1/completions
     require_key_for_metrics: bool = False  # also demand a key on /metrics (Prometheus scrapes without one)
     max_concurrency: int = Field(default=256, ge=1)  # requests in flight before new ones get HTTP 429

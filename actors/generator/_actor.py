@@ -12,7 +12,9 @@ published version (so it never samples from weights the learner does not have); 
 policy as the spec describes it (checkpoint or fresh init) as version 0.
 
 With ``serve: true`` the same engine also answers the gateway (:mod:`actors.generator._serve`), from the
-start — before the first learner version, users are served the policy as specified.
+start — before the first learner version, users are served the policy as specified. A generator that consumes no
+channel (``consumes: []``, with ``serve: true``) only answers users: the serving generator of a service, kept on the
+promoted version (``follow: serving``) beside the training generators.
 
 Non-goals: driving an SGLang/vLLM server's own weight-update group from here (the HTTP engines take a
 safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.engines._group`).
@@ -103,7 +105,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def run(self) -> None:
         assert self.engine is not None and self._subscriber is not None
         limit = anyio.CapacityLimiter(max(1, self.config.max_batch_size))
-        channel_in = self.ctx.input_channel
+        channel_in = self.ctx.input_channel if self.ctx.consumes else None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_weights)
             tg.start_soon(self._report_loop)
@@ -115,6 +117,10 @@ class GeneratorActor(Actor[GeneratorConfig]):
                         serve, self.ctx, self.engine, max_in_flight=default_max_in_flight(self.config.max_batch_size)
                     )
                 )
+            if channel_in is None:  # serves users only (consumes: []): no training prompts to take
+                await self.ctx.stopping.wait()
+                tg.cancel_scope.cancel()
+                return
             if self._has_learner:
                 await self._wait_for_first_weights()
             # the work group closes before the consumer does, so every accepted prompt is acked (or nak'ed)

@@ -21,6 +21,12 @@ Contract:
 - Each of its buckets holds at most ``max_pending`` entries; when one is full its oldest entry is evicted early and
   counted (``traffic.evicted``, ``feedback_pending.evicted``, ``feedback_applied.evicted`` in the heartbeat, and a
   warning in the log at the first and every 1000th).
+- The joined sample carries the verifier fields of its domain's task when the request asked one (its prompt, or a
+  chat request's last user message, is a task of the domain: ``DomainSource.find``), so the recorded production
+  rows can be re-scored by replay and the gate; ``{}`` otherwise.
+- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored``, ``review.queued``,
+  ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
+  answers' quality as users rate it), ``feedback_waiting`` (feedback held for a request not seen yet).
 
 Non-goals: joining on anything but the request id; feedback for requests the gateway never recorded
 (they wait in KV until the window closes, then expire).
@@ -29,19 +35,21 @@ Non-goals: joining on anything but the request id; feedback for requests the gat
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 import orjson
 
+from actors.domains import Domain, domains_from_spec, find_task
 from actors.joiner._config import JoinerConfig
 from actors.joiner._state import JoinState
 from actors.protocol import REVIEW_SOURCE, FeedbackMsg, ScoredCompletion, ScoredMsg, TrafficMsg
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext, iterate_until
 
-__all__ = ["JoinerActor", "joined_sample", "selected_for_review"]
+__all__ = ["JoinerActor", "asked_texts", "joined_sample", "selected_for_review"]
 
 
 def selected_for_review(request_id: str, fraction: float) -> bool:
@@ -51,7 +59,25 @@ def selected_for_review(request_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2.0**64 < fraction
 
 
-def joined_sample(traffic: TrafficMsg, feedback: FeedbackMsg, *, source: str, domain: str | None) -> ScoredMsg:
+_SCORE_WINDOW = 200  # joined feedback events in the running mean score
+_WAITING_EVERY_S = 5.0  # how often feedback_waiting is counted
+
+
+def asked_texts(traffic: TrafficMsg) -> tuple[str, ...]:
+    """What a request asked, most specific first: the prompt the policy saw, then a chat request's last user
+    message (what the user typed)."""
+    users = [str(m.get("content")) for m in traffic.messages if m.get("role") == "user" and m.get("content")]
+    return (traffic.prompt, users[-1]) if users else (traffic.prompt,)
+
+
+def joined_sample(
+    traffic: TrafficMsg,
+    feedback: FeedbackMsg,
+    *,
+    source: str,
+    domain: str | None,
+    verifier_fields: Mapping[str, Any] | None = None,
+) -> ScoredMsg:
     """The ``scored`` message for one request and the feedback applied to it."""
     reward = min(1.0, max(0.0, float(feedback.score)))
     completion = traffic.completion
@@ -61,6 +87,7 @@ def joined_sample(traffic: TrafficMsg, feedback: FeedbackMsg, *, source: str, do
         domain=domain or traffic.domain or "feedback",
         prompt=traffic.prompt,
         prompt_ids=traffic.prompt_ids,
+        verifier_fields=dict(verifier_fields or {}),
         temperature=traffic.temperature,
         origin="review" if source == REVIEW_SOURCE else "feedback",
         generator=traffic.generator,
@@ -83,15 +110,19 @@ class JoinerActor(Actor[JoinerConfig]):
         self._out = ctx.output_channel("scored")
         self._review = "review"
         self._locks: dict[str, anyio.Lock] = {}
+        self._domains: Mapping[str, Domain] = {}
+        self._scores: dict[str, deque[float]] = {}
 
     async def start(self) -> None:
         await self.state.open()
+        self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
         self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._consume, self._in["traffic"], TrafficMsg, self._on_traffic)
             tg.start_soon(self._consume, self._in["feedback"], FeedbackMsg, self._on_feedback)
+            tg.start_soon(self._count_waiting)
 
     async def _consume(
         self,
@@ -163,7 +194,15 @@ class JoinerActor(Actor[JoinerConfig]):
             self.ctx.counters.inc("feedback.expired")
             self.ctx.log.info("joiner.expired", request_id=rid, late_s=round(feedback.ts - traffic.ts, 1))
             return
-        sample = joined_sample(traffic, feedback, source=source, domain=self.config.domain)
+        domain = self.config.domain or traffic.domain
+        task = find_task(self._domains, domain, asked_texts(traffic))
+        sample = joined_sample(
+            traffic,
+            feedback,
+            source=source,
+            domain=self.config.domain,
+            verifier_fields=task.verifier_fields if task is not None else None,
+        )
         await self.ctx.bus.publish(
             self._out, "scored", sample.model_dump(mode="json"), id=f"joined.{rid}", source=self._who()
         )
@@ -171,6 +210,20 @@ class JoinerActor(Actor[JoinerConfig]):
         await self.state.put("feedback_applied", rid, applied)
         self.ctx.counters.inc("feedback.joined")
         self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
+        reward = sample.completions[0].reward
+        for key in ("", f".{sample.domain}"):
+            window = self._scores.setdefault(key, deque(maxlen=_SCORE_WINDOW))
+            window.append(reward)
+            self.ctx.counters.set(f"feedback_score{key}", round(sum(window) / len(window), 4))
+
+    async def _count_waiting(self) -> None:
+        while not self.ctx.stopping.is_set():
+            try:
+                self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
+            except Exception:  # informational: the bus is away, count next time
+                pass
+            with anyio.move_on_after(_WAITING_EVERY_S):
+                await self.ctx.stopping.wait()
 
     def _who(self) -> str:
         return self.ctx.replica_id

@@ -110,6 +110,11 @@ class JoinState:
         if self._on_evict is not None:
             self._on_evict(what)
 
+    async def count(self, what: str) -> int:
+        """Entries in one bucket now (deleted keys' markers included until they expire)."""
+        info = await self._bus.nc.jetstream().stream_info(f"KV_{self.names[what]}")
+        return int(info.state.messages)
+
     async def get(self, what: str, request_id: str) -> bytes | None:
         try:
             entry = await self._kv[what].get(kv_key(request_id))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from actors.learner._loss import importance_weights as importance_weights
     from actors.learner._loss import k3_kl as k3_kl
     from actors.learner._metrics import MetricsWriter as MetricsWriter
+    from actors.learner._metrics import effective_applied as effective_applied
     from actors.learner._metrics import plot_heldout as plot_heldout
     from actors.learner._metrics import read_metrics as read_metrics
     from actors.learner._trainer import StepStats as StepStats
@@ -54,6 +55,7 @@ _EXPORTS = {
     "Trainer": "_trainer",
     "WarmStartResult": "_warmstart",
     "decoupled_ppo_loss": "_loss",
+    "effective_applied": "_metrics",
     "eval_message_id": "_eval",
     "export_safetensors": "_export",
     "importance_weights": "_loss",
@@ -83,6 +85,7 @@ __all__ = [
     "Trainer",
     "WarmStartResult",
     "decoupled_ppo_loss",
+    "effective_applied",
     "eval_message_id",
     "export_safetensors",
     "importance_weights",

@@ -124,12 +124,14 @@ class LearnerActor(Actor[LearnerConfig]):
             weights,
             config.batch_size,
             fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
+            partial_after_s=config.partial_batch_after_s,
             buffer_size=config.buffer_size,
         )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet
         self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
         self._rewards: dict[str, deque[tuple[float, float]]] = {}
         self._staleness_last: list[int] = []
+        self._feedback_staleness: deque[int] = deque(maxlen=_REWARD_WINDOW)  # of the latest production samples
         self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
@@ -394,6 +396,9 @@ class LearnerActor(Actor[LearnerConfig]):
         return staleness(self.version, [v for c in msg.completions for v in c.versions])
 
     def _is_stale(self, msg: ScoredMsg) -> bool:
+        if msg.origin != "domain":  # production: served by the gated version, rated late (feedback_max_staleness)
+            bound = self.config.feedback_max_staleness
+            return bound is not None and self._group_staleness(msg) > bound
         return self._group_staleness(msg) > self.max_staleness
 
     async def _drop_stale(self, delivery: Delivery[ScoredMsg]) -> None:
@@ -456,7 +461,10 @@ class LearnerActor(Actor[LearnerConfig]):
                     continue
                 samples.extend(group_samples)
                 applied.append(held)
-                self._staleness_last.append(self._group_staleness(held.msg))
+                if held.msg.origin == "domain":  # production samples' staleness is the gate's lag: reported apart
+                    self._staleness_last.append(self._group_staleness(held.msg))
+                else:
+                    self._feedback_staleness.append(self._group_staleness(held.msg))
         if not applied:
             self._account([], consumed)
             if consumed and self.config.mode == "sync":
@@ -587,6 +595,9 @@ class LearnerActor(Actor[LearnerConfig]):
         for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
             counters.set(name, round(float(getattr(stats, name)), 5))
         counters.set("staleness_mean", round(mean_staleness, 3))
+        if self._feedback_staleness:
+            feedback = self._feedback_staleness
+            counters.set("feedback_staleness_mean", round(sum(feedback) / len(feedback), 3))
         for domain, window in self._rewards.items():
             reward = sum(r for r, _ in window) / len(window)
             accuracy = sum(a for _, a in window) / len(window)
@@ -611,6 +622,10 @@ class LearnerActor(Actor[LearnerConfig]):
         self.version = max(self.version, current.version if current is not None else 0) + 1
         await self.publisher.publish(self.version, state)
         self._published_step, self._published_at = self.step, time.monotonic()
+        # which steps each version holds: a sample applied at step s is in every version published at step >= s
+        self.metrics.add(
+            "lifecycle", {"ts": time.time(), "event": "publish", "step": self.step, "version": self.version}
+        )
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step)
 

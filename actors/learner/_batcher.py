@@ -14,6 +14,9 @@ Contract:
   did not use is still owed to it, up to the clamp), or the buffer is full.
 - Domains that are not in `weights` (e.g. production feedback for a domain the spec does not list) get
   weight 1.0.
+- A short batch (`partial_after_s`, off by default): fewer than `batch_size` completions are `ready` once the oldest
+  has waited that long — users' feedback trickling in at a few samples a minute still reaches a version, and the
+  last samples of a run do not wait for a batch that never fills.
 
 Non-goals: no priorities within a domain (FIFO), no I/O, no advantage computation.
 """
@@ -35,6 +38,7 @@ T = TypeVar("T")
 class _Queued(Generic[T]):
     item: T
     size: int
+    added: float = 0.0  # the batcher's clock when it was queued
 
 
 class DomainBatcher(Generic[T]):
@@ -47,6 +51,7 @@ class DomainBatcher(Generic[T]):
         *,
         fill_wait_s: float = 2.0,
         buffer_size: int | None = None,
+        partial_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if batch_size < 1:
@@ -56,6 +61,7 @@ class DomainBatcher(Generic[T]):
                 raise ValueError(f"weight of domain {name!r}: expected a number > 0, got {weight}")
         self.batch_size = batch_size
         self.fill_wait_s = fill_wait_s
+        self.partial_after_s = partial_after_s
         self.buffer_size = buffer_size if buffer_size is not None else 64 * batch_size
         self._weights = dict(weights)
         self._queues: dict[str, deque[_Queued[T]]] = {name: deque() for name in weights}
@@ -71,7 +77,7 @@ class DomainBatcher(Generic[T]):
             self._queues[domain] = deque()
             self._credit[domain] = 0.0
             self._sizes[domain] = 0
-        self._queues[domain].append(_Queued(item, size))
+        self._queues[domain].append(_Queued(item, size, self._clock()))
         self._sizes[domain] += size
 
     @property
@@ -96,7 +102,10 @@ class DomainBatcher(Generic[T]):
         total = self.completions
         if total < self.batch_size:
             self._enough_since = None
-            return False
+            if self.partial_after_s is None or total == 0:
+                return False
+            oldest = min(queue[0].added for queue in self._queues.values() if queue)
+            return self._clock() - oldest >= self.partial_after_s
         if total >= min(self.buffer_size, 2 * self.batch_size):
             return True
         now = self._clock()

@@ -9,6 +9,10 @@ Contract:
 - ``incarnation`` names one life of the learner process (a restart is a new incarnation), so parts of different
   lives never collide and the audit trail can tell them apart.
 - :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null).
+- :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
+  each incarnation's rows up to the checkpoint the next one resumed from (later ones were rolled back with the
+  weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
+  applied twice.
 - :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg).
 
 Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the live counters).
@@ -23,7 +27,7 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["MetricsWriter", "plot_heldout", "read_metrics"]
+__all__ = ["MetricsWriter", "effective_applied", "plot_heldout", "read_metrics"]
 
 
 class MetricsWriter:
@@ -65,6 +69,37 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     if not parts:
         return pl.DataFrame()
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+
+
+def effective_applied(run_dir: Path) -> pl.DataFrame:
+    """The ``applied`` rows whose effect is in the final weights (see the module docstring), oldest life first.
+
+    A life's rows count up to the checkpoint the next life resumed from, by time: groups without signal are
+    accounted at the step the learner is at, so a life can account some at step N after its checkpoint at step N,
+    and those were rolled back with the weights. When that checkpoint's lifecycle row was never flushed (killed right
+    after the save), by step."""
+    applied = read_metrics(run_dir, "applied")
+    lifecycle = read_metrics(run_dir, "lifecycle")
+    if applied.height == 0 or lifecycle.height == 0:
+        return applied
+    order = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
+    incarnations = order["incarnation"].to_list()
+    resumes = {r["incarnation"]: r["step"] for r in lifecycle.filter(event="resume").iter_rows(named=True)}
+    checkpoints = lifecycle.filter(event="checkpoint")
+    kept = []
+    for index, incarnation in enumerate(incarnations):
+        rows = applied.filter(pl.col("incarnation") == incarnation)
+        later = [resumes[i] for i in incarnations[index + 1 :] if i in resumes]
+        if later and rows.height:
+            written = checkpoints.filter(
+                pl.col("incarnation").is_in(incarnations[: index + 1]) & (pl.col("step") == later[0])
+            )
+            if written.height:
+                rows = rows.filter(pl.col("ts") <= written["ts"].max())
+            else:
+                rows = rows.filter(pl.col("step") <= later[0])
+        kept.append(rows)
+    return pl.concat(kept, how="diagonal_relaxed")
 
 
 def eval_mode(evals: Any) -> str:

@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING
 from topology import lazy_exports
 
 if TYPE_CHECKING:
+    from actors.replay._items import RecordingsTail as RecordingsTail
     from actors.replay._items import ReplayItem as ReplayItem
+    from actors.replay._items import items_from_scored as items_from_scored
+    from actors.replay._items import items_from_traffic as items_from_traffic
     from actors.replay._items import load_items as load_items
     from actors.replay._promote import (
         Decision as Decision,
@@ -23,6 +26,9 @@ if TYPE_CHECKING:
         decisions_path as decisions_path,
     )
     from actors.replay._promote import (
+        hold as hold,
+    )
+    from actors.replay._promote import (
         promote as promote,
     )
     from actors.replay._promote import (
@@ -30,6 +36,9 @@ if TYPE_CHECKING:
     )
     from actors.replay._promote import (
         record as record,
+    )
+    from actors.replay._promote import (
+        release as release,
     )
     from actors.replay._promote import (
         rollback as rollback,
@@ -51,6 +60,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Decision": "_promote",
     "Outcome": "_run",
+    "RecordingsTail": "_items",
     "ReplayItem": "_items",
     "ReplayRun": "_run",
     "Replayer": "_run",
@@ -59,11 +69,15 @@ _EXPORTS = {
     "build_report": "_report",
     "decide": "_promote",
     "decisions_path": "_promote",
+    "hold": "_promote",
+    "items_from_scored": "_items",
+    "items_from_traffic": "_items",
     "load_items": "_items",
     "mean_reward": "_report",
     "promote": "_promote",
     "read_decisions": "_promote",
     "record": "_promote",
+    "release": "_promote",
     "request_seed": "_run",
     "resolve_weights": "_weights",
     "rollback": "_promote",
@@ -74,6 +88,7 @@ __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "Decision",
     "Outcome",
+    "RecordingsTail",
     "ReplayItem",
     "ReplayRun",
     "Replayer",
@@ -82,11 +97,15 @@ __all__ = [
     "build_report",
     "decide",
     "decisions_path",
+    "hold",
+    "items_from_scored",
+    "items_from_traffic",
     "load_items",
     "mean_reward",
     "promote",
     "read_decisions",
     "record",
+    "release",
     "request_seed",
     "resolve_weights",
     "rollback",

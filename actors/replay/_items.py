@@ -4,10 +4,15 @@ Sources:
 - ``scored`` rows of origin ``domain`` (one per completion): prompt ids, domain, verifier fields, temperature
   and the verifier's recorded reward/verdict — these can be re-scored by the domain verifier;
 - ``traffic`` rows (one per served request): prompt ids, domain (if the request named one), temperature, the
-  served text, and — when feedback was recorded for it — the first feedback score as the recorded reward.
-  Without verifier fields they are compared by text only.
+  served text, what the user asked (``asked``: a chat request's last user message, else the prompt) and — when
+  feedback was recorded for it — the first feedback score as the recorded reward. They carry no verifier fields:
+  the replayer finds them by the domain's task of that prompt (``DomainSource.find``); without one they are
+  compared by text only.
 
 Scored rows of origin ``feedback``/``review`` are skipped: they are traffic already counted once.
+
+``RecordingsTail`` reads the same files incrementally (each refresh opens only files it has not read: the
+recorder writes a file once and renames it into place), for a reader that looks again and again — the gate.
 
 Non-goals: filtering by anything but age and count; de-duplicating identical prompts (each recorded
 sample is one replayed sample, so the figures weigh prompts as production did).
@@ -23,9 +28,9 @@ from typing import Any
 import orjson
 import polars as pl
 
-from actors.protocol import read_recordings
+from actors.protocol import read_recordings, schema
 
-__all__ = ["ReplayItem", "load_items"]
+__all__ = ["RecordingsTail", "ReplayItem", "items_from_scored", "items_from_traffic", "load_items"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class ReplayItem:
     recorded_verdict: str = ""
     recorded_version: int = -1
     ts: float = 0.0
+    asked: str = ""  # traffic: what the user typed (a chat request's last user message), else the prompt
 
 
 def load_items(
@@ -50,8 +56,8 @@ def load_items(
     """Recorded samples under ``recordings``, oldest first; the newest ``limit`` of those younger than
     ``since_s`` seconds when given."""
     items = [
-        *_from_scored(read_recordings(recordings, "scored")),
-        *_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback")),
+        *items_from_scored(read_recordings(recordings, "scored")),
+        *items_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback")),
     ]
     if since_s is not None:
         horizon = (time.time() if now is None else now) - since_s
@@ -62,7 +68,8 @@ def load_items(
     return items
 
 
-def _from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
+def items_from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
+    """Items of recorded ``scored`` rows (origin ``domain`` only), in the frame's order."""
     if frame.height == 0:
         return []
     frame = frame.filter(pl.col("origin") == "domain")
@@ -87,7 +94,9 @@ def _from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
     return out
 
 
-def _from_traffic(traffic: pl.DataFrame, feedback: pl.DataFrame) -> list[ReplayItem]:
+def items_from_traffic(traffic: pl.DataFrame, feedback: pl.DataFrame) -> list[ReplayItem]:
+    """Items of recorded ``traffic`` rows (the first row of each request id), with the first feedback score in
+    ``feedback`` as the recorded reward."""
     if traffic.height == 0:
         return []
     first_score: dict[str, float] = {}
@@ -114,6 +123,46 @@ def _from_traffic(traffic: pl.DataFrame, feedback: pl.DataFrame) -> list[ReplayI
                 recorded_verdict="feedback" if rid in first_score else "",
                 recorded_version=int(row["version"] if row["version"] is not None else -1),
                 ts=float(row["_ts"]),
+                asked=_asked(row["messages"], row["prompt"] or ""),
             )
         )
     return out
+
+
+def _asked(messages: str | None, prompt: str) -> str:
+    try:
+        parsed = orjson.loads(messages or "[]")
+    except orjson.JSONDecodeError:
+        return prompt
+    users = [m.get("content") for m in parsed if isinstance(m, dict) and m.get("role") == "user"]
+    return str(users[-1]) if users and isinstance(users[-1], str) else prompt
+
+
+class RecordingsTail:
+    """One channel's recorded rows, read incrementally: :meth:`new_rows` returns the rows of the files written
+    since the last call (oldest file first; ``_seq`` order within and across files of one partition)."""
+
+    def __init__(self, recordings: str | Path, channel: str) -> None:
+        root = Path(recordings)
+        if (root / "recordings").is_dir() and not (root / channel).is_dir():
+            root = root / "recordings"
+        self.folder = root / channel
+        self.channel = channel
+        self._read: set[Path] = set()
+
+    def new_rows(self) -> pl.DataFrame:
+        files = (
+            sorted(p for p in self.folder.rglob("part-*.parquet") if p not in self._read)
+            if self.folder.is_dir()
+            else []
+        )
+        frames = []
+        for path in files:
+            try:
+                frames.append(pl.read_parquet(path))
+            except OSError:  # removed meanwhile: nothing to read
+                continue
+            self._read.add(path)
+        if not frames:
+            return pl.DataFrame(schema=schema(self.channel))
+        return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True)

@@ -1,14 +1,20 @@
 """Promotion: moving the ``serving`` key of the weights bucket, pinning what it points at, logging why.
 
 Contract:
-- ``decide(candidate, serving, threshold, …)`` is the gate's rule: promote when there is no serving version
-  yet (the first version is promoted unconditionally) or when candidate mean reward ≥ serving − threshold
-  on the same replayed samples; with fewer than ``min_samples`` scored samples the candidate is *held*
-  (``without_evidence: hold``) or promoted (``promote``).
+- ``decide(candidate, serving, threshold, best=…)`` is the gate's rule: promote when there is no serving version
+  yet (the first version is promoted unconditionally) or when, on the same replayed samples, the candidate's mean
+  reward is ≥ the serving version's − ``threshold`` *and* ≥ the best served version's − ``threshold`` (``best``:
+  the gate's champion, so a chain of versions each a little worse than the last cannot ratchet what users get
+  down: every promoted version is within ``threshold`` of the best one served so far); with fewer than
+  ``min_samples`` scored samples the candidate is *held* (``without_evidence: hold``) or promoted (``promote``).
+- ``hold(…)`` gives the gate its own copy of a candidate (``gate-vN``: hard links on disk, a copy in the object
+  store) before it reads it, so the learner's stores pruning ``vN`` cannot pull it from under an evaluation;
+  ``release(…)`` drops that copy. A version pruned before it could be held raises ``WeightPayloadError``.
 - ``promote(…)`` pins the version's payload under a name the learner's stores never prune
   (``serving-vN``: a copy in the object store, or ``<run_dir>/weights/serving-vN`` for disk), points
   ``serving`` at the pinned manifest (serving generators swap to it) and appends the decision to
-  ``<run_dir>/gate/decisions.jsonl``. The newest ``keep_pinned`` pinned versions are kept for rollback.
+  ``<run_dir>/gate/decisions.jsonl``. The newest ``KEEP_PINNED`` pinned versions, and those in ``keep`` (the
+  gate's best), are kept for rollback.
 - ``rollback(…)`` points ``serving`` back at the version that served before the current one (from the
   decisions log) and logs that too. Every record carries the manifest, so a log line is enough to restore it.
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,16 +35,18 @@ from typing import Any, Literal
 import orjson
 
 from actors.protocol import SERVING, weights_bucket
-from actors.weights import WeightManifest
-from topology.bus import Bus
+from actors.weights import WeightManifest, WeightPayloadError
+from topology.bus import Bus, BusError
 
 __all__ = [
     "Decision",
     "decide",
     "decisions_path",
+    "hold",
     "promote",
     "read_decisions",
     "record",
+    "release",
     "rollback",
     "serving_manifest",
 ]
@@ -60,15 +69,21 @@ def decide(
     samples: int,
     min_samples: int,
     without_evidence: Literal["hold", "promote"] = "hold",
+    best: float | None = None,
+    best_version: int | None = None,
 ) -> Decision:
     if not has_serving:
         return Decision("promote", "first version: promoted unconditionally")
     if samples < min_samples or candidate is None or serving is None:
         action: Literal["promote", "hold"] = "promote" if without_evidence == "promote" else "hold"
         return Decision(action, f"{samples} scored samples < min_samples {min_samples}")
-    if candidate >= serving - threshold:
-        return Decision("promote", f"mean reward {candidate:.4f} >= serving {serving:.4f} - {threshold}")
-    return Decision("reject", f"mean reward {candidate:.4f} < serving {serving:.4f} - {threshold}")
+    if candidate < serving - threshold:
+        return Decision("reject", f"mean reward {candidate:.4f} < serving {serving:.4f} - {threshold}")
+    if best is not None and candidate < best - threshold:
+        which = f"v{best_version}" if best_version is not None else "version"
+        return Decision("reject", f"mean reward {candidate:.4f} < best served {which} {best:.4f} - {threshold}")
+    against = f" and best served {best:.4f}" if best is not None else ""
+    return Decision("promote", f"mean reward {candidate:.4f} >= serving {serving:.4f}{against} - {threshold}")
 
 
 def decisions_path(run_dir: Path) -> Path:
@@ -105,20 +120,28 @@ async def serving_manifest(bus: Bus) -> WeightManifest | None:
     return WeightManifest.from_json(raw) if raw else None
 
 
-async def _pin(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManifest:
-    name = f"serving-v{manifest.version}"
+async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) -> WeightManifest:
+    """``manifest``'s payload under ``name`` (disk: ``<run_dir>/weights/<name>``, hard links where possible)."""
     if manifest.location.endswith(name):
         return manifest
     if manifest.transport == "object-store":
         bucket = weights_bucket(bus.topology)
-        await bus.object_put(bucket, name, await bus.object_get(bucket, manifest.location))
+        try:
+            blob = await bus.object_get(bucket, manifest.location, expect_digest=manifest.digest or None)
+        except BusError as exc:
+            raise WeightPayloadError(f"v{manifest.version}: {exc}") from exc
+        await bus.object_put(bucket, name, blob)
         location = name
     elif manifest.transport == "disk":
         final = run_dir / "weights" / name
         if not final.is_dir():
             partial = run_dir / "weights" / f".{name}.partial-{os.getpid()}"
             shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(manifest.location, partial)
+            try:
+                shutil.copytree(manifest.location, partial, copy_function=_link_or_copy)
+            except (OSError, shutil.Error) as exc:  # pruned before (or while) it was copied
+                shutil.rmtree(partial, ignore_errors=True)
+                raise WeightPayloadError(f"v{manifest.version}: cannot copy {manifest.location}: {exc}") from exc
             os.rename(partial, final)
         location = str(final)
     else:
@@ -134,6 +157,37 @@ async def _pin(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManif
     )
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link (versions are written once, then renamed into place: never changed) or, across filesystems,
+    a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+async def _pin(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManifest:
+    return await _copy(bus, run_dir, manifest, f"serving-v{manifest.version}")
+
+
+async def hold(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManifest:
+    """The gate's own copy of ``manifest`` (``gate-vN``); ``WeightPayloadError`` when it was pruned already."""
+    return await _copy(bus, run_dir, manifest, f"gate-v{manifest.version}")
+
+
+async def release(bus: Bus, run_dir: Path, held: WeightManifest) -> None:
+    """Drop a copy made by :func:`hold` (nothing else)."""
+    name = f"gate-v{held.version}"
+    if not held.location.endswith(name):
+        return
+    shutil.rmtree(run_dir / "weights" / name, ignore_errors=True)
+    if held.transport == "object-store":
+        try:
+            await bus.object_delete(weights_bucket(bus.topology), name)
+        except Exception:  # best effort: a leftover copy is harmless
+            pass
+
+
 async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
     pinned = sorted({int(e["version"]) for e in read_decisions(run_dir) if e.get("serving") and "version" in e})
     for version in pinned:
@@ -147,9 +201,17 @@ async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
 
 
 async def promote(
-    bus: Bus, run_dir: Path, manifest: WeightManifest, *, by: str, reason: str, figures: dict[str, Any] | None = None
+    bus: Bus,
+    run_dir: Path,
+    manifest: WeightManifest,
+    *,
+    by: str,
+    reason: str,
+    figures: dict[str, Any] | None = None,
+    keep: Iterable[int] = (),
 ) -> dict[str, Any]:
-    """Pin ``manifest``, point ``serving`` at it, log the decision; returns the log entry."""
+    """Pin ``manifest``, point ``serving`` at it, log the decision; returns the log entry. Pinned versions in
+    ``keep`` are never unpinned here."""
     previous = await serving_manifest(bus)
     pinned = await _pin(bus, run_dir, manifest)
     await bus.kv_put(weights_bucket(bus.topology), SERVING, pinned.to_json())
@@ -166,11 +228,13 @@ async def promote(
             **(figures or {}),
         },
     )
-    await _unpin_old(bus, run_dir, keep={manifest.version} | ({previous.version} if previous else set()))
+    await _unpin_old(bus, run_dir, keep={manifest.version, *keep} | ({previous.version} if previous else set()))
     return entry
 
 
-async def rollback(bus: Bus, run_dir: Path, *, by: str) -> dict[str, Any]:
+async def rollback(
+    bus: Bus, run_dir: Path, *, by: str, reason: str | None = None, figures: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Point ``serving`` at the version that served before the current one; ValueError when there is none."""
     current = await serving_manifest(bus)
     if current is None:
@@ -192,8 +256,9 @@ async def rollback(bus: Bus, run_dir: Path, *, by: str) -> dict[str, Any]:
             "version": target.version,
             "by": by,
             "serving": True,
-            "reason": f"rolled back from v{current.version}",
+            "reason": reason or f"rolled back from v{current.version}",
             "previous": current.version,
             "manifest": orjson.loads(target.to_json()),
+            **(figures or {}),
         },
     )

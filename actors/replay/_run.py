@@ -5,8 +5,10 @@ Contract:
   domain's verifier runs code). ``await replayer.run(items, weights, ...)`` loads the weights (``None``: the
   policy as the spec builds it), re-issues every item through a :class:`TorchEngine` with up to
   ``concurrency`` requests decoding at once (continuous batching; the rest wait in the engine's queue), and
-  scores each completion with its domain's verifier as it completes when the item has verifier fields; others
-  are compared with the recorded text only.
+  scores each completion with its domain's verifier as it completes when the item has verifier fields — recorded
+  with it, or (served traffic) those of the domain's task whose prompt the request asked (``with_fields``:
+  ``DomainSource.find`` on the prompt, then on what the user typed); others are compared with the recorded text
+  only.
 - Determinism: each request samples with its own RNG seeded from ``(seed, item.key)`` and the recorded
   temperature (``greedy``: temperature 0), so the same weights and seed give the same completions whatever
   the concurrency or the batch a request shared; greedy replay of a greedy recording at the recorded
@@ -19,6 +21,7 @@ Non-goals: SGLang/vLLM engines (replay runs the builtin engine in-process), mult
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +31,7 @@ from typing import Any
 import anyio
 import torch
 
-from actors.domains import DomainVerifier, Scorer
+from actors.domains import Domain, DomainVerifier, Scorer, domains_from_spec, find_task
 from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.policy import Policy
 from actors.protocol import domains_of, policy_of
@@ -81,6 +84,7 @@ class Replayer:
         }
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None
+        self._sources: dict[str, Domain] | None = None  # the domains' task sources, opened on first use
         gen = next((a.config for a in spec.actors.values() if a.kind == "generator"), None)
         self._top_p = float(getattr(gen, "top_p", 1.0) or 1.0)
         self._top_k = int(getattr(gen, "top_k", 0) or 0)
@@ -114,7 +118,19 @@ class Replayer:
         return GenerationRequest(item.key, item.prompt_ids, params)
 
     def scorable(self, item: ReplayItem) -> bool:
-        return bool(item.verifier_fields) and item.domain in self._domains
+        return bool(self.with_fields(item).verifier_fields) and item.domain in self._domains
+
+    def with_fields(self, item: ReplayItem) -> ReplayItem:
+        """``item`` with the verifier fields of its domain's task when it has none (served traffic whose prompt,
+        or whose user text, is a task of the domain); unchanged otherwise."""
+        if item.verifier_fields or item.source != "traffic" or item.domain not in self._domains:
+            return item
+        if self._sources is None:
+            self._sources = domains_from_spec(self.spec)
+        task = find_task(self._sources, item.domain, (item.prompt, item.asked))
+        if task is None or not task.verifier_fields:
+            return item
+        return dataclasses.replace(item, verifier_fields=dict(task.verifier_fields))
 
     # -- running --------------------------------------------------------------------------------------
     def engine(self, weights: Mapping[str, torch.Tensor] | None, *, version: int, concurrency: int) -> TorchEngine:
@@ -135,6 +151,7 @@ class Replayer:
         greedy: bool = False,
     ) -> ReplayRun:
         assert self._scorer is not None, "use `async with Replayer(spec) as replayer`"
+        items = [self.with_fields(item) for item in items]
         engine = self.engine(weights, version=version, concurrency=concurrency)
         outcomes: list[Outcome | None] = [None] * len(items)
 

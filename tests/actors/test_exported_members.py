@@ -22,9 +22,9 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.domains": {
         "ArithmeticOptions", "build_verifier", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "domains_from_spec",
-        "DomainSampler", "DomainSource", "DomainVerifier", "ExtractOptions", "heldout_bucket", "JsonlSource",
-        "open_source", "PyExprOptions", "read_jsonl_tasks", "score", "Scorer", "SourceError", "Task", "task_id",
-        "Verifier", "verifier_names", "VerifierError", "VerifyResult",
+        "DomainSampler", "DomainSource", "DomainVerifier", "ExtractOptions", "find_task", "heldout_bucket",
+        "JsonlSource", "open_source", "PyExprOptions", "read_jsonl_tasks", "score", "Scorer", "SourceError", "Task",
+        "task_id", "Verifier", "verifier_names", "VerifierError", "VerifyResult",
     },
     "actors.sandbox": {
         "Isolation", "IsolationRefused", "PoolStatistics", "SandboxLimits", "SandboxPool", "SandboxResult",
@@ -41,8 +41,9 @@ SURFACES: dict[str, set[str]] = {
         "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
     },
     "actors.replay": {
-        "build_report", "decide", "Decision", "decisions_path", "load_items", "mean_reward", "Outcome", "promote",
-        "read_decisions", "record", "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights",
+        "build_report", "decide", "Decision", "decisions_path", "hold", "items_from_scored", "items_from_traffic",
+        "load_items", "mean_reward", "Outcome", "promote", "read_decisions", "RecordingsTail", "record", "release",
+        "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights",
         "ResolvedWeights", "rollback", "serving_manifest", "WeightsNotFound", "write_report",
     },
     "actors.testing": {
@@ -56,14 +57,15 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.learner": {
         "AdvantageEstimator", "AppliedLedger", "Checkpointer", "decoupled_ppo_loss", "DomainBatcher",
-        "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors", "importance_weights", "is_stale",
+        "effective_applied", "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors",
+        "importance_weights", "is_stale",
         "k3_kl", "LearnerConfig", "LossStats", "MetricsWriter", "plot_heldout", "PPOConfig", "read_metrics",
         "reference_pairs", "RunningStats", "staleness", "StepStats", "Trainer", "TrainSample", "warm_start",
         "WarmStartResult",
     },
     "actors.gateway": {
         "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
-        "NoGenerators", "read_api_keys", "ServeCall", "ServeClient",
+        "NoGenerators", "generated_api_key", "read_api_keys", "ServeCall", "ServeClient",
     },
     "actors.source": set(),
     "actors.generator": set(),

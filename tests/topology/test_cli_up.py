@@ -95,3 +95,38 @@ def test_help_explains_the_command(command: str) -> None:
     result = CliRunner().invoke(main, [command, "--help"])
     assert result.exit_code == 0
     assert "Examples:" in result.output
+
+
+@pytest.mark.usefixtures("kinds_env")
+def test_up_serves_every_replicas_counters_as_prometheus_metrics(tmp_path: Path) -> None:
+    import httpx
+
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("  heartbeat_s: 0.2\n", "  heartbeat_s: 0.2\n  metrics_port: 0\n"))
+    up = start_up(spec, "--duration", "60")
+    try:
+        assert up.stdout is not None
+        url = ""
+        while not url:
+            line = up.stdout.readline()
+            assert line, "flywheel up ended without printing the metrics URL"
+            url = line.split("metrics: ", 1)[1].strip() if line.startswith("metrics: ") else ""
+
+        def published() -> float | None:
+            for line in httpx.get(url, timeout=5).text.splitlines():
+                if line.startswith("flywheel_published{") and 'actor="ticker"' in line:
+                    return float(line.rsplit(" ", 1)[1]) or None
+            return None
+
+        assert wait_for("the ticker's counter on the endpoint", published) > 0
+        text = httpx.get(url, timeout=5).text
+        assert (
+            'flywheel_replica_up{actor="tally",kind="tally",replica="0",state="running",topology="rt-test"} 1.0' in text
+        )
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0

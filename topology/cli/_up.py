@@ -1,11 +1,12 @@
 """``flywheel up`` (run a topology, supervised) and ``flywheel status`` (what every replica is doing).
 
 Contract: ``up`` validates the spec first (every issue printed as ``file:line:col: path: message``, exit 1),
-prints the run dir and bus URL (and a gateway's URL once it listens), shows replica states while it runs (a
-live table on a terminal, a plain line every few seconds otherwise), and exits 0 after a clean stop, 1 when an actor
-exhausted its restarts.
-``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints a table,
-or ``--json``; it exits 1 with one sentence when no run is live.
+prints the run dir and bus URL (a replica's ``url`` and ``api_key_file`` once it reports them: a gateway's), serves
+every replica's heartbeat as Prometheus metrics when ``runtime.metrics_port`` is set (``topology.runtime._exporter``),
+shows replica states while it runs (a live table on a terminal, a plain line every few seconds otherwise), and exits
+0 after a clean stop, 1 when an actor exhausted its restarts.
+``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints the application's
+live view (if it registered one) and a table, or ``--json``; it exits 1 with one sentence when no run is live.
 """
 
 from __future__ import annotations
@@ -168,13 +169,16 @@ def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
 
 
 def _new_urls(records: list[Any], announced: set[str]) -> list[str]:
-    """``<actor>: <url>`` for each replica reporting a ``url`` (a gateway) that was not printed yet."""
+    """``<actor>: <url>`` for each replica reporting a ``url`` (a gateway) that was not printed yet, and
+    ``<actor>: API key in <file>`` for one reporting an ``api_key_file`` (a key it generated)."""
     lines = []
     for r in records:
-        url = r.counters.get("url") if isinstance(r.counters, dict) else None
-        if isinstance(url, str) and url not in announced:
-            announced.add(url)
-            lines.append(f"{r.actor + ':':<8} {url}")
+        counters = r.counters if isinstance(r.counters, dict) else {}
+        for name, template in (("url", "{}"), ("api_key_file", "API key in {}")):
+            value = counters.get(name)
+            if isinstance(value, str) and value not in announced:
+                announced.add(value)
+                lines.append(f"{r.actor + ':':<8} {template.format(value)}")
     return lines
 
 
@@ -213,6 +217,24 @@ def _load_spec_or_exit(path: Path) -> Any:
     return spec
 
 
+async def _serve_metrics(runtime: Any) -> None:
+    """The spec's Prometheus endpoint (``runtime.metrics_port``), fed every heartbeat until cancelled."""
+    from topology.runtime._exporter import StatusExporter, export_statuses
+
+    settings = runtime.spec.runtime
+    exporter = StatusExporter(runtime.spec.name, heartbeat_s=settings.heartbeat_s)
+    try:
+        url = exporter.start(settings.metrics_host, settings.metrics_port)
+    except OSError as exc:  # the port is taken: the run goes on without the endpoint
+        click.echo(f"metrics: cannot listen on {settings.metrics_host}:{settings.metrics_port}: {exc}", err=True)
+        return
+    click.echo(f"metrics: {url}")
+    try:
+        await export_statuses(runtime, exporter)
+    finally:
+        exporter.close()
+
+
 async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) -> Any:
     from rich.console import Console
     from rich.live import Live
@@ -225,6 +247,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
         click.echo(f"run dir: {runtime.run_dir}")
         click.echo(f"bus:     {runtime.bus_url}")
         click.echo(f"status:  flywheel status {runtime.run_dir}")
+        if runtime.spec.runtime.metrics_port is not None:
+            tg.start_soon(_serve_metrics, runtime)
         began = time.monotonic()
         expected = runtime.replica_keys()
         heartbeat_s = runtime.spec.runtime.heartbeat_s
@@ -500,6 +524,10 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # piped: do not cut counters at 80 columns
+    view = _live_view()
+    summary = view.renderable(report.replicas) if view is not None else None
+    if summary is not None:
+        console.print(summary)
     console.print(_table(rows + bus, title=f"{report.topology} — {report.run_dir}"))
 
 

@@ -49,3 +49,36 @@ def test_summary_reads_learner_and_generator_counters() -> None:
 
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
+
+
+def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_gate(
+    monkeypatch: object,
+) -> None:
+    import time
+
+    from rich.console import Console
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # type: ignore[attr-defined]
+    view = LearningView()
+
+    def records(requests: float) -> list[ReplicaStatus]:
+        gate = _status("gate", "gate", serving_version=7)
+        gate.counters["last_decision"] = "promote v7: mean reward 0.5 >= serving 0.4 - 0.02"
+        return [
+            _status("learner", "learner", version=12, samples_applied=10),
+            _status("serving", "generator", version=7, serve_requests=40, tokens_per_s=10.0),
+            _status("gateway", "gateway", requests=requests, feedback=30),
+            _status("joiner", "joiner", feedback_waiting=4, feedback_score=0.625, **{"feedback.joined": 25}),
+            gate,
+        ]
+
+    view.summarize(records(100))
+    clock[0] += 2.0
+    line = view.line(records(150))
+    assert line is not None
+    assert "service: serving v7 · training v12 · 25.0 req/s · feedback 25 joined, 4 waiting" in line
+    assert "users' score 0.62" in line and "gate: promote v7: mean reward 0.5" in line
+    console = Console(width=200, record=True)
+    console.print(view.renderable(records(150)))
+    assert "serving v7 · training v12" in console.export_text()

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import anyio
 import orjson
 import pytest
 from click.testing import CliRunner
+from safetensors.torch import save_file
 
-from tests.actors.replay._support import other_weights, record_run, replay_spec
+from actors.policy import Policy
+from actors.protocol import policy_of
+from tests.actors.gate._support import expected_answers, gate_spec, record_traffic
+from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
 from topology.cli import main
+from topology.runtime._rundir import RunInfo, write_run_info
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,3 +72,28 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert "version 9 not found" in result.output and "Traceback" not in result.output
+
+
+def test_replay_scores_a_service_runs_own_traffic(tmp_path: Path) -> None:
+    """A service's recordings hold users' requests (traffic, no verifier fields) and pinned serving versions: replay
+    finds the run's spec and weights from the recordings path alone and scores each request through the domain's
+    task of its prompt."""
+    spec = gate_spec(tmp_path, "{}")
+    answers = anyio.run(expected_answers, spec, backend="asyncio")
+    run_dir = tmp_path / "runs" / "service-1"
+    record_traffic(run_dir, [(p, 1, 1.0) for p in PROMPTS])
+    pinned = run_dir / "weights" / "serving-v1"
+    pinned.mkdir(parents=True)
+    policy = Policy.from_spec(policy_of(spec))
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(pinned / "model.safetensors"))
+    write_run_info(
+        run_dir,
+        RunInfo(spec.name, "nats://127.0.0.1:1", 0, str(spec.source_path), time.time(), 1.0, stopped_at=time.time()),
+    )
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir / "recordings"), "--weights", "v1", "--greedy", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
+    assert users["samples"] == users["scored"] == len(PROMPTS) and users["note"] == ""
+    assert users["replayed_mean_reward"] == 1.0 and len(answers) == len(PROMPTS)

@@ -67,3 +67,36 @@ def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_pa
 
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def test_untrusted_text_is_shown_as_plain_text(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    topology = f"rv-{uuid.uuid4().hex[:8]}"
+    write_run_info(
+        tmp_path,
+        RunInfo(
+            topology=topology,
+            bus_url=embedded_nats.url,
+            pid=os.getpid(),
+            spec_path="spec.yaml",
+            started_at=time.time(),
+            heartbeat_s=1.0,
+        ),
+    )
+    hostile = traffic(
+        "x",
+        prompt="[bold red]PROMPT[/] \x1b[2J\x1b]0;title\x07 ok\u202eevil",
+        text="[link=http://evil]click[/link]\x1b[31m red \x00\x9b done",
+    )
+
+    async def queue() -> None:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:
+            await bus.publish("review", "review", hostile, id="review.x")
+
+    anyio.run(queue, backend="asyncio")
+    result = CliRunner().invoke(main, ["review", str(tmp_path), "--wait", "2"], input="s\n")
+    assert result.exit_code == 0, result.output
+    assert "[bold red]PROMPT[/]" in result.output  # markup shown as typed, not applied
+    assert "[link=http://evil]click[/link]" in result.output
+    assert "[2J" in result.output and " ok" in result.output and "evil" in result.output and "done" in result.output
+    for control in ("\x1b", "\x07", "\x00", "\x9b", "\u202e"):
+        assert control not in result.output

@@ -207,3 +207,26 @@ async def test_early_feedback_in_a_full_bucket_still_joins(embedded_nats: Embedd
         joined = await scored_messages(producer, 1)
         assert actor.ctx.counters.get("errors") == 0
     assert [m.task_id for m in joined] == ["r2"]
+
+
+async def test_a_request_that_asked_a_domain_task_carries_its_verifier_fields(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    spec = joiner_spec(tmp_path)
+    chat = traffic("chat", prompt="user: 7+5=\nassistant: ")
+    chat["route"], chat["messages"] = "chat", [{"role": "user", "content": "7+5="}]
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            await gw.publish("traffic", "traffic", traffic("plain", prompt="40+2="), id="t-plain")
+            await gw.publish("traffic", "traffic", chat, id="t-chat")
+            await gw.publish("traffic", "traffic", traffic("free"), id="t-free")  # "What is 40+2?": no task
+            await until(joiner, "traffic.stored", 3)
+            for rid, score in (("plain", 1.0), ("chat", 0.0), ("free", 1.0)):
+                await gw.publish("feedback", "feedback", feedback(rid, score=score), id=f"f-{rid}")
+            await until(joiner, "feedback.joined", 3)
+            counters = joiner.ctx.counters.snapshot()
+            assert counters["feedback_score"] == counters["feedback_score.arithmetic"] == round(2 / 3, 4)
+        samples = {s.task_id: s for s in await scored_messages(gw, 3)}
+    assert samples["plain"].verifier_fields == {"answer": "42"}
+    assert samples["chat"].verifier_fields == {"answer": "12"}  # found by what the user typed
+    assert samples["free"].verifier_fields == {}

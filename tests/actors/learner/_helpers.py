@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from actors.learner import LearnerConfig, read_metrics
+from actors.learner import LearnerConfig
 from actors.learner._actor import LearnerActor
 from actors.policy import CharTokenizer, encode_prompt
 from actors.protocol import ScoredMsg
@@ -146,28 +146,7 @@ async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:
 
 
 def effective_applied(run_dir: Path) -> list[str]:
-    """Message ids whose effect is in the final weights: each incarnation's applications up to the checkpoint the next
-    incarnation resumed from (later ones were rolled back with the weights), plus all of the last one's.
+    """Message ids whose effect is in the final weights (`actors.learner.effective_applied`)."""
+    from actors.learner import effective_applied as rows
 
-    "Up to the checkpoint" is by time, not only by step: groups without signal are accounted at the step the learner
-    is at, so a life can account some at step N after its checkpoint at step N; those were rolled back too. The
-    checkpoint's own lifecycle row gives the time; if it was never flushed (killed right after the save), by step."""
-    applied = read_metrics(run_dir, "applied")
-    lifecycle = read_metrics(run_dir, "lifecycle")
-    resumes = lifecycle.filter(event="resume").sort("ts")
-    checkpoints = lifecycle.filter(event="checkpoint")
-    incarnations = sorted(set(lifecycle["incarnation"].to_list()))
-    ids: list[str] = []
-    for index, incarnation in enumerate(incarnations):
-        rows = applied.filter(incarnation=incarnation)
-        if index + 1 < len(incarnations):
-            resumed_at = resumes.filter(incarnation=incarnations[index + 1])["step"].item()
-            written = checkpoints.filter(
-                checkpoints["incarnation"].is_in(incarnations[: index + 1]) & (checkpoints["step"] == resumed_at)
-            )
-            if written.height:
-                rows = rows.filter(rows["ts"] <= written["ts"].max())
-            else:
-                rows = rows.filter(rows["step"] <= resumed_at)
-        ids.extend(rows["message_id"].to_list())
-    return ids
+    return list(rows(run_dir)["message_id"].to_list())

@@ -54,3 +54,20 @@ def test_two_batches_buffered_never_wait_for_a_short_domain() -> None:
     for i in range(4):
         batcher.add("b", f"b{i}", 2)
     assert batcher.take() == ["b0", "b1", "b2", "b3"]  # b's unused credit first
+
+
+def test_a_short_batch_is_ready_once_its_oldest_sample_waited_partial_after_s() -> None:
+    now = [0.0]
+    batcher: DomainBatcher[str] = DomainBatcher({"prod": 1.0}, batch_size=64, partial_after_s=30, clock=lambda: now[0])
+    assert not batcher.ready()  # nothing buffered: nothing to wait for
+    batcher.add("prod", "r1", 1)
+    now[0] = 20.0
+    batcher.add("prod", "r2", 1)
+    assert not batcher.ready()
+    now[0] = 30.0  # r1 has waited 30 s
+    assert batcher.ready()
+    assert batcher.take() == ["r1", "r2"]
+    never: DomainBatcher[str] = DomainBatcher({"prod": 1.0}, batch_size=64, clock=lambda: now[0])
+    never.add("prod", "r3", 1)
+    now[0] = 1e6
+    assert not never.ready()  # off by default

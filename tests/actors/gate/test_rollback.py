@@ -1,0 +1,62 @@
+"""Users' live feedback on the serving version drops below the version it replaced: the gate rolls back, logs why,
+and does not roll back again on its own; within the noise it does nothing."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from actors.replay import promote, read_decisions, serving_manifest
+from tests.actors.gate._support import gate_rig, gate_spec, record_traffic
+from tests.actors.replay._support import PROMPTS
+from topology.bus import EmbeddedNats
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+GATE = "{min_samples: 8, rollback_margin: 0.1, rollback_min_feedback: 40}"
+
+
+def rated(version: int, good_share: float, n: int, seed: int) -> list[tuple[str, int, float | None]]:
+    rng = random.Random(seed)
+    return [(rng.choice(PROMPTS), version, 1.0 if rng.random() < good_share else 0.0) for _ in range(n)]
+
+
+async def test_a_drop_in_live_feedback_rolls_back(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = gate_spec(tmp_path, GATE)
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
+        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+        record_traffic(run_dir, rated(5, 0.8, 100, seed=1) + rated(6, 0.8, 30, seed=2))
+        assert await rig.gate.check_feedback() is None  # v6: too little feedback yet
+        record_traffic(run_dir, rated(6, 0.3, 100, seed=3), first_seq=1000)
+        entry = await rig.gate.check_feedback()
+        assert entry is not None and (entry["action"], entry["version"], entry["previous"]) == ("rollback", 5, 6)
+        assert entry["live_previous_mean_score"] > entry["live_serving_mean_score"] + 0.1
+        assert entry["live_serving_feedback"] >= 40 and "live feedback on v6" in entry["reason"]
+        serving = await serving_manifest(rig.bus)
+        assert serving is not None and serving.version == 5
+        assert rig.ctx.counters.snapshot()["decisions.rollback"] == 1
+        assert rig.gate.report()["last_decision"].startswith("rollback v5: live feedback on v6")
+        assert await rig.gate.check_feedback() is None  # judged again only after the next promotion
+    assert [e["action"] for e in read_decisions(run_dir)] == ["promote", "promote", "rollback"]
+
+
+async def test_feedback_within_the_noise_changes_nothing(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = gate_spec(tmp_path, GATE)
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
+        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+        record_traffic(run_dir, rated(5, 0.7, 100, seed=4) + rated(6, 0.65, 100, seed=5))
+        assert await rig.gate.check_feedback() is None
+        counters = rig.ctx.counters.snapshot()
+        assert counters["live_serving_feedback"] == 100 and counters["live_previous_feedback"] == 100
+        serving = await serving_manifest(rig.bus)
+        assert serving is not None and serving.version == 6
