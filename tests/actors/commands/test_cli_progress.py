@@ -49,3 +49,13 @@ def test_summary_reads_learner_and_generator_counters() -> None:
 
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
+
+
+def test_the_sandbox_isolation_in_force_is_shown() -> None:
+    records = [
+        _status("learner", "learner", version=1, samples_applied=8),
+        _status("verify", "verify", sandbox_queue=0.0),
+    ]
+    records[1].counters["isolation"] = "rlimits"
+    line = LearningView().line(records)
+    assert line is not None and "sandbox rlimits" in line
