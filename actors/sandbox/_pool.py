@@ -146,6 +146,16 @@ class _Worker:
         self.proc.stdin.write(struct.pack(">I", len(data)) + data)
         await self.proc.stdin.drain()
 
+    async def close(self) -> None:
+        """Let the worker go: it exits on its stdin's EOF (reaping its own processes); killed if it does not."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 1.0)
+        except (TimeoutError, Exception):
+            await self.kill()
+
     async def kill(self) -> None:
         # Killing bwrap (or unshare --kill-child) takes the namespace's init down, and with it every
         # process in the pid namespace, setsid grandchildren included.
@@ -378,6 +388,7 @@ class SandboxPool:
             os.chown(path, self._uid_base + slot, self._uid_base + slot)
 
     async def _slot(self, slot: int, worker: _Worker | None) -> None:
+        job: _Job | None = None
         try:
             while True:
                 job = await self._queue.get()
@@ -392,10 +403,14 @@ class SandboxPool:
                         with contextlib.suppress(Exception):
                             await self._recycle(slot, worker)
                     worker = None
-        finally:
-            self._live.pop(slot, None)
-            if worker is not None:
-                await worker.kill()
+        finally:  # the pool is closing (this task was cancelled)
+            if job is not None and not job.future.done():
+                job.future.set_result(SandboxResult(Verdict.INTERNAL_ERROR, "sandbox pool closed", str(self.isolation)))
+            current = self._live.pop(slot, None)
+            if worker is not None and worker is not current:
+                await asyncio.shield(worker.kill())
+            if current is not None:
+                await asyncio.shield(current.close())
 
     async def _serve(self, slot: int, worker: _Worker | None, job: _Job) -> _Worker | None:
         """Run one job on the slot's worker (started when there is none); returns the worker to keep, if any."""

@@ -32,7 +32,9 @@ only) for the caller to compare.
 Limits: the job's wall clock (the worker's deadline covers start-up, the candidate and the tests; on expiry, and
 after every job, the worker kills every other process of the pid namespace but pid 1, itself and the template —
 setsid grandchildren included); rlimits on the job (address space, CPU, processes, file size, open files, no core
-dumps); stdout/stderr go to memfds capped by RLIMIT_FSIZE and read by the worker. After each job the worker removes
+dumps); stdout/stderr go to memfds capped by RLIMIT_FSIZE and read by the worker; one answer is capped at
+``max_message_bytes`` and all of a job's answers at eight times that, and the worker (tests included) has an
+address-space limit of its own. After each job the worker removes
 the files the job left in its scratch directories (/tmp, and /dev/shm under bubblewrap); a directory it cannot
 remove, or too many entries, makes it ask to be replaced, so every job starts on empty scratch space.
 
@@ -69,6 +71,8 @@ _TMP_DIR = str(_SETTINGS.get("tmp_dir", "/tmp"))  # the job's working directory 
 _PID_NAMESPACE = bool(_SETTINGS.get("pid_namespace", False))  # killing "everything else" is safe only in our own
 _SCRATCH = [_TMP_DIR, *(["/dev/shm"] if _SETTINGS.get("private_shm") else [])]  # emptied after every job
 _MAX_MESSAGE = int(_SETTINGS.get("max_message_bytes", 8 << 20))  # one question or answer on a job's socket
+_MAX_ANSWERS = 8 * _MAX_MESSAGE  # all of one job's answers together
+_WORKER_MEMORY = 2 << 30  # the worker's own address space (soft limit: a job sets its own), tests included
 _MAX_LEFTOVERS = 256  # scratch entries the worker removes itself; more (or a directory) and it asks to be replaced
 _MAX_DEPTH = 100  # nesting of a value crossing the job's socket
 _JOB_FD = 3  # the job's socket, in the job process
@@ -390,8 +394,6 @@ def _job_main(fds: list[int]) -> NoReturn:
             resource.setrlimit(getattr(resource, name), (value, hard))
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; exceeding RLIMIT_FSIZE should kill
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.environ.clear()
-        os.environ.update({"PATH": "/usr/bin:/bin", "HOME": _TMP_DIR, "LANG": "C.UTF-8"})
         gc.enable()
         refs = _Refs()
         namespace, first = _run_candidate(job, refs)
@@ -512,6 +514,7 @@ class _Conn:
         self.names: dict[str, Any] | None = None  # the job's names as of its first answer, until a call runs its code
         self.seen: dict[str, Any] = {}  # names already resolved since the job last ran code
         self.memory_error = False
+        self.received = 0
 
     def _wait(self, event: int) -> None:
         remaining = self.deadline - time.monotonic()
@@ -523,6 +526,9 @@ class _Conn:
             self.poller.unregister(self.fd)
 
     def _read(self, n: int) -> bytes:
+        self.received += n
+        if self.received > _MAX_ANSWERS:
+            raise JobGone(f"the job's answers are over {_MAX_ANSWERS} bytes")
         chunks = []
         while n:
             try:
@@ -903,7 +909,7 @@ def _text(value: Any) -> str:
 
 def _read_memfd(fd: int, cap: int) -> tuple[int, str]:
     size = os.fstat(fd).st_size
-    return size, os.pread(fd, cap, 0).decode("utf-8", "replace")
+    return size, os.pread(fd, min(cap, size), 0).decode("utf-8", "replace") if size else ""
 
 
 def _run_job(job: dict[str, Any], control: socket.socket) -> dict[str, Any]:
@@ -988,6 +994,9 @@ def _exit_builtin(code: object = None) -> NoReturn:
 def main() -> None:
     global _FRAMES_IN, _FRAMES_OUT
     _prctl(_PR_SET_DUMPABLE, 0)  # a job with our uid must not reach our descriptors or memory through /proc
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard == resource.RLIM_INFINITY or hard > _WORKER_MEMORY:
+        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY, hard))
     # Frames move to high fds; 0-2 become /dev/null so that the stdio objects built here, once, serve
     # every job after it dup2()s its output files over fds 1 and 2.
     _FRAMES_IN, _FRAMES_OUT = os.dup(0), os.dup(1)
@@ -1002,6 +1011,8 @@ def main() -> None:
     )
     sys.stderr = open(2, "w", closefd=False, buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
     builtins.exit = builtins.quit = _exit_builtin  # type: ignore[assignment]  # -S skips site, which installs them
+    os.environ.clear()  # the jobs' environment, set once here rather than in every job
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": _TMP_DIR, "LANG": "C.UTF-8"})
     signal.signal(signal.SIGALRM, _on_alarm)
     # Each page a job writes costs a copy-on-write fault: warm the paths a job takes, and keep the collector from
     # walking (and so writing to) the inherited heap.
@@ -1024,7 +1035,10 @@ def main() -> None:
         try:
             (size,) = struct.unpack(">I", _read_exact(_FRAMES_IN, 4))
             job = json.loads(_read_exact(_FRAMES_IN, size))
-        except EOFError:
+        except EOFError:  # the pool let go: the template exits on its socket's EOF, and is reaped (so that its
+            control.close()  # jobs' CPU time reaches the pool's rusage)
+            if _TEMPLATE_PID[0] > 0:
+                os.waitpid(_TEMPLATE_PID[0], 0)
             return
         fatal = False
         try:

@@ -210,3 +210,11 @@ def test_a_job_sees_nothing_of_an_earlier_job(sandbox_one: PoolRunner) -> None:
     second = sandbox_one.run(RESIDUE + "print('earlier', residue(b''.join([b'fw-earlier-', b'6789'])))")
     assert second.verdict == "pass", second
     assert "own True" in second.stdout and "earlier 0" in second.stdout, second
+
+
+def test_answers_that_would_flood_the_worker_are_cut_off(sandbox: PoolRunner) -> None:
+    # each answer is under the per-message cap; together they are far over what one job may send the judge
+    code = "def f(i):\n    return 'x' * (3 << 20)\n"
+    result = sandbox.run(code, tests="kept = [f(i) for i in range(200)]\nassert len(kept) == 200", timeout_s=30.0)
+    assert result.verdict == "fail" and "answers are over" in result.detail, result
+    sandbox.still_serves()

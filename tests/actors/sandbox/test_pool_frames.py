@@ -71,3 +71,15 @@ def test_a_bad_frame_fails_the_job_and_the_pool_serves_on(tmp_path: Path, kind: 
     assert verdict == expected, (kind, verdict, detail)
     assert after == "pass", (kind, detail)
     assert sys.executable  # the pool ran in this process
+
+
+def test_closing_the_pool_resolves_the_jobs_in_flight() -> None:
+    async def scenario() -> str:
+        pool = SandboxPool(workers=1)
+        await pool.start()
+        job = asyncio.ensure_future(pool.run("import time\ntime.sleep(5)", tests="assert True", timeout_s=10))
+        await asyncio.sleep(0.5)
+        await pool.aclose()
+        return str((await asyncio.wait_for(job, 10)).verdict)
+
+    assert asyncio.run(scenario()) == "internal_error"
