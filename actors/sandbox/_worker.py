@@ -49,6 +49,7 @@ inode count, the job's own memfds) are out of scope; see ``_isolation`` for what
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import fcntl
 import gc
@@ -827,11 +828,20 @@ def _kill_uid() -> int:
 
 
 def _sweep(job_pid: int) -> int:
-    """Kill whatever the job left running; returns how many processes that was.
+    """Kill whatever the job left running, and wake the template (a job with our uid may have stopped it: that
+    must not cost the next job); returns how many processes were killed.
 
     In our own pid namespace: every process but pid 1, this worker and the template (setsid grandchildren
     included). Without one, as root: every process of the job uid. Otherwise only the job's process group.
     """
+    try:
+        return _kill_leftovers(job_pid)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(_TEMPLATE_PID[0], signal.SIGCONT)
+
+
+def _kill_leftovers(job_pid: int) -> int:
     if not _PID_NAMESPACE:
         if _JOB_UID >= 0:
             return _kill_uid()

@@ -415,3 +415,17 @@ def test_every_verdict_names_the_isolation_in_force(sandbox: PoolRunner) -> None
         ("raise SystemExit(3)", "assert True"),
     ):
         assert sandbox.run(code, tests=tests, timeout_s=1.0).isolation == level
+
+
+def test_stopping_the_sandbox_costs_no_later_job(sandbox_one: PoolRunner) -> None:
+    code = (
+        "import os, signal\n"
+        "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGSTOP)\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    assert sandbox_one.run(code, tests="assert True", timeout_s=1.0).verdict != "crashed"
+    for _ in range(3):
+        sandbox_one.still_serves()  # the next jobs, on the same worker or a fresh one, are unaffected
