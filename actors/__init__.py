@@ -71,6 +71,7 @@ for _command in (
     Command("promote", "actors.commands._promote:promote", "move the serving version to a weight version"),
     Command("rollback", "actors.commands._promote:rollback", "move the serving version back"),
     Command("sandbox", "actors.commands._sandbox:sandbox", "run a program in the sandbox, print a JSON verdict"),
+    Command("verify", "actors.commands._verify:verify", "score one answer with any verifier, print a JSON verdict"),
 ):
     register_command(_command)
 register_live_view("actors.commands._live:LearningView")

@@ -2,11 +2,14 @@
 
     python bench/sandbox.py --quick      # ≤ 60 s; writes bench/results/sandbox.json and prints a table
 
-Measures, with the process pinned to 2 CPUs (children inherit the affinity):
-- pool: N trivial jobs (`x = 1 + 1` plus an assert test) through SandboxPool(workers=2), 2×workers in
-  flight; executions/s, and p50/p99 of one job's round trip when jobs run one at a time (the per-job
-  overhead: the job itself takes microseconds);
+Measures, in one run, with the process pinned to 2 CPUs (children inherit the affinity):
+- pool: N trivial jobs (`x = 1 + 1` plus an assert test, judged by the worker on the value the job returns)
+  through SandboxPool(workers=2) at its default isolation (bubblewrap), 4×workers in flight; executions/s, and
+  p50/p99 of one job's round trip when jobs run one at a time (the per-job overhead: the job itself takes
+  microseconds); CPU time per job of every process involved (the pool, and its workers and jobs, all reaped by
+  the time the pool has closed);
 - cold `python -c pass` subprocesses, and cold `bwrap … python -c pass`, two at a time.
+The JSON keeps the raw figures (jobs, wall seconds, CPU seconds, load average) beside the rates.
 Targets: pool ≥ 500 executions/s and ≥ 5× cold subprocesses.
 """
 
@@ -51,7 +54,8 @@ async def _pool_bench(jobs: int, latency_jobs: int) -> dict[str, float | str]:
 
         started = time.perf_counter()
         verdicts = await asyncio.gather(*(one() for _ in range(jobs)))
-        rate = jobs / (time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        rate = jobs / wall
         latencies = []
         for _ in range(latency_jobs):
             t = time.perf_counter()
@@ -60,6 +64,8 @@ async def _pool_bench(jobs: int, latency_jobs: int) -> dict[str, float | str]:
         bad = [v for v in verdicts if v != "pass"]
         return {
             "isolation": str(pool.isolation),
+            "jobs": jobs,
+            "wall_s": wall,
             "executions_per_s": rate,
             "p50_ms": percentile(latencies, 50) * 1e3,
             "p99_ms": percentile(latencies, 99) * 1e3,
@@ -82,8 +88,11 @@ def _cold(argv: list[str], jobs: int, parallel: int = 2) -> dict[str, float]:
                 raise RuntimeError(f"{argv[0]} failed with status {p.returncode}")
         latencies.extend([time.perf_counter() - t] * batch)
         done += batch
+    wall = time.perf_counter() - started
     return {
-        "executions_per_s": jobs / (time.perf_counter() - started),
+        "jobs": jobs,
+        "wall_s": wall,
+        "executions_per_s": jobs / wall,
         "p50_ms": percentile(latencies, 50) * 1e3,
         "p99_ms": percentile(latencies, 99) * 1e3,
     }
@@ -95,11 +104,13 @@ def main() -> None:
     args = parser.parse_args()
     cpus = _pin_two_cores()
     jobs, latency_jobs, cold_jobs = (2000, 300, 60) if args.quick else (10000, 1000, 200)
+    load_before = os.getloadavg()[0]
     cpu_before = _cpu_s()
     pool = asyncio.run(_pool_bench(jobs, latency_jobs))
     # CPU of the pool, its workers and every job child (all reaped by the time the pool has closed):
     # 2 / cpu_per_job is what 2 idle cores could sustain, whatever else this machine is running.
     cpu_per_job = (_cpu_s() - cpu_before) / (jobs + latency_jobs + 20)
+    pool["cpu_s"] = cpu_per_job * (jobs + latency_jobs + 20)
     pool["cpu_ms_per_job"] = cpu_per_job * 1e3
     pool["capacity_2_idle_cores_per_s"] = 2 / cpu_per_job
     python = default_python()
@@ -108,7 +119,13 @@ def main() -> None:
         ["warm pool (" + str(pool["isolation"]) + ")", pool["executions_per_s"], pool["p50_ms"], pool["p99_ms"]],
         ["cold python -c", cold_py["executions_per_s"], cold_py["p50_ms"], cold_py["p99_ms"]],
     ]
-    results: dict[str, object] = {"cpus": cpus, "jobs": jobs, "pool": pool, "cold_python": cold_py}
+    results: dict[str, object] = {
+        "cpus": cpus,
+        "loadavg_1m_before": load_before,
+        "loadavg_1m_after": os.getloadavg()[0],
+        "pool": pool,
+        "cold_python": cold_py,
+    }
     if pool["isolation"] == "bwrap":
         bwrap_argv = worker_command(Isolation.BWRAP, python=python, slot=0, job_uid_base=61000, tmp_mb=16).argv
         bwrap_argv = [*bwrap_argv[: bwrap_argv.index(python) + 1], "-c", "pass"]

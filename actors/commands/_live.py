@@ -5,7 +5,8 @@ and needs no extra channel. It reads these counter names (absent ones are simply
 
 - learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
   ``heldout_acc.<domain>``, ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
-- generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas).
+- generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
+- verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible).
 
 The first held-out accuracy seen per domain is kept as the baseline (the learner evaluates right after the
 warm start), so the view shows how far each domain has climbed.
@@ -41,9 +42,12 @@ class LearningView:
         gen_versions: list[float] = []
         service: dict[str, Any] = {}
         serving_versions: list[float] = []
+        isolation: set[str] = set()
         for record in records:
             counters = dict(getattr(record, "counters", {}) or {})
             kind = getattr(record, "kind", "") or ""
+            if isinstance(counters.get("isolation"), str) and counters["isolation"]:
+                isolation.add(counters["isolation"])
             if kind == "learner" or "samples_applied" in counters:
                 learner = counters
             elif kind == "generator" or "tokens_per_s" in counters:
@@ -99,6 +103,7 @@ class LearningView:
             "staleness": learner.get("staleness_mean"),
             "tokens_per_s": tokens_per_s,
             "generator_versions": (min(gen_versions), max(gen_versions)) if gen_versions else None,
+            "sandbox": "/".join(sorted(isolation)) or None,
             "domains": rows,
             "service": service or None,
         }
@@ -191,6 +196,8 @@ class LearningView:
             bits.append(f"generators v{int(low)}" + (f"–v{int(high)}" if high != low else ""))
         if summary["staleness"] is not None:
             bits.append(f"staleness {float(summary['staleness']):.1f}")
+        if summary.get("sandbox"):
+            bits.append(f"sandbox {summary['sandbox']}")
         return "learning: " + " · ".join(bits)
 
 

@@ -1,10 +1,12 @@
 """``flywheel sandbox run FILE [--tests TESTS] [--timeout S] [--memory MB]``: one program, one JSON line.
 
 Prints a single JSON object: verdict, reward, isolation, elapsed_s, stdout, stderr (capped), detail.
-Reward is 1.0 only when tests were given and all passed; a program run without tests earns 0.0 whatever
-it does (verdict ``pass`` then only says it ran to completion: end of file or ``exit(0)``). Exit status
-0 for every verdict; non-zero only when the sandbox itself could not run (or the required isolation is
-missing: verdict ``isolation_refused``, exit 3).
+Reward is 1.0 only when tests were given and all passed (judged outside the program, on the values it
+returned: see ``actors.sandbox._worker``); a program run without tests earns 0.0 whatever it does (verdict
+``pass`` then only says it ran to completion: end of file or ``exit(0)``). It runs under bubblewrap unless
+``--min-isolation`` opts in to less. Exit status 0 for every verdict; non-zero only when the sandbox itself
+could not run (or the required isolation is missing: verdict ``isolation_refused``, exit 3, with how to
+install bubblewrap or opt in).
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ async def _run(
 @click.option(
     "--min-isolation",
     type=click.Choice(["bwrap", "unshare", "rlimits"]),
-    default="rlimits",
+    default="bwrap",
     show_default=True,
+    help="refuse to run below this level (weaker only by this explicit opt-in)",
 )
 def run(
     file: Path, tests_file: Path | None, timeout_s: float, memory_mb: int, isolation: str, min_isolation: str

@@ -2,7 +2,8 @@
 
 A library (no bus, no actor kind): the `source` kind draws tasks from it, the `verify` kind and replay score with its
 verifiers, the learner's warm start and held-out rounds read its tasks. Task sources are pure Python; the verifiers
-that run code use the `actors.sandbox` pool.
+that run code use the `actors.sandbox` pool, and symbolic math checks and users' ``module:function`` verifiers run
+in killable, memory-limited helper processes (`actors.domains._verifiers._helpers`), never on the event loop.
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ async def score(completion_text: str, task: Mapping[str, Any], *, verifier: Veri
     except Exception as exc:
         result = VerifyResult(0.0, "internal_error", f"{type(exc).__name__}: {exc}"[:300])
     if not 0.0 <= result.reward <= 1.0 or result.reward != result.reward:
-        result = VerifyResult(0.0, "internal_error", f"reward {result.reward!r} outside [0, 1]")
+        result = VerifyResult(0.0, "internal_error", f"reward {result.reward!r} outside [0, 1]", 0.0, result.isolation)
     elapsed = time.monotonic() - started
     if result.verdict != "pass":
         _log.debug("verify_verdict", verifier=verifier.name, verdict=result.verdict, detail=result.detail[:200])
-    return VerifyResult(result.reward, result.verdict, result.detail, result.elapsed_s or elapsed)
+    return VerifyResult(result.reward, result.verdict, result.detail, result.elapsed_s or elapsed, result.isolation)

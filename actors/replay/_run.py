@@ -92,7 +92,11 @@ class Replayer:
 
     async def __aenter__(self) -> Replayer:
         if any(d.verifier in _CODE_VERIFIERS for d in self._domains.values()):
-            self._pool = SandboxPool(workers=2)
+            # the isolation policy of the spec's verify actor (a weaker level is the spec's explicit opt-in)
+            verify = next((a.config for a in self.spec.actors.values() if a.kind == "verify"), None)
+            sandbox = getattr(verify, "sandbox", None)
+            policy = {"isolation": sandbox.isolation, "min_isolation": sandbox.min_isolation} if sandbox else {}
+            self._pool = SandboxPool(workers=2, **policy)
             await self._pool.start()
         self._scorer = Scorer(self._domains, pool=self._pool)
         return self

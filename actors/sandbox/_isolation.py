@@ -2,13 +2,19 @@
 
 Levels, strongest first:
 
-- ``bwrap``   bubblewrap: new pid, net, ipc, uts (and cgroup) namespaces, a filesystem made only of
-  read-only /usr (+ /lib*, /bin symlinks) and the Python prefix, a fresh /proc and /dev, a private
-  size-capped tmpfs at /tmp, cleared environment, ``--die-with-parent``, ``--new-session``.
+- ``bwrap``   bubblewrap: new pid (the worker is its pid 1), net, ipc, uts (and cgroup) namespaces, a
+  read-only filesystem made only of /usr (+ /lib*, /bin symlinks) and the Python prefix, a fresh /proc, a
+  /dev whose only writable part is a size-capped /dev/shm, a private size-capped tmpfs at /tmp, cleared
+  environment, ``--die-with-parent``, ``--new-session``. The worker empties /tmp and /dev/shm after every job.
 - ``unshare`` util-linux unshare: new pid (with a private /proc), net, ipc, uts and mount namespaces,
-  cleared environment, but the host filesystem stays visible (read with the job uid's permissions).
+  cleared environment, but the host filesystem stays visible (read with the job uid's permissions) and
+  /dev/shm is the host's. As a normal user it maps only our own uid (``--map-current-user``), so the
+  worker holds no capabilities over the jobs.
 - ``rlimits`` no namespaces: rlimits, a private session, a private uid when we are root. Network and the
-  host filesystem are reachable. Always announced with a loud warning.
+  host filesystem are reachable, and as a normal user so is every process of our uid.
+
+The pool refuses to start below its ``min_isolation`` (``bwrap`` unless the caller opts in to less), and the level
+in force is part of every verdict.
 
 Unprivileged uid: when the pool runs as root, a user namespace would map the job's uid to host root, and
 the kernel does not apply RLIMIT_NPROC to root — a fork bomb would be bounded by nothing but pid_max.
@@ -17,8 +23,12 @@ CAP_KILL, and each job drops to a private host uid (one per worker slot, so proc
 slots never mix) before running. As a normal user, bwrap uses ``--unshare-all`` (user namespace
 included) and jobs keep our own non-root uid, to which RLIMIT_NPROC applies.
 
+Scratch space outside bubblewrap is a directory per slot under a private directory of the pool (owned by the
+slot's job uid when we are root), so that a worker empties only its own.
+
 Non-goals: no seccomp filter and no cgroup limits (memory is bounded by RLIMIT_AS per process and the
-tmpfs size, process count by RLIMIT_NPROC); kernel exploits are out of scope.
+tmpfs sizes, process count by RLIMIT_NPROC, the tmpfs's inode count only by the job's time); kernel
+exploits are out of scope.
 """
 
 from __future__ import annotations
@@ -87,15 +97,33 @@ def _system_binds() -> list[str]:
     return args
 
 
+def slot_tmp_dir(host_tmp: str, slot: int) -> str:
+    """The scratch directory of one worker slot outside bubblewrap (see the module docstring)."""
+    return os.path.join(host_tmp, f"slot-{slot}")
+
+
 def worker_command(
-    level: Isolation, *, python: str, slot: int, job_uid_base: int, tmp_mb: int, host_tmp: str | None = None
+    level: Isolation,
+    *,
+    python: str,
+    slot: int,
+    job_uid_base: int,
+    tmp_mb: int,
+    host_tmp: str | None = None,
+    max_message_bytes: int = 8 << 20,
+    as_root: bool = IS_ROOT,
 ) -> WorkerCommand:
-    """The argv that starts one worker under ``level``; ``slot`` picks the job's private uid."""
-    job_uid = job_uid_base + slot if IS_ROOT else -1
+    """The argv that starts one worker under ``level``; ``slot`` picks the job's private uid.
+
+    ``as_root`` says whether the worker will be started by root (the default: whether we are root); a caller that
+    starts it under another uid says so.
+    """
+    job_uid = job_uid_base + slot if as_root else -1
     python = os.path.realpath(python)
+    settings: dict[str, object] = {"job_uid": job_uid, "max_message_bytes": max_message_bytes}
     if level is Isolation.BWRAP:
         bwrap = shutil.which("bwrap") or "bwrap"
-        if IS_ROOT:
+        if as_root:
             ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
             caps = ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         else:
@@ -103,10 +131,17 @@ def worker_command(
         prefix = python_prefix(python)
         binds = _system_binds()
         if not prefix.startswith("/usr/"):
+            # bubblewrap makes the missing parents of a bind with the host's modes: under /root (0700) the job uid
+            # could not reach the standard library, so they are made traversable first
+            for parent in reversed(Path(prefix).parents[:-1]):
+                binds += ["--perms", "0755", "--dir", str(parent)]
             binds += ["--ro-bind", prefix, prefix]
         argv = [
             bwrap,
             *ns,
+            # the worker is the namespace's pid 1: bubblewrap's own init would hold the pool's pipe, and as a normal
+            # user a job could open it through /proc/1/fd (the worker itself is non-dumpable)
+            "--as-pid-1",
             "--die-with-parent",
             "--new-session",
             "--clearenv",
@@ -115,22 +150,35 @@ def worker_command(
             "/proc",
             "--dev",
             "/dev",
+            # /dev is a tmpfs that a non-root sandbox may write to, with no size cap: only /dev/shm stays writable,
+            # capped like /tmp (and emptied after every job, like /tmp)
+            "--perms",
+            "1777",
+            "--size",
+            str(tmp_mb << 20),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
             "--perms",
             "1777",
             "--size",
             str(tmp_mb << 20),
             "--tmpfs",
             "/tmp",
+            # the sandbox's root is a tmpfs that a non-root sandbox owns: read-only, like everything but the two above
+            "--remount-ro",
+            "/",
             *caps,
             "--chdir",
             "/tmp",
             "--",
         ]
-        settings = {"job_uid": job_uid, "tmp_dir": "/tmp", "pid_namespace": True}
+        settings.update(tmp_dir="/tmp", pid_namespace=True, private_shm=True)
         tmp_dir = "/tmp"
     elif level is Isolation.UNSHARE:
         unshare = shutil.which("unshare") or "unshare"
-        user = [] if IS_ROOT else ["--user", "--map-root-user"]
+        user = [] if as_root else ["--map-current-user"]
         argv = [
             unshare,
             *user,
@@ -143,12 +191,12 @@ def worker_command(
             "--uts",
             "--",
         ]
-        tmp_dir = host_tmp or tempfile.gettempdir()
-        settings = {"job_uid": job_uid, "tmp_dir": tmp_dir, "pid_namespace": True}
+        tmp_dir = slot_tmp_dir(host_tmp or tempfile.gettempdir(), slot)
+        settings.update(tmp_dir=tmp_dir, pid_namespace=True)
     else:
         argv = []
-        tmp_dir = host_tmp or tempfile.gettempdir()
-        settings = {"job_uid": job_uid, "tmp_dir": tmp_dir, "pid_namespace": False}
+        tmp_dir = slot_tmp_dir(host_tmp or tempfile.gettempdir(), slot)
+        settings.update(tmp_dir=tmp_dir, pid_namespace=False)
     argv += [python, "-I", "-S", "-B", "-c", WORKER_SOURCE, json.dumps(settings)]
     return WorkerCommand(argv=argv, isolation=level, job_uid=job_uid, tmp_dir=tmp_dir)
 
@@ -177,7 +225,7 @@ def probe_isolation(python: str, *, job_uid_base: int = 61000, tmp_mb: int = 16)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 reasons.append(f"{level}: {exc}")
                 continue
-            if proc.returncode == 0 and b'"ready": true' in proc.stdout:
+            if proc.returncode == 0 and b'"ready":true' in proc.stdout:
                 _probe_cache[key] = (level, reasons)
                 return level, reasons
             err = proc.stderr.decode(errors="replace").strip().splitlines()

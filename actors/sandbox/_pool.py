@@ -4,14 +4,21 @@
         result = await pool.run("def f(x): return x + 1", tests="assert f(1) == 2", timeout_s=2)
 
 Contract: ``run`` waits for room in a bounded queue (backpressure), then for a worker; it always returns
-a ``SandboxResult`` (never raises for anything the job does). Each worker slot owns one warm process; a
-slot enforces a parent-side deadline (the job's timeout plus a grace) on the worker's reply and kills the
-worker's whole pid namespace when it expires, so a wedged or killed worker costs one job, not the pool.
-Workers are replaced after ``max_jobs_per_worker`` jobs and after any job that hit a limit, crashed or
-left processes behind. A job whose worker died before answering runs once more on a fresh worker; it is
-``crashed`` only if that worker dies too (counted in ``crash_retries``). Frames are length-prefixed; the
-pool never waits on a pipe's EOF.
-``statistics()`` counts jobs per verdict; every non-pass verdict is logged.
+a ``SandboxResult`` (never raises for anything the job does) that names the isolation level in force. PASS
+means that the worker's judge ran every test to its end on values the job returned (see ``_worker``): the
+job holds no descriptor that could report a result. The pool starts only at ``min_isolation`` or stronger —
+``bwrap`` unless the caller opts in to less — and `IsolationRefused` says how to install bubblewrap or opt in.
+
+Each worker slot owns one warm process; a slot enforces a parent-side deadline (the job's timeout plus a
+grace) on the worker's reply and kills the worker's whole pid namespace when it expires, so a wedged or
+killed worker costs one job, not the pool. Frames from a worker are length-prefixed and capped
+(``max_frame_bytes``): a frame over the cap, a malformed or out-of-order one, and any other failure in a
+slot resolve that job as ``internal_error`` and replace the worker — a slot never dies with a job pending.
+Workers are replaced after ``max_jobs_per_worker`` jobs and after any job that hit a limit, crashed, or
+left processes or files behind. A job whose worker died before answering runs once more on a fresh worker;
+it is ``crashed`` only if that worker dies too (counted in ``crash_retries``). The pool never waits on a
+pipe's EOF. ``statistics()`` counts jobs per verdict; every non-pass verdict is logged.
+
 Non-goals: scheduling fairness between callers, cross-host pools.
 """
 
@@ -39,12 +46,23 @@ from actors.sandbox._isolation import (
     IsolationRefused,
     default_python,
     probe_isolation,
+    slot_tmp_dir,
     worker_command,
 )
 from actors.sandbox._verdict import RECYCLE_AFTER, SandboxResult, Verdict, classify
 
 _log = structlog.get_logger("flywheel.sandbox")
 _GRACE_S = 2.0  # parent-side deadline beyond the job's own timeout, for a worker that stopped answering
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora/RHEL: `dnf install bubblewrap`; "
+    "as a normal user it also needs unprivileged user namespaces), or opt in to weaker isolation with "
+    "`min_isolation: unshare` (or `rlimits`) in the verify actor's `sandbox` block, `--min-isolation` on the "
+    "command line, or `SandboxPool(min_isolation=...)`"
+)
+
+
+class _BadFrame(ValueError):
+    """A worker's frame that is over the size cap or not a JSON object."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +106,24 @@ class _Job:
 class _Worker:
     """One warm process; owned by one slot task, so never used concurrently."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, jobs: int = 0) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, max_frame_bytes: int) -> None:
         self.proc = proc
-        self.jobs = jobs
+        self.jobs = 0
+        self.max_frame_bytes = max_frame_bytes
 
     async def read_frame(self) -> dict[str, Any]:
+        """The next frame; `_BadFrame` when its length header is over the cap (nothing more is read) or it is not a
+        JSON object, `asyncio.IncompleteReadError` when the worker is gone."""
         assert self.proc.stdout is not None
         (size,) = struct.unpack(">I", await self.proc.stdout.readexactly(4))
-        frame: dict[str, Any] = json.loads(await self.proc.stdout.readexactly(size))
+        if size > self.max_frame_bytes:
+            raise _BadFrame(f"a frame of {size} bytes (the cap is {self.max_frame_bytes})")
+        try:
+            frame = json.loads(await self.proc.stdout.readexactly(size))
+        except (ValueError, RecursionError) as exc:
+            raise _BadFrame(f"a malformed frame ({type(exc).__name__})") from None
+        if not isinstance(frame, dict):
+            raise _BadFrame("a frame that is not a JSON object")
         return frame
 
     async def exit_status(self) -> str:
@@ -118,6 +146,16 @@ class _Worker:
         self.proc.stdin.write(struct.pack(">I", len(data)) + data)
         await self.proc.stdin.drain()
 
+    async def close(self) -> None:
+        """Let the worker go: it exits on its stdin's EOF (reaping its own processes); killed if it does not."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 1.0)
+        except (TimeoutError, Exception):
+            await self.kill()
+
     async def kill(self) -> None:
         # Killing bwrap (or unshare --kill-child) takes the namespace's init down, and with it every
         # process in the pid namespace, setsid grandchildren included.
@@ -133,7 +171,7 @@ class SandboxPool:
         *,
         workers: int = 2,
         limits: SandboxLimits | None = None,
-        min_isolation: Literal["bwrap", "unshare", "rlimits"] | Isolation = "rlimits",
+        min_isolation: Literal["bwrap", "unshare", "rlimits"] | Isolation = "bwrap",
         isolation: Literal["auto", "bwrap", "unshare", "rlimits"] = "auto",
         max_jobs_per_worker: int = 1000,
         queue_size: int | None = None,
@@ -160,6 +198,12 @@ class SandboxPool:
         self.isolation: Isolation | None = None
         self._stats = PoolStatistics(isolation="", workers=workers, queued=0, queue_size=self._queue.maxsize)
         self._next_id = 0
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest report frame a worker may send: two capped outputs (JSON may spell a byte as six), the
+        detail and an expression's value; a longer length header is a broken worker, never buffered."""
+        return 16 * self.limits.output_cap_bytes + (2 << 20)
 
     @classmethod
     def from_config(cls, config: Any) -> SandboxPool:
@@ -196,16 +240,12 @@ class SandboxPool:
         else:
             level, reasons = Isolation.parse(self._wanted), []
         if level < self._min:
+            why = "; ".join(reasons) if reasons else f"isolation={self._wanted} was asked for"
             raise IsolationRefused(
-                f"sandbox isolation {self._min} is required but only {level} is available here ({'; '.join(reasons)})"
+                f"sandbox isolation {self._min} is required but only {level} is available here ({why}); " + INSTALL_HINT
             )
         if level < Isolation.BWRAP:
-            _log.warning(
-                "sandbox_isolation_degraded",
-                isolation=str(level),
-                reasons=reasons,
-                hint="install bubblewrap (apt-get install bubblewrap) for full isolation",
-            )
+            _log.warning("sandbox_isolation_weaker_than_bwrap", isolation=str(level), min_isolation=str(self._min))
         if not IS_ROOT and level < Isolation.UNSHARE:
             _log.warning(
                 "sandbox_no_private_uid",
@@ -216,6 +256,8 @@ class SandboxPool:
         if level < Isolation.BWRAP:
             self._host_tmp = tempfile.mkdtemp(prefix="flywheel-sandbox-")
             os.chmod(self._host_tmp, 0o711)
+            for slot in range(self._n):
+                self._reset_slot_tmp(slot)
         first = await asyncio.gather(*(self._spawn(slot) for slot in range(self._n)))
         self._tasks = [asyncio.create_task(self._slot(slot, worker)) for slot, worker in enumerate(first)]
         _log.info("sandbox_pool_started", isolation=str(level), workers=self._n)
@@ -302,7 +344,7 @@ class SandboxPool:
             start_new_session=True,
             limit=1 << 22,
         )
-        worker = _Worker(proc)
+        worker = _Worker(proc, self.max_frame_bytes)
         try:
             hello = await asyncio.wait_for(worker.read_frame(), 15)
         except (TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
@@ -316,69 +358,98 @@ class SandboxPool:
         return worker
 
     async def _reap_uid(self, slot: int) -> None:
-        """Without a pid namespace, kill whatever still runs as the slot's private uid."""
-        if self.isolation is not Isolation.RLIMITS or not IS_ROOT:
+        """Without a pid namespace, kill whatever still runs as the slot's private uid (``kill -9 -1`` as that uid)."""
+        kill = shutil.which("kill")
+        if self.isolation is not Isolation.RLIMITS or not IS_ROOT or kill is None:
             return
         uid = self._uid_base + slot
-        proc = await asyncio.create_subprocess_exec(
-            self.python,
-            "-I",
-            "-S",
-            "-c",
-            "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={},
-        )
-        await proc.wait()
+        with contextlib.suppress(OSError):
+            proc = await asyncio.create_subprocess_exec(
+                kill,
+                "-9",
+                "-1",
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                env={},
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            await proc.wait()
+
+    def _reset_slot_tmp(self, slot: int) -> None:
+        """Outside bubblewrap: the slot's scratch directory, empty, owned by its job uid (when we are root)."""
+        if self._host_tmp is None:
+            return
+        path = slot_tmp_dir(self._host_tmp, slot)
+        shutil.rmtree(path, ignore_errors=True)
+        os.mkdir(path, 0o700)
+        if IS_ROOT:
+            os.chown(path, self._uid_base + slot, self._uid_base + slot)
 
     async def _slot(self, slot: int, worker: _Worker | None) -> None:
+        job: _Job | None = None
         try:
             while True:
                 job = await self._queue.get()
                 if job.future.cancelled():
                     continue
-                if worker is None:
-                    try:
-                        worker = await self._spawn(slot)
-                    except Exception as exc:
-                        self._finish(job, SandboxResult(Verdict.INTERNAL_ERROR, str(exc), str(self.isolation)))
-                        await asyncio.sleep(0.5)
-                        continue
+                try:
+                    worker = await self._serve(slot, worker, job)
+                except Exception as exc:  # a bug or a broken worker: this job fails, the slot and the pool go on
+                    _log.error("sandbox_slot_failed", slot=slot, error=repr(exc)[:300])
+                    self._finish(job, SandboxResult(Verdict.INTERNAL_ERROR, f"sandbox slot failed: {exc!r}"[:300]))
+                    if worker is not None:
+                        with contextlib.suppress(Exception):
+                            await self._recycle(slot, worker)
+                    worker = None
+        finally:  # the pool is closing (this task was cancelled)
+            if job is not None and not job.future.done():
+                job.future.set_result(SandboxResult(Verdict.INTERNAL_ERROR, "sandbox pool closed", str(self.isolation)))
+            current = self._live.pop(slot, None)
+            if worker is not None and worker is not current:
+                await asyncio.shield(worker.kill())
+            if current is not None:
+                await asyncio.shield(current.close())
+
+    async def _serve(self, slot: int, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Run one job on the slot's worker (started when there is none); returns the worker to keep, if any."""
+        if worker is None:
+            try:
+                worker = await self._spawn(slot)
+            except Exception as exc:
+                self._finish(job, SandboxResult(Verdict.INTERNAL_ERROR, str(exc)))
+                await asyncio.sleep(0.5)
+                return None
+        result, healthy = await self._one(worker, job)
+        worker.jobs += 1
+        if result.extra.get("worker_died"):
+            # The worker died before answering. Its job may have killed it, or something outside did
+            # (seen once in CI, cause unknown): a correct answer must not score 0 for that, so the job
+            # runs once more on a fresh worker, and `crashed` stands only if that one dies too.
+            _log.warning("sandbox_worker_died", slot=slot, detail=result.detail, retrying=True)
+            await self._recycle(slot, worker)
+            self._stats.crash_retries += 1
+            try:
+                worker = await self._spawn(slot)
+            except Exception:
+                worker = None
+            else:
                 result, healthy = await self._one(worker, job)
                 worker.jobs += 1
-                if result.verdict is Verdict.CRASHED:
-                    # The worker died before answering. Its job may have killed it, or something outside did
-                    # (seen once in CI, cause unknown): a correct answer must not score 0 for that, so the job
-                    # runs once more on a fresh worker, and `crashed` stands only if that one dies too.
-                    _log.warning("sandbox_worker_died", slot=slot, detail=result.detail, retrying=True)
-                    await self._recycle(slot, worker)
-                    self._stats.crash_retries += 1
-                    try:
-                        worker = await self._spawn(slot)
-                    except Exception:
-                        worker = None
-                    else:
-                        result, healthy = await self._one(worker, job)
-                        worker.jobs += 1
-                        if result.verdict is Verdict.CRASHED:
-                            result = replace(result, detail=result.detail + ", on a fresh worker too")
-                self._finish(job, result)
-                if worker is not None and (
-                    not healthy or result.verdict in RECYCLE_AFTER or worker.jobs >= self._max_jobs
-                ):
-                    await self._recycle(slot, worker)
-                    worker = None
-        finally:
-            self._live.pop(slot, None)
-            if worker is not None:
-                await worker.kill()
+                if result.extra.get("worker_died"):
+                    result = replace(result, detail=result.detail + ", on a fresh worker too")
+        self._finish(job, result)
+        if worker is not None and (not healthy or result.verdict in RECYCLE_AFTER or worker.jobs >= self._max_jobs):
+            await self._recycle(slot, worker)
+            worker = None
+        return worker
 
     async def _recycle(self, slot: int, worker: _Worker) -> None:
         self._live.pop(slot, None)
         await worker.kill()
         await self._reap_uid(slot)
+        self._reset_slot_tmp(slot)
         self._stats.workers_recycled += 1
 
     async def _one(self, worker: _Worker, job: _Job) -> tuple[SandboxResult, bool]:
@@ -394,7 +465,9 @@ class SandboxPool:
                 iso,
                 time.monotonic() - started,
             ), False
-        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, ValueError) as exc:
+        except _BadFrame as exc:
+            return SandboxResult(Verdict.INTERNAL_ERROR, f"the worker sent {exc}", iso), False
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
             # The worker died mid-job (e.g. killed by its own job, or its namespace's init was killed).
             elapsed = time.monotonic() - started
             return SandboxResult(
@@ -402,9 +475,13 @@ class SandboxPool:
                 f"sandbox worker died during the job ({type(exc).__name__}; {await worker.exit_status()})",
                 iso,
                 elapsed,
+                extra={"worker_died": True},
             ), False
         if report.get("id") != job.frame["id"]:
             return SandboxResult(Verdict.INTERNAL_ERROR, "worker answered out of order", iso), False
+        if report.get("worker_died"):  # a process of the worker's own died during the job: as if the worker had
+            detail = f"sandbox worker failed during the job ({str(report['worker_died'])[:200]})"
+            return SandboxResult(Verdict.CRASHED, detail, iso, extra={"worker_died": True}), False
         verdict, detail = classify(report, file_limit_bytes=job.file_limit, timeout_s=job.timeout_s)
         result = SandboxResult(
             verdict=verdict,
@@ -413,16 +490,20 @@ class SandboxPool:
             elapsed_s=float(report.get("elapsed_s", time.monotonic() - started)),
             stdout=str(report.get("stdout", "")),
             stderr=str(report.get("stderr", "")),
-            value=report.get("value") if verdict is Verdict.PASS else None,
+            value=str(report["value"]) if verdict is Verdict.PASS and report.get("value") is not None else None,
             extra={"stray_processes": report.get("stray_processes", 0)},
         )
-        return result, not report.get("stray_processes")
+        if report.get("replace_worker"):
+            _log.info("sandbox_worker_replaced", reason=str(report["replace_worker"])[:200])
+        return result, not report.get("stray_processes") and not report.get("replace_worker")
 
     def _finish(self, job: _Job, result: SandboxResult) -> None:
         self._stats.jobs += 1
         self._stats.verdicts[str(result.verdict)] += 1
         if result.verdict is not Verdict.PASS:
             _log.debug("sandbox_verdict", verdict=str(result.verdict), detail=result.detail[:200])
+        if not result.isolation:
+            result = replace(result, isolation=str(self.isolation))
         if not job.future.done():
             job.future.set_result(result)
 

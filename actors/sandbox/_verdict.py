@@ -1,9 +1,11 @@
 """Sandbox verdicts and results: what a job's end means, decided from facts the worker reports.
 
-Contract: exactly one verdict per job; ``PASS`` only when the worker saw the per-job nonce on the
-harness's private result pipe (see ``_worker``) — never from exit codes or stdout. Limits take precedence
-over the harness's own report, so a job that catches its own ``MemoryError`` and then prints a pass
-line is still a failure. Pure functions, no I/O.
+Contract: exactly one verdict per job. ``PASS`` only when the worker's judge — outside the job process —
+ran every test to its end on the values the job returned (see ``_worker``); never from exit codes, stdout
+or anything the job writes. Limits take precedence over the judge, so a job that catches its own
+``MemoryError`` and returns the right values anyway is still a failure, and so is one that passed its tests
+but went on past its deadline or output cap. Every result names the isolation level it ran under. Pure
+functions, no I/O.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def classify(report: dict[str, Any], *, file_limit_bytes: int, timeout_s: float)
         return Verdict.OUTPUT_LIMIT, f"output or file-size limit of {file_limit_bytes} bytes reached"
     if report.get("memory_error"):
         return Verdict.MEMORY_LIMIT, str(report.get("detail") or "address-space limit reached")
-    if sig is not None:
+    if sig is not None and sig != signal.SIGPIPE:  # SIGPIPE: it wrote to a pipe (or the judge's socket) already closed
         return Verdict.CRASHED, f"killed by {_signal_name(sig)}"
     if report.get("passed"):
         return Verdict.PASS, ""

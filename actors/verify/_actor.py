@@ -7,7 +7,9 @@ reward 0, so one bad completion cannot stall the channel. Up to ``max_in_flight`
 once; the sandbox pool's own bounded queue provides the backpressure beyond that.
 
 The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
-``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved.
+``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved. The report's ``isolation`` is the
+sandbox level in force (``bwrap`` unless the spec opted in to less), shown by ``flywheel status`` and the live view;
+every scored completion's verdict was decided outside the code it ran (see ``actors.sandbox``).
 
 
 Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
@@ -45,9 +47,7 @@ class VerifyActor(Actor[VerifyConfig]):
         await self._pool.start()
         verifiers = {name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in self._domains.items()}
         self._scorer = Scorer(verifiers, pool=self._pool)
-        self.ctx.log.info(
-            "verify.ready", isolation=str(self._pool.statistics().isolation), domains=sorted(self._domains)
-        )
+        self.ctx.log.info("verify.ready", isolation=self._pool.statistics().isolation, domains=sorted(self._domains))
 
     async def run(self) -> None:
         channel_in = self.ctx.input_channel
@@ -71,10 +71,11 @@ class VerifyActor(Actor[VerifyConfig]):
             await self._pool.aclose()
 
     def report(self) -> dict[str, Any]:
-        counters = self.ctx.counters.snapshot()
+        counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
         if self._pool is not None:
             stats = self._pool.statistics()
-            counters["sandbox_queue"] = float(getattr(stats, "queued", 0))
+            counters["sandbox_queue"] = float(stats.queued)
+            counters["isolation"] = stats.isolation  # what `flywheel status` and the live view show
         if self._scorer is not None:
             counters.update({key: float(value) for key, value in self._scorer.memo_stats().items()})
         if self._outbox is not None and self._outbox.per_batch is not None:

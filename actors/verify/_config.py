@@ -1,7 +1,8 @@
 """Config of the `verify` actor kind (light module: no torch; registers the kind on import).
 
 The verify actor scores rollouts with each domain's verifier; code runs in a pool of warm sandbox
-workers whose limits are set here.
+workers whose limits are set here. The pool refuses to start below ``min_isolation`` (bubblewrap unless the spec
+opts in to ``unshare`` or ``rlimits``), and the level in force is in the actor's counters (``isolation``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class SandboxConfig(SpecModel):
     max_file_mb: int = Field(default=16, ge=0)  # largest file a job may write (RLIMIT_FSIZE)
     max_open_files: int = Field(default=64, ge=8)  # RLIMIT_NOFILE
     max_output_kb: int = Field(default=64, ge=1)  # stdout/stderr captured per job; the rest is dropped
-    min_isolation: Literal["bwrap", "unshare", "rlimits"] = "rlimits"  # refuse to start below this level
+    # refuse to start below this level; anything weaker than bwrap is an explicit opt-in
+    min_isolation: Literal["bwrap", "unshare", "rlimits"] = "bwrap"
     max_jobs_per_worker: int = Field(default=1000, ge=1)  # a worker is replaced after this many jobs
 
 

@@ -20,6 +20,9 @@ class VerifyResult:
     verdict: str  # "pass" | "fail" | a sandbox verdict ("timeout", "memory_limit", ...)
     detail: str = ""  # why: the extracted answer, the failing test, the mismatched fields
     elapsed_s: float = 0.0
+    # where the answer was checked: a sandbox level ("bwrap", "unshare", "rlimits") for code, "helper" for a
+    # killable, memory-limited helper process, "in-process" for parsing and comparing text here
+    isolation: str = "in-process"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -27,6 +30,7 @@ class VerifyResult:
             "verdict": self.verdict,
             "detail": self.detail,
             "elapsed_s": self.elapsed_s,
+            "isolation": self.isolation,
         }
 
 
@@ -39,8 +43,8 @@ class Verifier(Protocol):
 # CPython 3.11 keeps one recursion-depth counter for converting between C and Python ASTs (`ast.parse`,
 # `ast.literal_eval`, `compile` of an AST). Two threads converting at once can leave it wrong, and every later
 # conversion in the process then fails with "SystemError: AST constructor recursion depth mismatch"
-# (python/cpython gh-106905, fixed in 3.12). Verifiers parse off the main thread (sympy in worker threads), so
-# every AST conversion of ours goes through this lock, and the common literals are read without an AST at all.
+# (python/cpython gh-106905, fixed in 3.12). A caller may verify from several threads, so every AST conversion
+# of ours goes through this lock, and the common literals are read without an AST at all.
 AST_LOCK = threading.Lock()
 
 _INT = re.compile(r"-?\d{1,4300}")

@@ -6,6 +6,8 @@ Task fields: ``{"fields": {name: expected, ...}}``. Config: ``mode`` (default fo
 as exact), ``numeric`` (``rel_tol``/``abs_tol``; numeric strings accepted). Reward = fraction of expected
 fields that match (partial credit); extra keys neither help nor hurt unless ``penalize_extra``.
 No JSON object, or a malformed one → reward 0, verdict fail. Verdict pass only when every field matches.
+Scored in this process: the text is capped (``max_chars``) and only the first 16 opening braces are tried, so a
+hostile completion costs bounded time.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ Mode = Literal["exact", "normalized", "numeric"]
 _MODES = ("exact", "normalized", "numeric")
 
 
+_MAX_STARTS = 16  # opening braces tried: each try may parse far, so a text of braces cannot cost quadratic time
+
+
 def first_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` that starts at one of its first ``_MAX_STARTS`` opening braces."""
     decoder = json.JSONDecoder()
     start = text.find("{")
-    while start != -1:
+    for _ in range(_MAX_STARTS):
+        if start == -1:
+            break
         try:
             value, _ = decoder.raw_decode(text, start)
         except (json.JSONDecodeError, RecursionError):

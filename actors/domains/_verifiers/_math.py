@@ -9,13 +9,17 @@ with sympy (``sqrt(2)/2`` = ``1/sqrt(2)``, ``2*x+1`` = ``1+2x``).
 Safety: sympy's parser evaluates Python, so text reaches it only after a whitelist (digits, operators,
 parentheses, single-letter symbols and a few function names; no dots after letters, no underscores,
 no quotes, no brackets), a length cap, and a structural check that refuses huge powers and numbers
-before anything is simplified. Non-goals: units, intervals, sets, multiple answers, LaTeX beyond
-``\\frac``, ``\\sqrt``, ``\\cdot``, ``\\pi``.
+before anything is simplified. Even so a small expression can expand without bound
+(``(a+b+c+d+f+g+h+k)^64``), so every symbolic comparison — and every comparison of a long answer — runs in a
+helper process with an address-space limit (``HELPER_MEMORY_MB``) that is killed at ``SYMPY_TIMEOUT_S``
+(verdict ``timeout``, reward 0; ``memory_limit`` when it runs out of memory first): nothing keeps a thread busy
+or grows this process's memory after the verdict. The common case — a short numeric answer — is decided here,
+with regexes and a ``Fraction``, in linear time. Non-goals: units, intervals, sets, multiple answers, LaTeX
+beyond ``\\frac``, ``\\sqrt``, ``\\cdot``, ``\\pi``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Mapping
@@ -23,25 +27,38 @@ from fractions import Fraction
 from typing import Any
 
 from actors.domains._verifiers._base import AST_LOCK, VerifierError, VerifyResult
+from actors.domains._verifiers._helpers import (
+    HelperError,
+    HelperMemoryError,
+    HelperPool,
+    HelperTimeout,
+    shared_helpers,
+)
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _ANSWER = re.compile(r"(?:answer\s*(?:is|:|=)|####)\s*(.+)", re.IGNORECASE)
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
 _SAFE = re.compile(r"^[0-9a-z+\-*/^(). ]{1,80}$")
 _FUNCS = {"sqrt", "pi", "exp", "log", "sin", "cos", "tan"}
-_MAX_SYMPY_S = 2.0
+SYMPY_TIMEOUT_S = 2.0  # a symbolic comparison (or a long answer's) is killed after this
+HELPER_MEMORY_MB = 1024  # address space of the helper process that runs them
 _INLINE_CHARS = 200  # answers up to this long are compared on the event loop (regexes and a Fraction: microseconds)
 
 
 def _boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` whose braces close (one pass: braces are matched once)."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            closing[opened.pop()] = i
     last = None
     for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            last = text[m.end() : i - 1]
+        end = closing.get(m.end() - 1)
+        if end is not None:
+            last = text[m.end() : end]
     return last
 
 
@@ -169,14 +186,28 @@ class MathVerifier:
         if answer is None:
             return VerifyResult(0.0, "fail", "no answer found", time.monotonic() - started)
         # short answers (nearly all: a number) are decided here; sympy (and, for long answers, the exact part
-        # too) runs in a thread under a time limit
+        # too) runs in a memory-limited helper process that is killed at the time limit
         short = max(len(answer), len(reference)) <= _INLINE_CHARS
         ok = exact_equal(answer, reference) if short else None
-        try:
-            if ok is None:
-                slow = symbolic_equal if short else answers_equal
-                ok = await asyncio.wait_for(asyncio.to_thread(slow, answer, reference), _MAX_SYMPY_S)
-        except TimeoutError:
-            return VerifyResult(0.0, "timeout", f"comparing {answer[:40]!r} took too long", time.monotonic() - started)
+        isolation = "in-process"
+        if ok is None:
+            isolation = "helper"
+            target = f"{__name__}:{'symbolic_equal' if short else 'answers_equal'}"
+            failed = ""
+            try:
+                ok = bool(await _helpers().call(target, (answer, reference), timeout_s=SYMPY_TIMEOUT_S))
+            except HelperTimeout:
+                verdict, failed = "timeout", f"comparing {answer[:40]!r} took longer than {SYMPY_TIMEOUT_S:g} s"
+            except HelperMemoryError:
+                verdict, failed = "memory_limit", f"comparing {answer[:40]!r} ran out of memory"
+            except HelperError as exc:
+                verdict, failed = "internal_error", f"comparing {answer[:40]!r}: {exc}"[:200]
+            if failed:
+                return VerifyResult(0.0, verdict, failed, time.monotonic() - started, isolation)
         detail = f"answer {answer[:60]!r} {'=' if ok else '≠'} {reference[:60]!r}"
-        return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, elapsed, isolation)
+
+
+def _helpers() -> HelperPool:
+    return shared_helpers("math", memory_mb=HELPER_MEMORY_MB, preload=(__name__, "sympy", "sympy.parsing.sympy_parser"))

@@ -9,7 +9,8 @@ evaluated in the sandbox as an expression, be an exact builtin literal whose val
 (numbers within ``rel_tol``/``abs_tol``, bools are not numbers, containers element-wise). The value is
 compared here, outside the sandbox, so an object with a lying ``__eq__`` or ``__repr__`` earns nothing.
 Expressions are taken to be pure: the sandbox's answer for an expression (a value, or the exception it raised)
-is remembered (the last ``memo_size`` distinct expressions, per verifier) and reused for the same text; calls
+is remembered (the last ``memo_size`` distinct expressions and at most ``memo_max_bytes`` of expressions, values
+and details, per verifier — output is not kept) and reused for the same text; calls
 made while a run of the same text is under way share that run's answer, whatever it is. A group of samples
 often repeats an expression and a policy that has learnt a task repeats it across prompts; each sandbox job is a
 fork of the warm worker, so this removes most of the verify actor's CPU in the embedded default (80 % of
@@ -51,7 +52,8 @@ class PythonTestsVerifier:
         if not isinstance(tests, str) or not tests.strip():
             raise VerifierError(f"python-tests verifier: the task has no {self.tests_field!r} source")
         result = await self.pool.run(extract_code(completion_text), tests=tests, timeout_s=self.timeout_s)
-        return VerifyResult(1.0 if result.passed else 0.0, str(result.verdict), result.detail, result.elapsed_s)
+        reward = 1.0 if result.passed else 0.0
+        return VerifyResult(reward, str(result.verdict), result.detail, result.elapsed_s, result.isolation)
 
 
 def values_equal(got: Any, want: Any, *, rel_tol: float, abs_tol: float) -> bool:
@@ -82,11 +84,13 @@ class PythonExprVerifier:
         abs_tol: float = 1e-9,
         max_chars: int = 2000,
         memo_size: int = 4096,
+        memo_max_bytes: int = 8 << 20,
     ) -> None:
         self.pool, self.timeout_s = pool, timeout_s
         self.rel_tol, self.abs_tol, self.max_chars = rel_tol, abs_tol, max_chars
-        self.memo_size = memo_size
+        self.memo_size, self.memo_max_bytes = memo_size, memo_max_bytes
         self._memo: OrderedDict[str, SandboxResult] = OrderedDict()
+        self.memo_bytes = 0  # what the memo holds, counted as in `_memo_cost`
         self._running: dict[str, tuple[anyio.Event, list[SandboxResult]]] = {}  # jobs under way, by text
         self.sandbox_runs = 0  # jobs sent to the sandbox
         self.memo_hits = 0  # expressions answered from the memo (or by a job already under way)
@@ -112,15 +116,25 @@ class PythonExprVerifier:
             self.sandbox_runs += 1
             result = await self.pool.run(expr, mode="expr", timeout_s=self.timeout_s)
             answer.append(result)
-            if result.verdict in (Verdict.PASS, Verdict.FAIL) and self.memo_size > 0:
-                self._memo[expr] = result
-                if len(self._memo) > self.memo_size:
-                    self._memo.popitem(last=False)
+            if result.verdict in (Verdict.PASS, Verdict.FAIL):
+                self._remember(expr, result)
             return result
         finally:
             if self._running.get(expr) == (done, answer):
                 del self._running[expr]
             done.set()
+
+    def _remember(self, expr: str, result: SandboxResult) -> None:
+        """Keep what the verdict needs (not the output), then drop the oldest until both bounds hold."""
+        kept = SandboxResult(result.verdict, result.detail, result.isolation, result.elapsed_s, value=result.value)
+        cost = _memo_cost(expr, kept)
+        if self.memo_size < 1 or cost > self.memo_max_bytes or expr in self._memo:
+            return
+        self._memo[expr] = kept
+        self.memo_bytes += cost
+        while len(self._memo) > self.memo_size or self.memo_bytes > self.memo_max_bytes:
+            old_expr, old = self._memo.popitem(last=False)
+            self.memo_bytes -= _memo_cost(old_expr, old)
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
@@ -136,12 +150,18 @@ class PythonExprVerifier:
                 0.0, "fail", "expression does not match the required pattern", time.monotonic() - started
             )
         result = await self.evaluate(expr)
+        iso = result.isolation
         if result.verdict is not Verdict.PASS or result.value is None:
-            return VerifyResult(0.0, str(result.verdict), result.detail, result.elapsed_s)
+            return VerifyResult(0.0, str(result.verdict), result.detail, result.elapsed_s, iso)
         try:
             got = read_literal(result.value)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return VerifyResult(0.0, "fail", "value is not a literal", result.elapsed_s)
+            return VerifyResult(0.0, "fail", "value is not a literal", result.elapsed_s, iso)
         ok = values_equal(got, task["target"], rel_tol=self.rel_tol, abs_tol=self.abs_tol)
         detail = f"value {result.value[:60]} {'=' if ok else '≠'} target {task['target']!r}"[:200]
-        return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, result.elapsed_s)
+        return VerifyResult(1.0 if ok else 0.0, "pass" if ok else "fail", detail, result.elapsed_s, iso)
+
+
+def _memo_cost(expr: str, result: SandboxResult) -> int:
+    """Bytes a memo entry holds, about: its texts (as UTF-8 at most 4 bytes a character) and the objects around them."""
+    return 4 * (len(expr) + len(result.value or "") + len(result.detail) + len(result.isolation)) + 400

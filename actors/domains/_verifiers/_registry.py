@@ -1,14 +1,21 @@
-"""Verifier registry: names → builtin verifiers, ``module:function`` → a user's function."""
+"""Verifier registry: names → builtin verifiers, ``module:function`` → a user's function, run in a helper process.
+
+A user's function is imported here once, when the verifier is built (so that a typo is a one-line `VerifierError`
+at start-up), and called in a killable, memory-limited helper process (see ``_helpers``): a function that hangs on
+a hostile answer or grows without bound costs ``USER_TIMEOUT_S`` and a helper, never the caller's event loop or
+memory. Its arguments (the completion, the task's fields, the domain's ``verifier_config`` as ``config=``) and
+its result must therefore be JSON data (a ``VerifyResult`` is fine).
+"""
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.domains._verifiers._base import Verifier, VerifierError, VerifyResult
+from actors.domains._verifiers._helpers import HelperError, HelperMemoryError, HelperTimeout, shared_helpers
 from actors.domains._verifiers._json_fields import JsonFieldsVerifier
 from actors.domains._verifiers._math import MathVerifier
 from actors.domains._verifiers._python import PythonExprVerifier, PythonTestsVerifier
@@ -16,6 +23,8 @@ from actors.sandbox import SandboxPool
 
 _SANDBOXED = {"python-tests": PythonTestsVerifier, "python-expr": PythonExprVerifier}
 _PLAIN: dict[str, Callable[..., Verifier]] = {"math": MathVerifier, "json-fields": JsonFieldsVerifier}
+USER_TIMEOUT_S = 30.0  # a user's verifier function is killed after this (verdict timeout, reward 0)
+USER_MEMORY_MB = 2048  # address space of the helper process that runs users' verifier functions
 
 
 def verifier_names() -> list[str]:
@@ -30,41 +39,51 @@ def needs_sandbox(name: str) -> bool:
 
 
 class FunctionVerifier:
-    """Wraps a user's ``fn(completion_text, task)`` (sync or async)."""
+    """A user's ``fn(completion_text, task)`` (sync or async), called in a helper process."""
 
-    def __init__(self, name: str, fn: Callable[..., Any], config: Mapping[str, Any]) -> None:
-        self.name, self.fn, self.config = name, fn, dict(config)
+    def __init__(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        *,
+        timeout_s: float = USER_TIMEOUT_S,
+        memory_mb: int = USER_MEMORY_MB,
+    ) -> None:
+        self.name, self.config, self.timeout_s, self.memory_mb = name, dict(config), timeout_s, memory_mb
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
         kwargs = {"config": self.config} if self.config else {}
+        helpers = shared_helpers(f"user-verifiers-{self.memory_mb}mb", memory_mb=self.memory_mb)
         try:
-            out = self.fn(completion_text, task, **kwargs)
-            if inspect.isawaitable(out):
-                out = await out
-        except Exception as exc:
-            return VerifyResult(
-                0.0,
-                "internal_error",
-                f"{self.name} raised {type(exc).__name__}: {exc}"[:300],
-                time.monotonic() - started,
-            )
+            out = await helpers.call(self.name, (completion_text, dict(task)), kwargs, timeout_s=self.timeout_s)
+        except HelperTimeout:
+            detail = f"{self.name} took longer than {self.timeout_s:g} s"
+            return VerifyResult(0.0, "timeout", detail, time.monotonic() - started, "helper")
+        except HelperMemoryError:
+            detail = f"{self.name} ran out of memory ({self.memory_mb} MB)"
+            return VerifyResult(0.0, "memory_limit", detail, time.monotonic() - started, "helper")
+        except HelperError as exc:
+            detail = f"{self.name} raised {exc}"[:300]
+            return VerifyResult(0.0, "internal_error", detail, time.monotonic() - started, "helper")
         elapsed = time.monotonic() - started
-        if isinstance(out, VerifyResult):
-            return out
         if isinstance(out, Mapping) and "reward" in out:
-            reward = float(out["reward"])
+            try:
+                reward = float(out["reward"])
+            except (TypeError, ValueError):
+                return VerifyResult(0.0, "internal_error", f"{self.name} returned a reward that is not a number")
             return VerifyResult(
                 reward,
                 str(out.get("verdict", "pass" if reward >= 1.0 else "fail")),
                 str(out.get("detail", "")),
                 elapsed,
+                "helper",
             )
         if isinstance(out, bool | int | float):
             reward = float(out)
-            return VerifyResult(reward, "pass" if reward >= 1.0 else "fail", "", elapsed)
+            return VerifyResult(reward, "pass" if reward >= 1.0 else "fail", "", elapsed, "helper")
         return VerifyResult(
-            0.0, "internal_error", f"{self.name} returned {type(out).__name__}, expected a float", elapsed
+            0.0, "internal_error", f"{self.name} returned {type(out).__name__}, expected a float", elapsed, "helper"
         )
 
 
@@ -86,8 +105,17 @@ def _import_function(target: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def build_verifier(name: str, config: Mapping[str, Any] | None = None, *, pool: SandboxPool | None = None) -> Verifier:
-    """The verifier called ``name`` configured with the domain's ``verifier_config``."""
+def build_verifier(
+    name: str,
+    config: Mapping[str, Any] | None = None,
+    *,
+    pool: SandboxPool | None = None,
+    user_timeout_s: float | None = None,
+) -> Verifier:
+    """The verifier called ``name`` configured with the domain's ``verifier_config``.
+
+    ``user_timeout_s`` bounds one call of a ``module:function`` verifier (default ``USER_TIMEOUT_S``).
+    """
     config = dict(config or {})
     try:
         if name in _PLAIN:
@@ -99,4 +127,5 @@ def build_verifier(name: str, config: Mapping[str, Any] | None = None, *, pool: 
             return sandboxed
     except TypeError as exc:
         raise VerifierError(f"verifier {name!r}: bad verifier_config ({exc})") from None
-    return FunctionVerifier(name, _import_function(name), config)
+    _import_function(name)  # fail at build time, with one line, rather than on every answer
+    return FunctionVerifier(name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S)

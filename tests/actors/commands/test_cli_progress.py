@@ -82,3 +82,13 @@ def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_
     console = Console(width=200, record=True)
     console.print(view.renderable(records(150)))
     assert "serving v7 · training v12" in console.export_text()
+
+
+def test_the_sandbox_isolation_in_force_is_shown() -> None:
+    records = [
+        _status("learner", "learner", version=1, samples_applied=8),
+        _status("verify", "verify", sandbox_queue=0.0),
+    ]
+    records[1].counters["isolation"] = "rlimits"
+    line = LearningView().line(records)
+    assert line is not None and "sandbox rlimits" in line

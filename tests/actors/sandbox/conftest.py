@@ -1,7 +1,11 @@
+"""The sandbox tests' pools. ``FLYWHEEL_TEST_ISOLATION=unshare`` (or ``rlimits``) runs them at a weaker level."""
+
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -9,14 +13,27 @@ from actors.sandbox import SandboxLimits, SandboxPool
 from tests.actors.sandbox._pool_runner import PoolRunner
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[PoolRunner]:
+def _runner(workers: int) -> Iterator[PoolRunner]:
     loop = asyncio.new_event_loop()
     limits = SandboxLimits(timeout_s=2.0, memory_mb=256, cpu_s=3, max_file_mb=1.0)
-    pool = SandboxPool(workers=2, limits=limits)
+    level = os.environ.get("FLYWHEEL_TEST_ISOLATION", "")
+    weaker: dict[str, Any] = {"isolation": level, "min_isolation": level} if level else {}
+    pool = SandboxPool(workers=workers, limits=limits, **weaker)
     loop.run_until_complete(pool.start())
     try:
         yield PoolRunner(pool, loop)
     finally:
         loop.run_until_complete(pool.aclose())
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[PoolRunner]:
+    """A real pool of two workers at the default (bubblewrap) isolation, shared by a module's tests."""
+    yield from _runner(2)
+
+
+@pytest.fixture(scope="module")
+def sandbox_one() -> Iterator[PoolRunner]:
+    """A real pool of one worker: consecutive jobs run on the same worker (until it is replaced)."""
+    yield from _runner(1)

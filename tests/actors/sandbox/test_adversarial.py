@@ -104,7 +104,14 @@ def test_huge_file_write(sandbox: PoolRunner) -> None:
     sandbox.still_serves()
 
 
+def _skip_unless_contained(sandbox: PoolRunner, level: Isolation, what: str) -> None:
+    """Below ``level``, a job that runs as our own (non-root) uid has our rights over ``what``: nothing to test."""
+    if sandbox.pool.isolation is not None and sandbox.pool.isolation < level and os.geteuid() != 0:
+        pytest.skip(f"at {sandbox.pool.isolation} isolation a job with our uid reaches {what}")
+
+
 def test_writes_outside_private_tmp_fail(sandbox: PoolRunner, tmp_path: object) -> None:
+    _skip_unless_contained(sandbox, Isolation.BWRAP, "the host filesystem")
     targets = [
         "/usr/fw-escape",
         "/fw-escape",
@@ -167,6 +174,7 @@ def test_environment_is_cleared(sandbox: PoolRunner, monkeypatch: pytest.MonkeyP
 
 
 def test_setsid_grandchild_is_killed(sandbox: PoolRunner) -> None:
+    _skip_unless_contained(sandbox, Isolation.UNSHARE, "a session of its own that the worker cannot find")
     code = (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        while True:\n"
         "            time.sleep(0.05)\n    os._exit(0)\ntime.sleep(0.2)"
@@ -202,14 +210,141 @@ def test_exit_before_tests_earns_nothing(sandbox: PoolRunner) -> None:
         assert result.verdict == "fail", (code, result)
 
 
-def test_fake_pass_marker_earns_nothing(sandbox: PoolRunner) -> None:
+def test_writing_pass_signals_to_every_descriptor_earns_nothing(sandbox: PoolRunner) -> None:
+    # A pass line, a JSON report and a length-prefixed frame to every descriptor the job may hold (its socket to the
+    # judge included): none of them is a result, since the job holds no descriptor that reports one.
     code = (
-        "import os, sys\nfor fd in range(3, 64):\n    try:\n"
-        "        os.write(fd, b'P 0123456789abcdef0123456789abcdef\\n')\n    except OSError:\n        pass\n"
-        "print('PASS')\nprint('all tests passed')\nos._exit(0)"
+        "import os, json, struct\n"
+        "report = json.dumps({'id': 1, 'passed': True, 'ready': True, 'v': True}).encode()\n"
+        "lines = [b'P 0123456789abcdef0123456789abcdef\\n', report, struct.pack('>I', len(report)) + report]\n"
+        "reached = []\n"
+        "for fd in range(0, 1024):\n"
+        "    for line in lines:\n"
+        "        try:\n"
+        "            os.write(fd, line)\n"
+        "            reached.append(fd)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "print('PASS', sorted(set(reached)))\n"
+        "def f(x):\n    return x + 1\n"
     )
-    result = sandbox.run(code, tests="assert False")
+    result = sandbox.run(code, tests="assert f(2) == 4")
     assert result.verdict == "fail", result
+    sandbox.still_serves()
+
+
+def test_exiting_with_a_pass_status_before_the_tests_earns_nothing(sandbox: PoolRunner) -> None:
+    code = "import os\nprint('all tests passed')\nos._exit(0)"
+    result = sandbox.run(code, tests="assert f(2) == 4")
+    assert result.verdict == "fail" and "before the checks finished" in result.detail, result
+
+
+def test_other_processes_of_the_sandbox_are_out_of_reach(sandbox: PoolRunner) -> None:
+    # The worker holds the pool's pipe and the judge's sockets: a job must not open another process's descriptors
+    # (/proc/<pid>/fd/N) or memory, whatever uid it has. Whatever it does reach is written a forged frame.
+    _skip_unless_contained(sandbox, Isolation.UNSHARE, "our processes")
+    code = (
+        "import os, json, struct\n"
+        "frame = json.dumps({'id': 0, 'passed': True}).encode()\n"
+        "reached = []\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+        "    paths = [f'/proc/{pid}/mem'] + [f'/proc/{pid}/fd/{n}' for n in range(64)]\n"
+        "    for path in paths:\n"
+        "        try:\n"
+        "            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        reached.append(path)\n"
+        "        for data in (struct.pack('>I', 0xFFFFFFF0), b'not json', struct.pack('>I', len(frame)) + frame):\n"
+        "            try:\n"
+        "                os.write(fd, data)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "print('reached', reached)\n"
+        "def f(x):\n    return 0\n"
+    )
+    result = sandbox.run(code, tests="assert f(2) == 4")
+    assert result.verdict == "fail", result
+    assert "reached []" in result.stdout, result.stdout
+    sandbox.still_serves()
+
+
+def test_killing_or_stopping_every_other_process_costs_only_the_job(sandbox: PoolRunner) -> None:
+    _skip_unless_contained(sandbox, Isolation.UNSHARE, "our processes")
+    code = (
+        "import os, signal\n"
+        "for sig in (signal.SIGSTOP, signal.SIGKILL):\n"
+        "    for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+        "        try:\n"
+        "            os.kill(pid, sig)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "def f(x):\n    return x * 2\n"
+    )
+    result = sandbox.run(code, tests="assert f(2) == 4", timeout_s=1.0)
+    assert result.verdict in {"pass", "crashed", "timeout"}, result  # as root the job reaches no one: it passes
+    sandbox.still_serves()
+
+
+def test_a_memory_bomb_inside_a_tested_function(sandbox: PoolRunner) -> None:
+    result = sandbox.run("def f():\n    return bytearray(8 * 1024**3)", tests="assert f()")
+    assert result.verdict == "memory_limit", result
+    sandbox.still_serves()
+
+
+def test_output_flood_inside_a_tested_function(sandbox: PoolRunner) -> None:
+    result = sandbox.run("import sys\ndef f():\n    while True:\n        sys.stderr.write('y' * 4096)", tests="f()")
+    assert result.verdict == "output_limit", result
+    assert len(result.stderr) <= sandbox.pool.limits.output_cap_bytes
+    sandbox.still_serves()
+
+
+def test_a_huge_return_value_is_refused(sandbox: PoolRunner) -> None:
+    code = "def f():\n    return list(range(3_000_000))"
+    result = sandbox.run(code, tests="assert len(f()) == 3_000_000", timeout_s=20.0)
+    assert result.verdict == "fail" and "value is over" in result.detail, result
+    sandbox.still_serves()
+
+
+def test_dev_is_read_only_and_dev_shm_is_capped(sandbox: PoolRunner) -> None:
+    if sandbox.pool.isolation is not Isolation.BWRAP:
+        pytest.skip("only bubblewrap has a private /dev")
+    code = (
+        "import os\nwritten = 0\nblock = b'0' * (512 * 1024)\n"
+        "try:\n    open('/dev/fw-escape', 'w')\n    dev = 'writable'\nexcept OSError:\n    dev = 'read-only'\n"
+        "try:\n"
+        "    for i in range(100_000):\n"
+        "        with open(f'/dev/shm/fill{i}', 'wb') as f:\n"
+        "            f.write(block)\n"
+        "        written += len(block)\n"
+        "except OSError as exc:\n"
+        "    stopped = exc.strerror\n"
+        "print(dev, written, stopped)\n"
+    )
+    result = sandbox.run(code, tests="assert written > 0")
+    assert result.verdict == "pass", result
+    dev, written, *_ = result.stdout.split()
+    assert dev == "read-only" and int(written) <= 64 << 20, result.stdout  # the pool's tmp_mb
+    sandbox.still_serves()
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
+def test_scratch_space_is_fresh_for_every_job(sandbox_one: PoolRunner, where: str) -> None:
+    if where == "/dev/shm" and sandbox_one.pool.isolation is not Isolation.BWRAP:
+        pytest.skip("only bubblewrap has a private /dev/shm")
+    base = "import os\nbase = '/tmp' if os.path.isdir('/tmp/.') and " + repr(where) + " == '/tmp' else " + repr(where)
+    base += "\nbase = os.getcwd() if base == '/tmp' else base\n"
+    leave_file = base + "open(base + '/left', 'w').write('from an earlier job')\n"
+    leave_dir = base + "os.makedirs(base + '/d/e', exist_ok=True)\nopen(base + '/d/e/f', 'w').write('x')\n"
+    look = base + "print('seen', sorted(os.listdir(base)))\n"
+    stats = sandbox_one.pool.statistics()
+    for leave, replaced in ((leave_file, 0), (leave_dir, 1)):
+        recycled = stats.workers_recycled
+        assert sandbox_one.run(leave).verdict == "pass"
+        seen = sandbox_one.run(look)
+        assert seen.verdict == "pass" and "seen []" in seen.stdout, seen
+        # the worker removes a file itself; a directory it may not be able to empty (another uid's) costs the worker
+        assert stats.workers_recycled - recycled <= replaced
 
 
 def test_fd_exhaustion(sandbox: PoolRunner) -> None:
@@ -253,3 +388,44 @@ def test_a_worker_killed_from_outside_mid_job_costs_the_job_nothing(sandbox: Poo
     verdict, detail, retries = sandbox.call(run_and_kill())
     assert (verdict, retries) == ("pass", 1), detail
     sandbox.still_serves()
+
+
+def test_weaker_isolation_needs_an_explicit_opt_in_and_the_refusal_says_how() -> None:
+    import asyncio
+
+    from actors.sandbox import IsolationRefused, SandboxPool
+
+    async def start(**kwargs: object) -> str:
+        async with SandboxPool(workers=1, **kwargs) as pool:  # type: ignore[arg-type]
+            return str((await pool.run("x = 1", tests="assert x == 1")).isolation)
+
+    with pytest.raises(IsolationRefused) as refused:
+        asyncio.run(start(isolation="unshare"))  # no min_isolation given: bubblewrap is required
+    message = str(refused.value)
+    assert "apt-get install bubblewrap" in message and "min_isolation: unshare" in message, message
+    assert asyncio.run(start(isolation="unshare", min_isolation="unshare")) == "unshare"
+
+
+def test_every_verdict_names_the_isolation_in_force(sandbox: PoolRunner) -> None:
+    level = str(sandbox.pool.isolation)
+    for code, tests in (
+        ("x = 1", "assert x == 1"),
+        ("x = 1", "assert x == 2"),
+        ("while True:\n    pass", "assert True"),
+        ("raise SystemExit(3)", "assert True"),
+    ):
+        assert sandbox.run(code, tests=tests, timeout_s=1.0).isolation == level
+
+
+def test_stopping_the_sandbox_costs_no_later_job(sandbox_one: PoolRunner) -> None:
+    code = (
+        "import os, signal\n"
+        "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGSTOP)\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    assert sandbox_one.run(code, tests="assert True", timeout_s=1.0).verdict != "crashed"
+    for _ in range(3):
+        sandbox_one.still_serves()  # the next jobs, on the same worker or a fresh one, are unaffected

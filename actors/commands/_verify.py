@@ -1,0 +1,180 @@
+"""``flywheel verify --verifier NAME --reference TEXT [--config JSON] FILE``: score one answer, print one JSON object.
+
+What a user needs to debug a reward, and how hostile answers are tried from outside: FILE (``-`` for stdin) is the
+completion, scored by any verifier — a builtin (``math``, ``python-tests``, ``python-expr``, ``json-fields``) or a
+user's ``module:function`` — exactly as the verify actor scores it. ``--reference`` becomes the task's verifier
+fields (``@PATH`` reads it from a file):
+
+- ``math``: the reference answer (``{"answer": TEXT}``);
+- ``python-tests``: the tests' source (``{"tests": TEXT}``);
+- ``python-expr``: the target, a Python literal (``{"target": LITERAL}``);
+- ``json-fields``: the expected fields, a JSON object (``{"fields": OBJECT}``);
+- ``module:function``: ``{"reference": TEXT}``.
+
+``--task JSON`` adds or overrides fields; ``--config JSON`` is the domain's ``verifier_config``. Prints one JSON
+object: verifier, reward, verdict, detail, elapsed_s, isolation. Every answer finishes within its limit (the
+sandbox's wall clock for code, the helper's time limit for symbolic checks and ``module:function`` verifiers) and
+bounded in memory; a hostile answer gets reward 0 and its verdict. Exit status 0 for every verdict; 1 for a usage
+mistake (one line); 2 when the verifier itself could not run; 3 when the required sandbox isolation is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import Any, cast
+
+import click
+import structlog
+
+from actors.domains._verifiers import VerifierError, build_verifier
+from actors.domains._verifiers._base import read_literal
+from actors.domains._verifiers._registry import needs_sandbox
+from actors.sandbox._isolation import IsolationRefused
+from actors.sandbox._pool import SandboxLimits, SandboxPool
+
+MAX_ANSWER_BYTES = 1 << 20  # a longer FILE is refused (reward 0) rather than read whole
+
+
+def task_fields(verifier: str, reference: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The task's verifier fields that ``--reference`` stands for, for ``verifier``."""
+    if verifier == "math":
+        return {str(config.get("answer_field", "answer")): reference}
+    if verifier == "python-tests":
+        return {str(config.get("tests_field", "tests")): reference}
+    if verifier == "python-expr":
+        try:
+            return {"target": read_literal(reference)}
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            literal = f"a Python literal is expected, got {reference[:60]!r}"
+            raise click.BadParameter(literal, param_hint="--reference") from None
+    if verifier == "json-fields":
+        try:
+            fields = json.loads(reference)
+        except ValueError as exc:
+            raise click.BadParameter(f"a JSON object is expected ({exc})", param_hint="--reference") from None
+        if not isinstance(fields, dict):
+            raise click.BadParameter("a JSON object is expected", param_hint="--reference")
+        return {"fields": fields}
+    return {"reference": reference}
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})", param_hint=option) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("a JSON object is expected", param_hint=option)
+    return value
+
+
+def _read_text(source: str, what: str) -> str:
+    """``source`` itself, or the file after a leading ``@`` (``-`` is stdin), at most MAX_ANSWER_BYTES + 1 bytes."""
+    try:
+        if source == "-":
+            return sys.stdin.buffer.read(MAX_ANSWER_BYTES + 1).decode("utf-8", "replace")
+        with open(source, "rb") as f:
+            return f.read(MAX_ANSWER_BYTES + 1).decode("utf-8", "replace")
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {what} {source}: {exc.strerror}") from None
+
+
+async def _score(
+    verifier: str,
+    config: dict[str, Any],
+    answer: str,
+    fields: dict[str, Any],
+    limits: SandboxLimits,
+    isolation: str,
+    min_isolation: str,
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    from actors.domains._score import score
+
+    pool: SandboxPool | None = None
+    if needs_sandbox(verifier):
+        pool = SandboxPool(
+            workers=1, limits=limits, isolation=cast(Any, isolation), min_isolation=cast(Any, min_isolation)
+        )
+        await pool.start()
+    try:
+        built = build_verifier(verifier, config, pool=pool, user_timeout_s=timeout_s)
+        result = await score(answer, fields, verifier=built)
+    finally:
+        if pool is not None:
+            await pool.aclose()
+    return {"verifier": verifier, **result.as_dict()}
+
+
+@click.command("verify")
+@click.argument("file", type=str)
+@click.option("--verifier", required=True, help="math, python-tests, python-expr, json-fields or module:function")
+@click.option("--reference", required=True, help="the reference answer, tests, target or fields (@PATH: from a file)")
+@click.option("--config", "config_json", default="{}", show_default=True, help="the verifier_config, a JSON object")
+@click.option("--task", "task_json", default=None, help="more task fields, a JSON object (overrides --reference's)")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.01),
+    default=None,
+    help="wall-clock seconds for code (default 5) and for a module:function verifier (default 30)",
+)
+@click.option("--memory", "memory_mb", type=click.IntRange(min=16), default=512, show_default=True, help="code's MB")
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "unshare", "rlimits"]), default="auto")
+@click.option(
+    "--min-isolation",
+    type=click.Choice(["bwrap", "unshare", "rlimits"]),
+    default="bwrap",
+    show_default=True,
+    help="refuse to run code below this level (weaker only by this explicit opt-in)",
+)
+def verify(
+    file: str,
+    verifier: str,
+    reference: str,
+    config_json: str,
+    task_json: str | None,
+    timeout_s: float | None,
+    memory_mb: int,
+    isolation: str,
+    min_isolation: str,
+) -> None:
+    """Score the answer in FILE (- for stdin) with one verifier and print one JSON object."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    config = _json_object(config_json, "--config")
+    if reference.startswith("@"):
+        reference = _read_text(reference[1:], "the reference")
+    fields = task_fields(verifier, reference, config)
+    if task_json is not None:
+        fields.update(_json_object(task_json, "--task"))
+    answer = _read_text(file, "the answer")
+    if len(answer.encode("utf-8", "replace")) > MAX_ANSWER_BYTES:
+        out = {"verifier": verifier, "reward": 0.0, "verdict": "fail", "elapsed_s": 0.0, "isolation": "in-process"}
+        click.echo(json.dumps({**out, "detail": f"the answer is longer than {MAX_ANSWER_BYTES} bytes"}))
+        return
+    code_timeout = timeout_s if timeout_s is not None else 5.0
+    limits = SandboxLimits(timeout_s=code_timeout, memory_mb=memory_mb, cpu_s=max(1, int(code_timeout) + 1))
+    started = time.monotonic()
+    try:
+        out = asyncio.run(_score(verifier, config, answer, fields, limits, isolation, min_isolation, timeout_s))
+    except VerifierError as exc:
+        raise click.ClickException(str(exc)) from None
+    except IsolationRefused as exc:
+        refused = {"verifier": verifier, "reward": 0.0, "verdict": "isolation_refused", "detail": str(exc)}
+        click.echo(json.dumps({**refused, "elapsed_s": time.monotonic() - started, "isolation": ""}))
+        sys.exit(3)
+    except Exception as exc:
+        failed = {"verifier": verifier, "reward": 0.0, "verdict": "internal_error", "detail": f"verify failed: {exc}"}
+        click.echo(json.dumps({**failed, "elapsed_s": time.monotonic() - started, "isolation": ""}))
+        sys.exit(2)
+    click.echo(json.dumps(out))
+
+
+__all__ = ["task_fields", "verify"]

@@ -1,0 +1,88 @@
+"""The verify actor against a real nats-server: code runs under bubblewrap unless the spec opts in to less, and the
+isolation in force is in its counters (what `flywheel status` and the live view print) and in each verdict."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors.protocol import RolloutMsg, ScoredMsg
+from actors.verify._actor import VerifyActor
+from actors.verify._config import SandboxConfig, VerifyConfig
+from topology import Spec, load_spec
+from topology.bus import Bus, EmbeddedNats
+from topology.runtime import ActorContext
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def verify_spec(tmp_path: Path, sandbox: str = "{workers: 1}") -> Spec:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        "domains:\n  pyexpr: {source: builtin:pyexpr, verifier: python-expr}\n"
+        f"actors:\n  verify: {{sandbox: {sandbox}}}\n"
+        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
+    )
+    return load_spec(path)
+
+
+def test_bubblewrap_is_the_default_and_weaker_is_an_opt_in() -> None:
+    assert SandboxConfig().min_isolation == "bwrap"
+    assert VerifyConfig(sandbox=SandboxConfig(isolation="rlimits", min_isolation="rlimits")).sandbox.min_isolation
+
+
+@pytest.mark.parametrize("level", ["bwrap", "rlimits"])
+async def test_the_isolation_in_force_is_counted_and_in_every_verdict(
+    embedded_nats: EmbeddedNats, tmp_path: Path, level: str
+) -> None:
+    sandbox = "{workers: 1}" if level == "bwrap" else "{workers: 1, isolation: rlimits, min_isolation: rlimits}"
+    spec = verify_spec(tmp_path, sandbox)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify") as bus:
+        ctx = ActorContext(
+            topology=spec.name, actor="verify", replica=0, kind="verify", spec=spec, bus=bus, run_dir=tmp_path
+        )
+        config = spec.actors["verify"].config
+        assert isinstance(config, VerifyConfig)
+        actor = VerifyActor(ctx, config)
+        await actor.start()
+        try:
+            assert actor.report()["isolation"] == level
+            await bus.ensure_channel("rollouts")
+            await bus.ensure_channel("scored")
+            rollout = {
+                "task_id": "t1",
+                "domain": "pyexpr",
+                "prompt_ids": [1],
+                "prompt": "17",
+                "temperature": 1.0,
+                "verifier_fields": {"target": 17},
+                "completions": [
+                    {"text": "3*5+2", "token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"},
+                    {
+                        "text": "type('A', (int,), {'__eq__': lambda s, o: True})(3)",
+                        "token_ids": [1],
+                        "logprobs": [0.0],
+                        "versions": [0],
+                        "finish_reason": "stop",
+                    },
+                ],
+            }
+            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.fail_after(30):
+                    async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
+                        async for delivery in deliveries:
+                            scored = delivery.payload
+                            await delivery.ack()
+                            break
+                ctx.stopping.set()
+        finally:
+            await actor.stop()
+    assert [c.reward for c in scored.completions] == [1.0, 0.0]
+    assert actor.report()["isolation"] == level
