@@ -587,7 +587,16 @@ class LearnerActor(Actor[LearnerConfig]):
             "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
         }
-        for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
+        for name in (
+            "loss",
+            "iw_mean",
+            "iw_max",
+            "iw_truncated_frac",
+            "clipped_frac",
+            "kl",
+            "grad_norm",
+            "behavior_kl",
+        ):
             counters.set(name, round(float(getattr(stats, name)), 5))
         counters.set("staleness_mean", round(mean_staleness, 3))
         for domain, window in self._rewards.items():
