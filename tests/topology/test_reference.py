@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from click.testing import CliRunner
 
 from tests.conftest import ROOT
@@ -10,14 +13,26 @@ from topology._reference import reference_markdown
 from topology.cli import main
 
 
+def fresh_reference() -> str:
+    """``flywheel reference`` in a fresh interpreter: the application's kinds and sections only. In this process other
+    tests may have registered test-only kinds (``tests/topology/runtime/_kinds.py``), which the file never lists."""
+    done = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "reference"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_the_checked_in_reference_is_current() -> None:
     current = (ROOT / "specs" / "REFERENCE.md").read_text()
-    assert current == reference_markdown(), "specs/REFERENCE.md is stale: run `flywheel reference > specs/REFERENCE.md`"
+    assert current == fresh_reference(), "specs/REFERENCE.md is stale: run `flywheel reference > specs/REFERENCE.md`"
 
 
 def test_every_field_of_every_model_has_a_row_with_a_meaning() -> None:
-    text = reference_markdown()
+    text = fresh_reference()
     for name, kind in actor_kinds().items():
+        if not kind.factory.startswith("actors."):  # a test-only kind registered by another test in this process
+            continue
         for field in kind.config.model_fields:
             row = next((line for line in text.splitlines() if line.startswith(f"| `actors.<{name}>.{field}` |")), None)
             assert row is not None, f"{name}.{field} is not documented"
