@@ -24,13 +24,24 @@ The "no signal" column is the share of a domain's groups the learner consumed wi
 rewards were equal (generated, verified and thrown away), and in brackets the shares that were all full marks
 (solved) and all zero (failed).
 
+Held-out rounds are decoded greedy (what a served model answers) and sampled at T=1 (the policy RL trains) side by
+side (``--decodings both``, the default: the learner's ``eval_temperature`` becomes the spec's decoding plus the
+other; ``--decodings spec`` keeps the spec's alone). Per variant and domain the bench prints both curves round by
+round and, per decoding, the spread of consecutive rounds once past the first minute (the largest and the mean
+change between neighbours): a served model's quality should not swing from one version to the next. ``--learner
+KEY=VALUE`` overrides a learner setting in every variant (e.g. ``--learner lr=5e-5``), so a setting can be measured
+without editing the spec.
+
     .venv/bin/python bench/learn.py --quick                 # ≤ 60 s: async only, a tiny warm start
     .venv/bin/python bench/learn.py --duration 420          # three variants, ~21 min
     .venv/bin/python bench/learn.py --spec my.yaml --variants async,sync
     .venv/bin/python bench/learn.py --runtime ray --quick   # the same run locally and on Ray: the Ray overhead
+    .venv/bin/python bench/learn.py --spec /tmp/hf-task/spec.yaml --variants async --learner lr=5e-5
 
-Writes bench/results/learn.json and bench/results/learn.png (accuracy per domain vs wall-clock, one line style
-per variant) and prints a markdown table. Runs go to runs/ (``runs/latest`` is the last one).
+Writes bench/results/learn.json (per variant: ``decodings`` with each decoding's curves, post-warm-start, last-3 and
+best accuracy and ``spread``; ``curves``/``baseline``/``final``/``best`` repeat the spec's own decoding) and
+bench/results/learn.png (accuracy per domain vs wall-clock, one line style per variant) and prints markdown
+tables. Runs go to runs/ (``runs/latest`` is the last one).
 """
 
 from __future__ import annotations
@@ -74,6 +85,25 @@ def variant_overrides(name: str, nonorm: str) -> dict[str, Any]:
     return {"actors": {"learner": learner}} if learner else {}
 
 
+def learner_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (VALUE parsed as YAML, a number in any notation) as a learner override mapping."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--learner: expected KEY=VALUE, got {pair!r}")
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 5e-5 (no dot) as a string
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        out[key.strip()] = parsed
+    return out
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
@@ -82,9 +112,12 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_variant_spec(spec_path: Path, overrides: dict[str, Any], folder: Path, name: str) -> Path:
-    """A spec that includes the original and deep-merges ``overrides`` (JSON is YAML)."""
+    """A spec that includes the original and deep-merges ``overrides``. Written by a YAML dumper, not as JSON: the
+    spec loader reads YAML 1.1, where JSON's ``5e-05`` is a string (``5.0e-05`` is the number)."""
+    import yaml
+
     path = folder / f"{name}.yaml"
-    path.write_text(json.dumps({"include": str(spec_path.resolve()), **overrides}, indent=1) + "\n")
+    path.write_text(yaml.safe_dump({"include": str(spec_path.resolve()), **overrides}, sort_keys=False))
     return path
 
 
@@ -122,28 +155,63 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
     }
 
 
-def analyse(run_dir: Path, run_started: float | None = None) -> dict[str, Any]:
+SETTLED_S = 60.0  # rounds before this (seconds since the post-warm-start round) do not count in the spread
+
+
+def spread(curve: list[dict[str, Any]], settled_s: float = SETTLED_S) -> dict[str, float] | None:
+    """How much consecutive held-out rounds of one curve differ once past ``settled_s``: the largest and the mean
+    absolute change between neighbours (accuracy in [0, 1]), over how many pairs; None with fewer than 2 rounds."""
+    points = [p["accuracy"] for p in curve if p["t_s"] >= settled_s]
+    steps = [abs(b - a) for a, b in itertools.pairwise(points)]
+    if not steps:
+        return None
+    return {"max": max(steps), "mean": sum(steps) / len(steps), "pairs": float(len(steps))}
+
+
+def decoding_name(temperature: float) -> str:
+    return "greedy" if temperature <= 0 else "sampled" if temperature == 1.0 else f"sampled at T={temperature:g}"
+
+
+def analyse(run_dir: Path, run_started: float | None = None, headline: float | None = None) -> dict[str, Any]:
+    """One run's figures. Held-out curves per decoding (``decodings``: greedy / sampled, each with its curves,
+    post-warm-start accuracy, last-3 mean, best and the spread of consecutive rounds); ``curves`` / ``baseline`` /
+    ``final`` / ``best`` repeat the ``headline`` decoding's (the spec's first; default the first found)."""
     from actors.learner import read_metrics
 
     evals = read_metrics(run_dir, "eval")
     steps = read_metrics(run_dir, "step")
     applied = read_metrics(run_dir, "applied")
-    out: dict[str, Any] = {"run_dir": str(run_dir), "curves": {}, "baseline": {}, "final": {}}
+    out: dict[str, Any] = {"run_dir": str(run_dir), "curves": {}, "baseline": {}, "final": {}, "decodings": {}}
     if len(evals):
         from actors.learner._metrics import eval_mode
 
         out["eval_mode"] = eval_mode(evals)
         # the post-warm-start baseline round: RL time starts here
         t0 = float(evals["ts"].cast(float).min())  # type: ignore[arg-type]
+        temperature_of = "temperature" in evals.columns
         for row in evals.sort("ts").iter_rows(named=True):
-            out["curves"].setdefault(row["domain"], []).append(
+            temperature = float(row["temperature"] or 0.0) if temperature_of else 0.0
+            decoding = out["decodings"].setdefault(decoding_name(temperature), {"temperature": temperature})
+            decoding.setdefault("curves", {}).setdefault(row["domain"], []).append(
                 {"t_s": round(float(row["ts"]) - t0, 2), "version": int(row["version"]), "accuracy": row["accuracy"]}
             )
-        for domain, curve in out["curves"].items():
-            out["baseline"][domain] = curve[0]["accuracy"]
-            tail = [p["accuracy"] for p in curve[-3:]]  # mean of the last three rounds: less eval noise
-            out["final"][domain] = sum(tail) / len(tail)
-            out.setdefault("best", {})[domain] = max(p["accuracy"] for p in curve)
+        for decoding in out["decodings"].values():
+            for domain, curve in decoding["curves"].items():
+                decoding.setdefault("baseline", {})[domain] = curve[0]["accuracy"]
+                tail = [p["accuracy"] for p in curve[-3:]]  # mean of the last three rounds: less eval noise
+                decoding.setdefault("final", {})[domain] = sum(tail) / len(tail)
+                decoding.setdefault("best", {})[domain] = max(p["accuracy"] for p in curve)
+                decoding.setdefault("spread", {})[domain] = spread(curve)
+        first = next(iter(out["decodings"]))
+        key = first if headline is None else decoding_name(headline)
+        main = out["decodings"].get(key, out["decodings"][first])
+        out.update(
+            headline=key,
+            curves=main["curves"],
+            baseline=main["baseline"],
+            final=main["final"],
+            best=main["best"],
+        )
     if len(steps) >= 2:
         steps = steps.sort("ts")
         ts = [float(t) for t in steps["ts"]]
@@ -231,29 +299,35 @@ def pipelining(sync: dict[str, Any]) -> dict[str, float] | None:
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Held-out accuracy per domain over seconds, one panel per decoding (greedy, sampled), one line style per
+    variant."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = sorted({n for r in results.values() for n in r.get("decodings", {})}) or ["greedy"]
+    fig, axes = plt.subplots(1, len(names), figsize=(7 * len(names), 4.5), sharey=True, squeeze=False)
     colors: dict[str, str] = {}
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for variant, res in results.items():
-        for domain, curve in sorted(res["curves"].items()):
-            color = colors.setdefault(domain, palette[len(colors) % len(palette)])
-            ax.plot(
-                [p["t_s"] for p in curve],
-                [100 * p["accuracy"] for p in curve],
-                linestyle=_STYLES.get(variant, "-."),
-                color=color,
-                label=f"{domain} ({variant})",
-            )
-    ax.set_xlabel("seconds since the post-warm-start evaluation")
-    modes = sorted({r.get("eval_mode", "greedy") for r in results.values()})
-    ax.set_ylabel(f"held-out accuracy, {' / '.join(modes)} (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    for ax, name in zip(axes[0], names, strict=True):
+        for variant, res in results.items():
+            curves = res.get("decodings", {}).get(name, {}).get("curves", {})
+            for domain, curve in sorted(curves.items()):
+                color = colors.setdefault(domain, palette[len(colors) % len(palette)])
+                ax.plot(
+                    [p["t_s"] for p in curve],
+                    [100 * p["accuracy"] for p in curve],
+                    linestyle=_STYLES.get(variant, "-."),
+                    marker=".",
+                    color=color,
+                    label=f"{domain} ({variant})",
+                )
+        ax.set_title(f"{name} held-out accuracy")
+        ax.set_xlabel("seconds since the post-warm-start evaluation")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    axes[0][0].set_ylabel("held-out accuracy (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -267,6 +341,20 @@ def main() -> None:
     parser.add_argument("--nonorm", choices=("none", "group"), default="none", help="normalize of the nonorm run")
     parser.add_argument("--runtime", choices=("local", "ray"), default="local")
     parser.add_argument("--quick", action="store_true", help="≤ 60 s: async only, ≤ 60 warm-start steps, 40 s run")
+    parser.add_argument(
+        "--decodings",
+        choices=("both", "spec"),
+        default="both",
+        help="both: held-out rounds greedy and sampled at T=1 side by side (the spec's decoding first); spec: only "
+        "the spec's",
+    )
+    parser.add_argument(
+        "--learner",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a learner setting in every variant (VALUE is YAML), e.g. --learner lr=5e-5",
+    )
     args = parser.parse_args()
 
     variants = ["async"] if args.quick else [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -278,9 +366,15 @@ def main() -> None:
     base = load_spec(args.spec)
     # --quick shortens a warm start the spec would run; it never adds one (an hf: model starts as given)
     quick = _merge(_QUICK, {"policy": {"warm_start": {"steps": min(60, policy_of(base).warm_start_steps)}}})
+    common = {"actors": {"learner": learner_overrides(args.learner)}} if args.learner else {}
+    spec_temperatures = base.actors["learner"].config.eval_temperatures if "learner" in base.actors else (0.0,)
+    headline = spec_temperatures[0]
+    if args.decodings == "both":
+        both = (*spec_temperatures, *(t for t in (0.0, 1.0) if t not in spec_temperatures))
+        common = _merge(common, {"actors": {"learner": {"eval_temperature": list(both)}}})
     with tempfile.TemporaryDirectory(prefix="flywheel-learn-") as tmp:
         for variant in variants:
-            overrides = variant_overrides(variant, args.nonorm)
+            overrides = _merge(common, variant_overrides(variant, args.nonorm))
             if args.quick:
                 overrides = _merge(quick, overrides)
             spec_file = write_variant_spec(args.spec, overrides, Path(tmp), variant)
@@ -299,7 +393,7 @@ def main() -> None:
                     "overrides": overrides,
                     "runtime": runtime_kind,
                     "wall_s": wall_s,
-                    **analyse(run_dir, run_started),
+                    **analyse(run_dir, run_started, headline),
                 }
 
     domains = sorted({d for r in results.values() for d in r["curves"]})
@@ -350,6 +444,7 @@ def main() -> None:
         f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
         "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)"
     )
+    print_decodings(results)
     summary: dict[str, Any] = {}
     if "sync" in results and "async" in results:
         pipe = pipelining(results["sync"])
@@ -440,6 +535,54 @@ def main() -> None:
         },
     )
     print(f"\nwrote {path} and {png} ({time.monotonic() - started:.0f} s)")
+
+
+def print_decodings(results: dict[str, dict[str, Any]]) -> None:
+    """Per variant and domain: the held-out curves of every decoding side by side (one row per round, a decoding's
+    round matched to the other's of the same version), then each curve's spread of consecutive rounds."""
+    spread_rows = []
+    for variant, res in results.items():
+        decodings = res.get("decodings", {})
+        names = list(decodings)
+        for domain in sorted({d for dec in decodings.values() for d in dec.get("curves", {})}):
+            by_version: dict[int, dict[str, Any]] = {}
+            for name in names:
+                for point in decodings[name].get("curves", {}).get(domain, []):
+                    row = by_version.setdefault(point["version"], {"t_s": point["t_s"]})
+                    row[name] = point["accuracy"]
+                    row["t_s"] = min(row["t_s"], point["t_s"])
+                gap = decodings[name].get("spread", {}).get(domain)
+                spread_rows.append(
+                    [
+                        variant,
+                        domain,
+                        name,
+                        _pct(decodings[name]["baseline"].get(domain)),
+                        _pct(decodings[name]["final"].get(domain)),
+                        "-" if gap is None else _pct(gap["max"]),
+                        "-" if gap is None else _pct(gap["mean"]),
+                        "-" if gap is None else int(gap["pairs"]),
+                    ]
+                )
+            if len(names) > 1:
+                print(f"\n{variant} · {domain}: held-out accuracy % per round")
+                print(
+                    markdown_table(
+                        ["s", "version", *names],
+                        [
+                            [round(r["t_s"]), v, *(_pct(r.get(n)) for n in names)]
+                            for v, r in sorted(by_version.items(), key=lambda item: item[1]["t_s"])
+                        ],
+                    )
+                )
+    if spread_rows:
+        print(f"\nspread of consecutive held-out rounds after the first {SETTLED_S:.0f} s (points)")
+        print(
+            markdown_table(
+                ["variant", "domain", "decoding", "post-warm-start %", "final % (last 3)", "max Δ", "mean Δ", "pairs"],
+                spread_rows,
+            )
+        )
 
 
 def _no_signal(res: dict[str, Any], domain: str) -> str:

@@ -2,22 +2,28 @@
 
 Inputs: ``bench/results/learn.json`` (``bench/learn.py --spec TASK/spec.yaml``) and ``bench/results/trl_grpo.json``
 (``bench/trl_grpo.py TASK``), both run on the same ``bench/make_hf_task.py`` dir (same warm-start model, task,
-reward and held-out prompts; both sampled at T=1 with the same number of samples per prompt). Each curve is
-held-out accuracy over seconds of RL: flywheel's from its post-warm-start evaluation, TRL's with its evaluation
-time left out (flywheel's evaluation rounds run on the same two cores as its training and are not left out).
+reward and held-out prompts), each scored greedy (what a served model answers; the headline) and sampled at T=1.
+Each curve is held-out accuracy over seconds of RL: flywheel's from its post-warm-start evaluation, TRL's with its
+evaluation time left out (flywheel's evaluation rounds run on the same two cores as its training and are not left
+out).
 
-Method: each curve after its first point is smoothed by a centred 3-point mean (a single round is ±1.5-3 points of
-noise; a centred mean does not shift a rising curve later in time, a trailing one would). For every TRL evaluation
-after the first, the target is TRL's smoothed accuracy there; flywheel's time to it is the first crossing of its
-own smoothed curve (linear between rounds), and the speedup is TRL's time over flywheel's. A target at or below
-flywheel's start counts as "at start" (no speedup). The summary is the median speedup and the lowest over the
-targets flywheel reached, how many it did not reach within its run, and each run's mean accuracy over its last 3
-rounds within the time both ran.
+Method: each curve after its first point is smoothed by a centred 3-point mean (a centred mean does not shift a rising
+curve later in time, a trailing one would). Two readings, per decoding:
+
+- fixed targets (``--targets``, default 70 % and 75 %): each trainer's time to reach them (the first crossing of its
+  smoothed curve, linear between rounds) and TRL's time over flywheel's;
+- TRL's own curve: for every TRL evaluation after the first, the target is TRL's smoothed accuracy there, and the
+  speedup is TRL's time over flywheel's time to it (median and lowest over the targets flywheel reached). A target at
+  or below flywheel's start counts as "at start" (no speedup).
+
+Then each run's mean accuracy over its last 3 rounds within the time both ran, and both sides' settings (TRL's lr and
+how it was chosen; the flywheel learner settings the run overrode — none but the evaluation's decodings means
+flywheel ran at its defaults).
 
     .venv/bin/python bench/vs_trl.py                         # the latest results of both benches
     .venv/bin/python bench/vs_trl.py --learn a.json --trl b.json --domain addition
 
-Writes bench/results/vs_trl.json and prints a markdown table. Non-goals: running either trainer.
+Writes bench/results/vs_trl.json and prints markdown tables. Non-goals: running either trainer.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ def final_mean(curve: Curve, until: float, last: int = 3) -> float:
     return sum(points) / len(points) if points else float("nan")
 
 
-def compare(flywheel: Curve, trl: Curve) -> dict[str, Any]:
+def compare(flywheel: Curve, trl: Curve, targets: tuple[float, ...] = ()) -> dict[str, Any]:
     fw, tr = smooth(flywheel), smooth(trl)
     rows = []
     for t_trl, target in tr[1:]:
@@ -79,9 +85,15 @@ def compare(flywheel: Curve, trl: Curve) -> dict[str, Any]:
                 "speedup": t_trl / t_fw if t_fw is not None and t_fw > 0 else None,
             }
         )
+    fixed = []
+    for target in targets:
+        t_trl, t_fw = time_to_reach(tr, target), time_to_reach(fw, target)
+        ratio = t_trl / t_fw if t_trl is not None and t_fw is not None and t_fw > 0 else None
+        fixed.append({"target": target, "trl_s": t_trl, "flywheel_s": t_fw, "speedup": ratio})
     speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
     until = min(flywheel[-1][0], trl[-1][0])
     return {
+        "targets": fixed,
         "rows": rows,
         "median_speedup": statistics.median(speedups) if speedups else None,
         "min_speedup": min(speedups) if speedups else None,
@@ -95,30 +107,47 @@ def compare(flywheel: Curve, trl: Curve) -> dict[str, Any]:
     }
 
 
-def load_flywheel(path: Path, variant: str, domain: str | None) -> tuple[str, Curve, float]:
+def load_flywheel(path: Path, variant: str, domain: str | None) -> tuple[str, dict[str, Curve], float, dict[str, Any]]:
+    """The domain, its held-out curve per decoding ("greedy", "sampled"), samples/s and the learner overrides."""
     data = json.loads(path.read_text())
     variants = data.get("variants", {})
     if variant not in variants:
         raise SystemExit(f"{path}: no variant {variant!r} (has: {', '.join(variants) or 'none'})")
-    curves = variants[variant]["curves"]
+    run = variants[variant]
+    decodings = run.get("decodings") or {"greedy": {"curves": run["curves"]}}
+    names = {d for dec in decodings.values() for d in dec.get("curves", {})}
     if domain is None:
-        if len(curves) != 1:
-            raise SystemExit(f"{path}: {len(curves)} domains ({', '.join(curves)}); pick one with --domain")
-        domain = next(iter(curves))
-    if domain not in curves:
-        raise SystemExit(f"{path}: no domain {domain!r} in variant {variant!r} (has: {', '.join(curves)})")
-    curve = [(float(p["t_s"]), float(p["accuracy"])) for p in curves[domain]]
-    if len(curve) < 2:
-        raise SystemExit(f"{path}: fewer than 2 evaluations of {domain!r}; run longer")
-    return domain, curve, float(variants[variant].get("samples_per_s", 0.0))
+        if len(names) != 1:
+            raise SystemExit(f"{path}: {len(names)} domains ({', '.join(sorted(names))}); pick one with --domain")
+        domain = next(iter(names))
+    curves = {}
+    for name, decoding in decodings.items():
+        points = decoding.get("curves", {}).get(domain, [])
+        if len(points) >= 2:
+            curves[name] = [(float(p["t_s"]), float(p["accuracy"])) for p in points]
+    if not curves:
+        raise SystemExit(f"{path}: fewer than 2 evaluations of {domain!r} in variant {variant!r}; run longer")
+    overrides = run.get("overrides", {}).get("actors", {}).get("learner", {})
+    return domain, curves, float(run.get("samples_per_s", 0.0)), overrides
 
 
-def load_trl(path: Path) -> tuple[Curve, float, str]:
+def load_trl(path: Path) -> tuple[dict[str, Curve], float, str, dict[str, Any]]:
     data = json.loads(path.read_text())
-    curve = [(float(r["rl_s"]), float(r["sampled"])) for r in data["evals"]]
-    if len(curve) < 2:
+    curves = {
+        name: [(float(r["rl_s"]), float(r[name])) for r in data["evals"]]
+        for name in ("greedy", "sampled")
+        if all(name in r for r in data["evals"])
+    }
+    if len(data["evals"]) < 2:
         raise SystemExit(f"{path}: fewer than 2 evaluations; run longer")
-    return curve, float(data.get("samples_per_s", 0.0)), str(data.get("trainer", "trl"))
+    settings = {
+        "lr": data.get("lr"),
+        "lr_chosen_by": data.get("lr_chosen_by", "given"),
+        "sweep": {f"{r['lr']:g}": round(100 * r["greedy_last3"], 1) for r in data.get("sweep", [])},
+        "prompts_x_group": f"{data.get('prompts')} x {data.get('group')}",
+        **(data.get("trl_config") or {}),
+    }
+    return curves, float(data.get("samples_per_s", 0.0)), str(data.get("trainer", "trl")), settings
 
 
 def main() -> None:
@@ -127,46 +156,63 @@ def main() -> None:
     parser.add_argument("--trl", type=Path, default=RESULTS_DIR / "trl_grpo.json")
     parser.add_argument("--variant", default="async")
     parser.add_argument("--domain", default=None, help="flywheel domain (default: the only one)")
+    parser.add_argument("--targets", default="0.70,0.75", help="fixed held-out accuracies to time (comma-separated)")
     args = parser.parse_args()
     for path in (args.learn, args.trl):
         if not path.exists():
             raise SystemExit(f"{path}: not found (run bench/learn.py --spec TASK/spec.yaml and bench/trl_grpo.py TASK)")
 
-    domain, flywheel, fw_rate = load_flywheel(args.learn, args.variant, args.domain)
-    trl, trl_rate, trainer = load_trl(args.trl)
-    result = compare(flywheel, trl)
+    targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
+    domain, flywheel, fw_rate, overrides = load_flywheel(args.learn, args.variant, args.domain)
+    trl, trl_rate, trainer, trl_settings = load_trl(args.trl)
+    results = {
+        name: compare(flywheel[name], trl[name], targets)
+        for name in ("greedy", "sampled")
+        if name in flywheel and name in trl
+    }
+    if not results:
+        raise SystemExit(f"no decoding in common: flywheel has {', '.join(flywheel)}, {trainer} {', '.join(trl)}")
 
     def pct(value: float) -> str:
         return f"{100 * value:.1f}"
 
+    def secs(value: float | None) -> str:
+        return "not reached" if value is None else "at start" if value == 0 else f"{value:.1f}"
+
+    tuned = {k: v for k, v in overrides.items() if k != "eval_temperature"}
     print(
-        markdown_table(
-            [f"{trainer} s", "its accuracy % (smoothed)", "flywheel s to it", "speedup"],
-            [
+        f"{trainer}: lr {trl_settings['lr']:g} ({trl_settings['lr_chosen_by']}"
+        + (f"; sweep, greedy % of the last 3 rounds: {trl_settings['sweep']}" if trl_settings["sweep"] else "")
+        + f"), {trl_settings['prompts_x_group']} per step; flywheel: "
+        + (f"learner overrides {json.dumps(tuned)}" if tuned else "its defaults")
+    )
+    for name, result in results.items():
+        print(f"\n{name} held-out accuracy")
+        print(
+            markdown_table(
+                ["target %", f"{trainer} s", "flywheel s", "sooner"],
                 [
-                    round(r["trl_s"]),
-                    pct(r["target"]),
-                    "not reached"
-                    if r["flywheel_s"] is None
-                    else "at start"
-                    if r["flywheel_s"] == 0
-                    else round(r["flywheel_s"], 1),
-                    "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-                ]
-                for r in result["rows"]
-            ],
+                    [
+                        pct(r["target"]),
+                        secs(r["trl_s"]),
+                        secs(r["flywheel_s"]),
+                        "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                    ]
+                    for r in result["targets"]
+                ],
+            )
         )
-    )
-    median = result["median_speedup"]
-    low = result["min_speedup"]
-    print(
-        f"\n{domain}: speedup median {'-' if median is None else f'{median:.2f}x'}, lowest "
-        f"{'-' if low is None else f'{low:.2f}x'} over the {len(result['rows']) - result['not_reached']} of "
-        f"{len(result['rows'])} targets flywheel reached in its {result['flywheel_s']:.0f} s; "
-        f"start {pct(result['start_flywheel'])} % (flywheel) vs {pct(result['start_trl'])} % ({trainer}); "
-        f"last 3 rounds within the first {result['common_s']:.0f} s: flywheel {pct(result['final_flywheel'])} %, "
-        f"{trainer} {pct(result['final_trl'])} %; samples/s {fw_rate:.0f} vs {trl_rate:.0f}"
-    )
+        median, low = result["median_speedup"], result["min_speedup"]
+        print(
+            f"{domain} ({name}): along {trainer}'s curve, speedup median "
+            f"{'-' if median is None else f'{median:.2f}x'}, "
+            f"lowest {'-' if low is None else f'{low:.2f}x'} over the {len(result['rows']) - result['not_reached']} of "
+            f"{len(result['rows'])} targets flywheel reached in its {result['flywheel_s']:.0f} s; "
+            f"start {pct(result['start_flywheel'])} % (flywheel) vs {pct(result['start_trl'])} % ({trainer}); "
+            f"last 3 rounds within the first {result['common_s']:.0f} s: flywheel {pct(result['final_flywheel'])} %, "
+            f"{trainer} {pct(result['final_trl'])} %"
+        )
+    print(f"samples/s: flywheel {fw_rate:.0f}, {trainer} {trl_rate:.0f}")
     path = write_results(
         "vs_trl",
         {
@@ -175,9 +221,11 @@ def main() -> None:
             "variant": args.variant,
             "domain": domain,
             "trainer": trainer,
+            "trl_settings": trl_settings,
+            "flywheel_overrides": tuned,
             "flywheel_samples_per_s": fw_rate,
             "trl_samples_per_s": trl_rate,
-            **result,
+            "decodings": results,
         },
     )
     print(f"wrote {path}")

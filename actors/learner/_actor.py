@@ -203,7 +203,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.flush()
         await self.publish_weights()
         if latest is None and config.eval_every_steps > 0:
-            await self.publish_eval(config.baseline_samples)  # the warm-start baseline, read more closely
+            await self.publish_eval(baseline=True)  # the warm-start baseline, read more closely
         ctx.log.info(
             "learner.ready",
             version=self.version,
@@ -339,7 +339,11 @@ class LearnerActor(Actor[LearnerConfig]):
         if msg.heldout:
             result = self.evals.record(mid, msg)
             if result is not None:
-                counters.set(f"heldout_acc.{result.domain}", round(result.accuracy, 4))
+                headline = result.temperature == self.config.eval_temperatures[0]
+                counters.set(
+                    f"heldout_acc{'' if headline else f'@T{result.temperature:g}'}.{result.domain}",
+                    round(result.accuracy, 4),
+                )
                 self.metrics.add(
                     "eval",
                     {
@@ -350,7 +354,7 @@ class LearnerActor(Actor[LearnerConfig]):
                         "n": result.n,
                         "accuracy": result.accuracy,
                         "reward_mean": result.reward_mean,
-                        "temperature": self.config.eval_temperature,
+                        "temperature": result.temperature,
                         "samples": result.n // max(self.evals.expected(result.domain), 1),
                     },
                 )
@@ -359,6 +363,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     domain=result.domain,
                     version=result.version,
                     accuracy=round(result.accuracy, 4),
+                    temperature=result.temperature,
                     n=result.n,
                 )
             await delivery.ack()
@@ -592,7 +597,16 @@ class LearnerActor(Actor[LearnerConfig]):
             "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
         }
-        for name in ("loss", "iw_mean", "iw_max", "iw_truncated_frac", "clipped_frac", "kl", "grad_norm"):
+        for name in (
+            "loss",
+            "iw_mean",
+            "iw_max",
+            "iw_truncated_frac",
+            "clipped_frac",
+            "kl",
+            "grad_norm",
+            "behavior_kl",
+        ):
             counters.set(name, round(float(getattr(stats, name)), 5))
         counters.set("staleness_mean", round(mean_staleness, 3))
         if self._feedback_staleness:
@@ -647,19 +661,19 @@ class LearnerActor(Actor[LearnerConfig]):
         for delivery in pending.values():
             await delivery.ack()
 
-    async def publish_eval(self, samples: int | None = None) -> None:
-        """Publish a held-out round labelled with the current version (every prompt at once), ``samples``
-        completions per prompt (default ``eval_samples``)."""
+    async def publish_eval(self, *, baseline: bool = False) -> None:
+        """Publish a held-out round labelled with the current version (every prompt at once, once per decoding in
+        ``eval_temperature``); ``baseline``: the post-warm-start round, read more closely when sampled."""
         if self._channel_out is None or not self.evals.tasks:
             return
         items = []
-        for tasks in self.evals.tasks.values():
-            for task in tasks:
-                payload = {
-                    **task.payload(group_size=samples or self.config.eval_samples, heldout=True),
-                    "temperature": self.config.eval_temperature,
-                }
-                items.append(("prompt", payload, eval_message_id(self.version, task)))
+        for i, temperature in enumerate(self.config.eval_temperatures):
+            samples = self.config.eval_samples_at(temperature, baseline=baseline)
+            for tasks in self.evals.tasks.values():
+                for task in tasks:
+                    payload = {**task.payload(group_size=samples, heldout=True), "temperature": temperature}
+                    message_id = eval_message_id(self.version, task, None if i == 0 else temperature)
+                    items.append(("prompt", payload, message_id))
         self._eval_scored(0)
         self._eval_out += len(items)
         self._eval_heard = time.monotonic()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from topology import ActorKind, SpecModel, register_actor_kind
 
@@ -43,9 +43,11 @@ class LearnerConfig(SpecModel):
     checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint (then ack what it covers) every K steps
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
-    eval_temperature: float = Field(default=0.0, ge=0)  # 0: greedy; > 0: sampled at this temperature (the
-    #   generators' measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it)
-    eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt; accuracy is their mean
+    # 0: greedy (what a served model answers); > 0: sampled at this temperature (the generators' measures the very
+    #   policy RL trains — greedy decoding of a tiny model can lag far behind it); a list: one round per decoding
+    #   (e.g. [0, 1]: greedy and sampled side by side), the first one the headline in the live view
+    eval_temperature: float | tuple[float, ...] = 0.0
+    eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt when sampled; accuracy is their mean
     # completions per prompt in the post-warm-start round, the one every gain is measured from (its noise lands on
     # every gain); null: eval_samples, at least 4, when sampled, 1 when greedy (greedy completions are all the same)
     eval_baseline_samples: int | None = Field(default=None, ge=1)
@@ -77,16 +79,25 @@ class LearnerConfig(SpecModel):
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
     warm_start_log_every: int = Field(default=20, ge=1)  # log the supervised loss every N warm-start steps
 
+    @field_validator("eval_temperature")
+    @classmethod
+    def _check_temperatures(cls, value: float | tuple[float, ...]) -> float | tuple[float, ...]:
+        temperatures = value if isinstance(value, tuple) else (value,)
+        if not temperatures or any(t < 0 for t in temperatures) or len(set(temperatures)) != len(temperatures):
+            raise ValueError(f"expected a temperature >= 0 or a list of distinct ones, got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:
         if self.buffer_size < self.batch_size:
             raise ValueError(f"expected buffer_size >= batch_size ({self.batch_size}), got {self.buffer_size}")
-        if self.eval_samples > 1 and self.eval_temperature == 0:
+        sampled = any(t > 0 for t in self.eval_temperatures)
+        if self.eval_samples > 1 and not sampled:
             raise ValueError(
                 "eval_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt are all "
                 f"the same), got eval_samples {self.eval_samples} with eval_temperature 0"
             )
-        if (self.eval_baseline_samples or 1) > 1 and self.eval_temperature == 0:
+        if (self.eval_baseline_samples or 1) > 1 and not sampled:
             raise ValueError(
                 "eval_baseline_samples > 1 needs eval_temperature > 0 (greedy completions of a prompt "
                 f"are all the same), got {self.eval_baseline_samples} with eval_temperature 0"
@@ -100,11 +111,25 @@ class LearnerConfig(SpecModel):
         return 0 if self.mode == "sync" else self.max_staleness
 
     @property
+    def eval_temperatures(self) -> tuple[float, ...]:
+        """``eval_temperature`` as a tuple: the decodings of each held-out round, the headline first."""
+        value = self.eval_temperature
+        return value if isinstance(value, tuple) else (value,)
+
+    def eval_samples_at(self, temperature: float, *, baseline: bool = False) -> int:
+        """Completions per held-out prompt decoded at ``temperature``: 1 greedy; sampled, ``eval_samples`` (the
+        post-warm-start round: ``eval_baseline_samples``, null meaning ``eval_samples``, at least 4)."""
+        if temperature <= 0:
+            return 1
+        if baseline:
+            return self.eval_baseline_samples or max(4, self.eval_samples)
+        return self.eval_samples
+
+    @property
     def baseline_samples(self) -> int:
-        """Completions per prompt of the post-warm-start round (``eval_baseline_samples`` resolved)."""
-        if self.eval_baseline_samples is not None:
-            return self.eval_baseline_samples
-        return max(4, self.eval_samples) if self.eval_temperature > 0 else 1
+        """Completions per prompt of the post-warm-start round at the first decoding (``eval_baseline_samples``
+        resolved)."""
+        return self.eval_samples_at(self.eval_temperatures[0], baseline=True)
 
     def transport_name(self, runtime_kind: str) -> str:
         """The weight transport this learner publishes through: ``weight_transport``, with ``auto`` resolved by where

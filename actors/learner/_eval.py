@@ -1,12 +1,13 @@
 """Held-out evaluation bookkeeping: which prompts to publish, and accuracy per (round, domain) from the scores.
 
 The learner publishes a round of held-out prompts after the warm start and every ``eval_every_steps`` steps:
-the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), greedy
-(``temperature: 0``, ``group_size: 1``) or sampled (``eval_temperature``, ``group_size: eval_samples``), message
-id ``eval-<version>-<task id>`` (retries of a round dedupe on the bus). Their scores come back on ``scored`` with
-``heldout: true``; the generator and verifier derive their ids from
-the prompt's (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version
-when an id has another shape (e.g. a custom generator).
+the first ``eval_size`` held-out tasks of each domain (a fixed list, so rounds are comparable), once per decoding
+in ``eval_temperature``: greedy (``temperature: 0``, ``group_size: 1``) or sampled (``group_size: eval_samples``),
+message id ``eval-<version>-<task id>`` for the first decoding and ``eval-<version>-T<temperature>-<task id>`` for
+the others (retries of a round dedupe on the bus). Their scores come back on ``scored`` with ``heldout: true`` and
+the temperature they were decoded at; the generator and verifier derive their ids from the prompt's
+(``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version when an id
+has another shape (e.g. a custom generator). A round is one (version, domain, temperature).
 
 A completion counts as correct when its reward is ≥ 1 − 1e-9; accuracy is the mean over every completion of the
 round (sampled: the expected accuracy of one sample). A (round, domain) is complete when all of its prompts have
@@ -33,8 +34,10 @@ _KEEP_ROUNDS = 16  # incomplete rounds older than the newest 16 are forgotten
 CORRECT = 1.0 - 1e-9
 
 
-def eval_message_id(version: int, task: Task) -> str:
-    return f"eval-{version}-{task.id}"
+def eval_message_id(version: int, task: Task, temperature: float | None = None) -> str:
+    """The held-out prompt's id: ``eval-<version>-<task id>``, or with ``-T<temperature>`` before the task id for a
+    decoding other than the round's first (``temperature`` None)."""
+    return f"eval-{version}-{task.id}" if temperature is None else f"eval-{version}-T{temperature:g}-{task.id}"
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,15 @@ class EvalResult:
     n: int
     accuracy: float
     reward_mean: float
+    temperature: float = 0.0  # the decoding: 0 greedy, else sampled at this temperature
 
 
 class EvalTracker:
     def __init__(self, tasks: Mapping[str, Sequence[Task]]) -> None:
         self.tasks = {domain: list(items) for domain, items in tasks.items() if items}
-        self._rounds: dict[tuple[int, str], list[float]] = {}
-        self._seen: dict[tuple[int, str], set[str]] = {}  # ids counted per round (kept after completion: dedupe)
+        self._rounds: dict[tuple[int, str, float], list[float]] = {}
+        # ids counted per round (kept after completion: dedupe)
+        self._seen: dict[tuple[int, str, float], set[str]] = {}
 
     def expected(self, domain: str) -> int:
         """Prompts a complete round of ``domain`` holds."""
@@ -60,7 +65,7 @@ class EvalTracker:
         """Account one held-out score; returns the round's result when this score completes it."""
         match = _ID.match(message_id)
         version = int(match.group(1)) if match else min((v for c in msg.completions for v in c.versions), default=0)
-        key = (version, msg.domain)
+        key = (version, msg.domain, msg.temperature)
         seen = self._seen.setdefault(key, set())
         if message_id in seen:  # a redelivery of a score already counted
             return None
@@ -77,10 +82,11 @@ class EvalTracker:
             n=len(rewards),
             accuracy=sum(r >= CORRECT for r in rewards) / len(rewards),
             reward_mean=sum(rewards) / len(rewards),
+            temperature=msg.temperature,
         )
 
     def _forget_old(self) -> None:
-        versions = sorted({v for v, _ in self._seen})
+        versions = sorted({v for v, _, _ in self._seen})
         if len(versions) > _KEEP_ROUNDS:
             cutoff = versions[-_KEEP_ROUNDS]
             self._rounds = {k: v for k, v in self._rounds.items() if k[0] >= cutoff}

@@ -66,6 +66,9 @@ class LossStats:
     clipped_frac: float  # fraction of tokens where the clipped branch was the one taken
     kl: float  # mean k3 KL to the reference (0 when disabled)
     ratio_mean: float
+    # mean k3 estimate of KL(behavior ‖ proximal) per token, from the untruncated importance weights: how far the
+    #   policy has moved since the generator sampled (staleness in nats rather than versions); 0 for reference rows
+    behavior_kl: float = 0.0
 
 
 def importance_weights(prox_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
@@ -131,6 +134,9 @@ def decoupled_ppo_loss(
         on = mask > 0
         if tokens:
             iw_on = iw[on]
+            sampled = on & ~torch.isnan(behavior_logprobs)
+            log_r = (prox_logprobs.detach() - behavior_logprobs)[sampled]
+            behavior_kl = float((torch.exp(log_r) - 1.0 - log_r).mean()) if bool(sampled.any()) else 0.0
             stats = LossStats(
                 loss=float(loss.detach()),
                 tokens=tokens,
@@ -140,6 +146,7 @@ def decoupled_ppo_loss(
                 clipped_frac=float((clipped_obj < unclipped_obj)[on].float().mean()),
                 kl=kl_value,
                 ratio_mean=float(ratio[on].mean()),
+                behavior_kl=behavior_kl,
             )
         else:
             stats = LossStats(0.0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -102,15 +102,26 @@ def effective_applied(run_dir: Path) -> pl.DataFrame:
     return pl.concat(kept, how="diagonal_relaxed")
 
 
-def eval_mode(evals: Any) -> str:
-    """How the ``eval`` rows were decoded, for labels: "greedy" or "sampled at T=1, 2 per prompt" (plus the
-    post-warm-start round's count when it drew more)."""
-    if "temperature" not in evals.columns or float(evals["temperature"].max() or 0.0) == 0.0:
+def decodings(evals: Any) -> list[float]:
+    """The temperatures the ``eval`` rows were decoded at, greedy (0) first."""
+    if "temperature" not in evals.columns:
+        return [0.0]
+    return sorted({float(t or 0.0) for t in evals["temperature"]})
+
+
+def eval_mode(evals: Any, temperature: float | None = None) -> str:
+    """How the ``eval`` rows (those decoded at ``temperature``; None: every decoding) were decoded, for labels:
+    "greedy" or "sampled at T=1, 2 per prompt" (plus the post-warm-start round's count when it drew more); several
+    decodings are joined by " / "."""
+    if temperature is None:
+        return " / ".join(eval_mode(evals, t) for t in decodings(evals))
+    if temperature == 0.0:
         return "greedy"
-    label = f"sampled at T={float(evals['temperature'].max()):g}"
+    label = f"sampled at T={temperature:g}"
     if "samples" not in evals.columns:
         return f"{label}, 1 per prompt"
-    counts = [int(s) for s in evals.sort("ts")["samples"]]
+    rows = evals.filter(pl.col("temperature") == temperature) if "temperature" in evals.columns else evals
+    counts = [int(s) for s in rows.sort("ts")["samples"]]
     first, usual = counts[0], counts[-1]
     return f"{label}, {usual} per prompt" + (f" ({first} in the post-warm-start round)" if first != usual else "")
 
@@ -128,11 +139,18 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     out = out or Path(run_dir) / "heldout_accuracy.png"
     t0 = float(evals["ts"].min())  # type: ignore[arg-type]
     fig, (by_time, by_version) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    temperatures = decodings(evals)
     for domain in sorted(evals["domain"].unique().to_list()):
-        rows = evals.filter(pl.col("domain") == domain).sort("ts")
-        seconds = [float(t) - t0 for t in rows["ts"].to_list()]
-        by_time.plot(seconds, rows["accuracy"].to_list(), marker="o", label=domain)
-        by_version.plot(rows["version"].to_list(), rows["accuracy"].to_list(), marker="o", label=domain)
+        for i, temperature in enumerate(temperatures):
+            rows = evals.filter(pl.col("domain") == domain)
+            if "temperature" in evals.columns:
+                rows = rows.filter(pl.col("temperature").fill_null(0.0) == temperature)
+            rows = rows.sort("ts")
+            label = domain if len(temperatures) == 1 else f"{domain}, {eval_mode(evals, temperature)}"
+            seconds = [float(t) - t0 for t in rows["ts"].to_list()]
+            style = ("-", "--", ":", "-.")[i % 4]
+            by_time.plot(seconds, rows["accuracy"].to_list(), style, marker="o", label=label)
+            by_version.plot(rows["version"].to_list(), rows["accuracy"].to_list(), style, marker="o", label=label)
     by_time.set_xlabel("seconds since the first evaluation")
     by_version.set_xlabel("weights version")
     by_time.set_ylabel(f"held-out accuracy ({eval_mode(evals)})")

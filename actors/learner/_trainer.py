@@ -71,6 +71,7 @@ class StepStats:
     kl: float
     ratio_mean: float
     grad_norm: float
+    behavior_kl: float = 0.0  # mean k3 KL(behavior ‖ proximal) per token (see ``LossStats``)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,9 @@ class Trainer:
                 [None if ref_policy is None else self._logprobs(ref_policy, packed) for packed in buckets]
                 for buckets in minibatches
             ]
-        totals: dict[str, float] = dict.fromkeys(("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio"), 0.0)
+        totals: dict[str, float] = dict.fromkeys(
+            ("loss", "iw_mean", "iw_trunc", "clipped", "kl", "ratio", "behavior_kl"), 0.0
+        )
         tokens_seen, iw_max, grad_norm = 0, 0.0, 0.0
         for _ in range(self.ppo_epochs):
             for buckets, prox_logprobs, ref_logprobs in zip(minibatches, proximal, reference, strict=True):
@@ -221,6 +224,7 @@ class Trainer:
                         ("clipped", stats.clipped_frac),
                         ("kl", stats.kl),
                         ("ratio", stats.ratio_mean),
+                        ("behavior_kl", stats.behavior_kl),
                     ):
                         totals[key] += value * n
                     iw_max = max(iw_max, stats.iw_max)
@@ -240,6 +244,7 @@ class Trainer:
             kl=totals["kl"] / denom,
             ratio_mean=totals["ratio"] / denom,
             grad_norm=grad_norm,
+            behavior_kl=totals["behavior_kl"] / denom,
         )
 
     def _packed_buckets(self, samples: Sequence[TrainSample]) -> list[PrefixPacked]:

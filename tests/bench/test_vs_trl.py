@@ -56,3 +56,12 @@ def test_a_target_below_flywheels_start_has_no_speedup() -> None:
     assert result["rows"][0]["flywheel_s"] == 0.0 and result["rows"][0]["speedup"] is None
     assert result["rows"][1]["flywheel_s"] == pytest.approx(10 * (0.51 - 0.48) / (0.56 - 0.48))
     assert result["median_speedup"] == result["min_speedup"] == pytest.approx(30 / (10 * 0.03 / 0.08))
+
+
+def test_fixed_targets_are_timed_on_both_smoothed_curves() -> None:
+    trl = [(0.0, 0.40), (30.0, 0.60), (60.0, 0.80), (90.0, 0.80)]  # smoothed: 0.40, 0.60, 0.733, 0.80
+    flywheel = [(0.0, 0.40), (10.0, 0.60), (20.0, 0.80), (30.0, 0.80)]
+    fixed = compare(flywheel, trl, targets=(0.70, 0.90))["targets"]
+    assert fixed[0]["trl_s"] == pytest.approx(30 + 30 * 0.10 / (0.8 * 11 / 12 - 0.6))
+    assert fixed[0]["speedup"] == pytest.approx(3.0)
+    assert fixed[1]["trl_s"] is None and fixed[1]["flywheel_s"] is None and fixed[1]["speedup"] is None

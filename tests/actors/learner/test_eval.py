@@ -87,3 +87,25 @@ def test_the_eval_label_names_the_usual_count_and_the_baseline_round_apart() -> 
     assert eval_mode(rows) == "sampled at T=1, 1 per prompt (4 in the post-warm-start round)"
     assert eval_mode(rows.tail(2)) == "sampled at T=1, 1 per prompt"
     assert eval_mode(rows.with_columns(temperature=pl.lit(0.0))) == "greedy"
+
+
+def test_greedy_and_sampled_rounds_of_one_version_are_separate_rounds() -> None:
+    tasks = open_source("builtin:arithmetic", domain="arith", heldout=2).heldout()
+    tracker = EvalTracker({"arith": tasks})
+    assert tracker.record(eval_message_id(4, tasks[0]), scored([1.0], 0.0)) is None
+    assert tracker.record(eval_message_id(4, tasks[0], 1.0), scored([0.0, 0.0], 1.0)) is None
+    greedy = tracker.record(eval_message_id(4, tasks[1]), scored([1.0], 0.0))
+    assert greedy is not None and (greedy.temperature, greedy.n, greedy.accuracy) == (0.0, 2, 1.0)
+    sampled = tracker.record(eval_message_id(4, tasks[1], 1.0), scored([1.0, 0.0], 1.0))
+    assert sampled is not None and (sampled.temperature, sampled.n, sampled.accuracy) == (1.0, 4, 0.25)
+
+
+def test_a_list_of_temperatures_decodes_each_round_several_ways() -> None:
+    config = LearnerConfig.model_validate({"eval_temperature": [0, 1.0], "eval_samples": 2})
+    assert config.eval_temperatures == (0.0, 1.0)
+    assert [config.eval_samples_at(t) for t in config.eval_temperatures] == [1, 2]
+    assert [config.eval_samples_at(t, baseline=True) for t in config.eval_temperatures] == [1, 4]
+    with pytest.raises(ValidationError, match="list of distinct ones"):
+        LearnerConfig.model_validate({"eval_temperature": [1.0, 1.0]})
+    with pytest.raises(ValidationError, match="eval_samples > 1 needs eval_temperature > 0"):
+        LearnerConfig.model_validate({"eval_temperature": [0.0], "eval_samples": 2})

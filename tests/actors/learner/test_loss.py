@@ -130,3 +130,13 @@ def test_seq_mean_loss_of_one_sided_advantages() -> None:
     )
     assert float(token) == pytest.approx(-(2.0 - 3.0) / 4)
     assert float(seq) == pytest.approx(-(2.0 - 1.0) / 2)
+
+
+def test_behavior_kl_measures_the_drift_since_sampling_untruncated_and_ignores_reference_rows() -> None:
+    prox = torch.tensor([[math.log(0.5), math.log(0.5)], [math.log(0.5), 0.0]])
+    behavior = torch.tensor([[math.log(0.5), math.log(0.05)], [float("nan"), 0.0]])  # r = 1, 10 (over the cap of 3)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    _, stats = decoupled_ppo_loss(prox, prox, behavior, torch.ones(2), mask, PPOConfig(iw_cap=3.0))
+    assert stats.behavior_kl == pytest.approx((0.0 + (10 - 1 - math.log(10))) / 2)
+    _, same = decoupled_ppo_loss(prox, prox, prox, torch.ones(2), mask, PPOConfig())
+    assert same.behavior_kl == pytest.approx(0.0)
