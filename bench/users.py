@@ -343,8 +343,7 @@ async def feedback_loop(pop: Population, stop_at: float, grace_s: float, senders
 async def reviewer(pop: Population, run_dir: Path, stop_at: float) -> None:
     """Label the review queue with the verifier, through the code `flywheel review` runs."""
     from actors.commands._review import review_samples
-    from topology.bus import Bus
-    from topology.runtime import read_run_info
+    from topology.runtime import connect_run, read_run_info
 
     answers = dict(pop.prompts)
     info = read_run_info(run_dir)
@@ -357,8 +356,9 @@ async def reviewer(pop: Population, run_dir: Path, stop_at: float) -> None:
 
     while time.time() < stop_at:
         try:
-            bus = await Bus.connect(info.bus_url, topology=info.topology, name="bench-reviewer")
-        except Exception:
+            bus = await connect_run(run_dir, name="bench-reviewer", info=info)
+        except Exception as exc:  # the bus restarting: try again, and say so
+            print(f"users: reviewer cannot connect: {exc}", file=sys.stderr)
             await asyncio.sleep(1.0)
             continue
         try:
@@ -366,7 +366,8 @@ async def reviewer(pop: Population, run_dir: Path, stop_at: float) -> None:
                 counts = await review_samples(bus, label, wait_s=2.0)
                 for key in ("good", "bad", "skip"):
                     pop.reviewed[key] = pop.reviewed.get(key, 0) + counts[key]
-        except Exception:
+        except Exception as exc:
+            print(f"users: reviewer: {exc}", file=sys.stderr)
             await asyncio.sleep(1.0)
         finally:
             await bus.close()
@@ -376,12 +377,11 @@ async def killer(
     service: Service, actors: list[str], start_at: float, end_at: float, log: list[dict[str, Any]]
 ) -> None:
     """SIGKILL each actor's replica 0 in turn, evenly spaced between ``start_at`` and ``end_at``."""
-    from topology.bus import Bus
-    from topology.runtime import read_run_info, read_status
+    from topology.runtime import connect_run, read_run_info, read_status
 
     info = read_run_info(service.run_dir)
     step = (end_at - start_at) / max(len(actors), 1)
-    bus = await Bus.connect(info.bus_url, topology=info.topology, name="bench-killer")
+    bus = await connect_run(service.run_dir, name="bench-killer", info=info)
     try:
         for index, actor in enumerate(actors):
             await asyncio.sleep(max(0.0, start_at + index * step - time.time()))
