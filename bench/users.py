@@ -449,16 +449,28 @@ async def drive(
 
 
 # ---------------------------------------------------------------------------------------------- after the run
-def wait_settled(run_dir: Path, accepted: set[str], timeout_s: float) -> None:
-    """Until every accepted rating was applied by the learner (its audit trail), or ``timeout_s``."""
+def wait_settled(run_dir: Path, acknowledged: set[str], accepted: set[str], timeout_s: float) -> None:
+    """Until every accepted rating was applied by the learner (its audit trail) and every acknowledged request and
+    accepted rating is in the recorder's files, or ``timeout_s``: the service drains its backlog before it stops."""
     from actors.learner import read_metrics
+    from actors.protocol import read_recordings
+
+    def recorded(channel: str) -> set[str]:
+        frame = read_recordings(run_dir / "recordings", channel)
+        return set(frame["request_id"].to_list()) if frame.height else set()
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         applied = read_metrics(run_dir, "applied")
-        if applied.height and accepted <= set(applied["task_id"].to_list()):
+        if (
+            applied.height
+            and accepted <= set(applied["task_id"].to_list())
+            and acknowledged <= recorded("traffic")
+            and accepted <= recorded("feedback")
+        ):
             return
         time.sleep(2.0)
+    print(f"users: the service had not settled after {timeout_s:.0f} s; the ledgers say what was left", file=sys.stderr)
 
 
 def ledgers(run_dir: Path, pop: Population) -> dict[str, Any]:
@@ -653,7 +665,7 @@ def run_variant(name: str, opts: argparse.Namespace, checkpoint: Path, folder: P
         kills = asyncio.run(drive(service, pop, opts.duration, opts.kill, actors))
         ended = time.time()
         accepted = {r.rid for r in pop.requests if r.feedback is not None}
-        wait_settled(service.run_dir, accepted, timeout_s=90)
+        wait_settled(service.run_dir, {r.rid for r in pop.requests}, accepted, timeout_s=90)
     finally:  # whatever happened, the service stops (a drain, then SIGKILL)
         service.proc.send_signal(signal.SIGINT)
         try:

@@ -17,6 +17,11 @@ disk):
 4. A message redelivered while still buffered (``ack_wait_s`` elapsed) replaces its buffered copy; the flush
    interval is capped at half of ``ack_wait_s`` so that this stays rare.
 
+Throughput: messages stay un-acked until their file is written, and the server hands a consumer at most its
+``max_ack_pending`` un-acked messages. The recorder's consumers take a window of their own (``IN_FLIGHT``, or the
+bus's if larger) and a channel is flushed as soon as half of it is buffered, not only every ``flush_every_s``:
+otherwise the recorder could write one window per interval and fall behind any traffic faster than that.
+
 A producer that publishes an id twice inside the bus's dedupe window is stored once by JetStream; beyond it,
 two messages exist and both are recorded (their ``_id`` column shows it).
 
@@ -43,6 +48,7 @@ from topology.runtime import Actor, ActorContext, iterate_until
 __all__ = ["RecorderActor", "ack_floor", "stream_identity"]
 
 _Buffered = tuple[Delivery[Any], float, list[dict[str, Any]]]
+IN_FLIGHT = 4096  # un-acked messages a recorder's consumer may hold (buffered, waiting for their file)
 
 
 async def ack_floor(bus: Bus, channel: str, group: str) -> int:
@@ -92,6 +98,7 @@ class RecorderActor(Actor[RecorderConfig]):
         self._locks = {c: anyio.Lock() for c in self.channels}
         self._full = anyio.Event()
         self.flush_every_s = min(config.flush_every_s, ctx.bus.settings.ack_wait_s / 2)
+        self.in_flight = max(IN_FLIGHT, ctx.bus.settings.max_ack_pending)
 
     async def start(self) -> None:
         for channel, writer in self.writers.items():
@@ -112,8 +119,11 @@ class RecorderActor(Actor[RecorderConfig]):
 
     async def _consume(self, channel: str) -> None:
         model: type[BaseModel] = CHANNEL_MODELS[channel]
-        batch = max(1, min(256, self.ctx.bus.settings.max_ack_pending // 2))
-        async with self.ctx.bus.consume(channel, self.ctx.actor, model=model, batch=batch) as deliveries:
+        batch = max(1, min(256, self.in_flight // 2))
+        consumer = self.ctx.bus.consume(
+            channel, self.ctx.actor, model=model, batch=batch, max_ack_pending=self.in_flight
+        )
+        async with consumer as deliveries:
             async for delivery in iterate_until(deliveries, self.ctx.stopping):
                 await self._accept(channel, delivery)
 
@@ -131,7 +141,7 @@ class RecorderActor(Actor[RecorderConfig]):
             self.ctx.counters.inc(f"{channel}.redelivered_while_buffered")
         buffer[delivery.stream_seq] = (delivery, env.ts, rows)
         self._rows[channel] += len(rows)
-        if self._rows[channel] >= self.config.max_rows_per_file:
+        if self._rows[channel] >= self.config.max_rows_per_file or len(buffer) >= self.in_flight // 2:
             self._full.set()
 
     async def _flush_loop(self) -> None:
