@@ -62,8 +62,8 @@ SURFACES: dict[str, set[str]] = {
         "WarmStartResult",
     },
     "actors.gateway": {
-        "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
-        "NoGenerators", "read_api_keys", "ServeCall", "ServeClient",
+        "ApiError", "ApiKeys", "CallCancelled", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError",
+        "GeneratorsBusy", "NoGenerators", "read_api_keys", "ServeCall", "ServeClient",
     },
     "actors.source": set(),
     "actors.generator": set(),
