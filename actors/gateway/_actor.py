@@ -26,6 +26,7 @@ import uvicorn
 from actors.gateway._app import ApiKeys, Gateway
 from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
+from actors.gateway._http import http_protocol
 from actors.gateway._prompt import PromptBuilder, load_tokenizer
 from actors.protocol import domains_of, ping_subject, policy_of
 from topology.runtime import Actor, ActorContext
@@ -114,6 +115,7 @@ class GatewayActor(Actor[GatewayConfig]):
             timeout_keep_alive=30,
             backlog=4096,
             ws="none",
+            http=http_protocol(),
         )
         server = _Uvicorn(config)
 
