@@ -41,9 +41,15 @@ def head(running: Running, path: str, length: int, extra: str = "") -> bytes:
 
 
 def read_all(sock: socket.socket) -> bytes:
+    """Everything until the gateway closes. A reset ends it too: a trickling client may send one more byte after
+    the gateway answered and closed, and the closed socket answers that byte with RST, so the recv after the
+    answer (and its FIN) raises instead of returning b"". What was read before stays the answer."""
     data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
     return data
 
 
