@@ -55,16 +55,14 @@ class SamplingParams:
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples as lists): how the serve protocol carries sampling parameters."""
-        return {
-            name: list(value) if name in _TUPLE_FIELDS else value for name, value in dataclasses.asdict(self).items()
-        }
+        # getattr per field, not dataclasses.asdict: asdict deep-copies, and this runs once per served request
+        return {name: list(getattr(self, name)) if name in _TUPLE_FIELDS else getattr(self, name) for name in _NAMES}
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> SamplingParams:
         """The inverse of `to_wire`. Unknown keys are ignored (a newer sender may send more); bad values raise
         ``ValueError``."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in raw.items() if k in known}
+        fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in raw.items() if k in _NAMES}
         try:
             return cls(**fields)
         except TypeError as exc:
@@ -81,6 +79,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+
+_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))  # the wire's keys, in field order
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The `gateway` actor kind: an OpenAI-compatible HTTP API served by the topology's generators.
 
 Importing this package stays light (the spec layer imports ``actors.gateway._config``); the actor, the app
-and the serve client (FastAPI, uvicorn, the tokenizer) load on first access.
+and the serve client (Starlette, uvicorn, prometheus-client, the tokenizer) load on first access.
 """
 
 from __future__ import annotations
@@ -13,16 +13,25 @@ from topology import lazy_exports
 
 if TYPE_CHECKING:
     from actors.gateway._actor import GatewayActor, generated_api_key, read_api_keys
-    from actors.gateway._app import ApiError, ApiKeys, Gateway
-    from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
+    from actors.gateway._app import ApiKeys, Gateway
+    from actors.gateway._client import (
+        CallCancelled,
+        GenerationError,
+        GeneratorsBusy,
+        NoGenerators,
+        ServeCall,
+        ServeClient,
+    )
+    from actors.gateway._errors import ApiError
 
 _LAZY = {
     "GatewayActor": "_actor",
     "generated_api_key": "_actor",
     "read_api_keys": "_actor",
-    "ApiError": "_app",
+    "ApiError": "_errors",
     "ApiKeys": "_app",
     "Gateway": "_app",
+    "CallCancelled": "_client",
     "GenerationError": "_client",
     "GeneratorsBusy": "_client",
     "NoGenerators": "_client",
@@ -33,6 +42,7 @@ _LAZY = {
 __all__ = [
     "ApiError",
     "ApiKeys",
+    "CallCancelled",
     "Gateway",
     "GatewayActor",
     "GatewayConfig",

@@ -29,8 +29,9 @@ import uvicorn
 from actors.gateway._app import ApiKeys, Gateway
 from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
+from actors.gateway._http import http_protocol
 from actors.gateway._prompt import PromptBuilder, load_tokenizer
-from actors.protocol import ping_subject, policy_of
+from actors.protocol import domains_of, ping_subject, policy_of
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "generated_api_key", "read_api_keys"]
@@ -121,8 +122,16 @@ class GatewayActor(Actor[GatewayConfig]):
             keys=keys,
             publish=self._publish,
             health=self._check_health,
+            domains=domains_of(self.ctx.spec),
             who=self.ctx.replica_id,
+            log=self.ctx.log,
         )
+        if self.gateway.trusted.any and self.config.trusted_hosts is None:
+            self.ctx.log.warning(
+                "gateway.any_host",
+                hint=f"listening on {self.config.host}: set trusted_hosts to the names clients use, so that a web "
+                "page rebinding its DNS name to this address is refused",
+            )
         self._socket = _bind(self.config.host, self.config.port)
         port = self._socket.getsockname()[1]
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
@@ -139,6 +148,8 @@ class GatewayActor(Actor[GatewayConfig]):
             timeout_graceful_shutdown=int(self.config.request_timeout_s) + 1,
             timeout_keep_alive=30,
             backlog=4096,
+            ws="none",
+            http=http_protocol(),
         )
         server = _Uvicorn(config)
 
@@ -198,17 +209,19 @@ class GatewayActor(Actor[GatewayConfig]):
             await anyio.sleep(1.0)
             if self.gateway is None:
                 continue
-            metrics = self.gateway.metrics
-            self.ctx.counters.set("in_flight", metrics.in_flight)
-            self.ctx.counters.set("streams_open", metrics.streams_open)
-            self.ctx.counters.set("requests", sum(metrics.requests.values()))
-            self.ctx.counters.set("traffic_published", metrics.traffic_published)
-            self.ctx.counters.set("feedback", metrics.feedback)
+            for name, value in self.gateway.metrics.snapshot().items():
+                self.ctx.counters.set(name, value)
+            if self._client is not None:
+                self.ctx.counters.set("serve_pending", self._client.pending)
+                self.ctx.counters.set("cancels_sent", self._client.cancels_sent)
 
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP, and
+    # uvicorn writes a response's head and body separately, so with Nagle on the body waited for the client's
+    # delayed ACK of the head (40 ms on Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -1,81 +1,78 @@
 """The gateway's HTTP surface: an OpenAI-compatible API backed by the generators, feedback, metrics, health.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream: true`` → server-sent events ending
-in ``data: [DONE]``), ``GET /v1/models``, ``POST /v1/feedback``, ``GET /metrics``, ``GET /healthz``.
+in ``data: [DONE]``), ``GET /v1/models``, ``POST /v1/feedback``, ``GET /metrics``, ``GET /healthz``. What every
+request goes through first (request ids, trusted hosts, cross-origin refusal, the catch-all 500) is
+:mod:`actors.gateway._front`.
 
 Contract:
 
 * Every response carries ``x-request-id``; for completions it is also the body's ``id`` and the id that
   ``/v1/feedback`` takes and that the ``traffic`` record is stored under.
-* A served request is published to ``traffic`` (:class:`~actors.protocol._messages.TrafficMsg`, envelope id = request
-  id) *before* its response completes: before the JSON body is returned, before the final SSE chunk. A
-  request rejected with a 4xx/5xx is never published.
-* Errors are OpenAI-shaped ``{"error": {"message", "type", "code"}}``: malformed JSON or invalid fields 400,
-  a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key 403, unknown model or route 404,
-  body over ``max_body_bytes`` 413, gateway or generators at capacity 429 with ``Retry-After``, no generator
-  serving 503, a generator silent past ``request_timeout_s`` 504. A failure after an SSE stream started is
-  sent as a final ``data: {"error": …}`` event (the official client raises it) and nothing is recorded.
+* A served request is published to ``traffic`` (:class:`~actors.protocol._messages.TrafficMsg`, envelope id =
+  request id) and stored by JetStream *before* its response completes: before the JSON body is sent, before the
+  final SSE chunk. A request rejected with a 4xx/5xx is never published. A record the bus does not take is
+  logged (with the request id) and counted (``traffic_errors`` in the heartbeat); the client is still answered.
+* Request bodies: ``Content-Type: application/json`` only (415 otherwise — with no CORS preflight answered, a
+  browser cannot send that type cross-site); at most ``max_body_bytes`` (413); all of it within
+  ``body_timeout_s`` (408, and the connection is closed). A concurrency slot (``max_concurrency``,
+  ``max_streams``: 429 with ``Retry-After`` when full) is taken only once the body was read and validated, so
+  slow or broken clients never hold one.
+* ``x-flywheel-domain`` names the request's domain (recorded with it, for per-domain baselines); only the
+  spec's domains are accepted (400 ``unknown_domain``); without it, ``default_domain``.
+* A client that disconnects before its answer cancels its generation (the serve protocol's cancel); nothing
+  is recorded for it. So does a request that times out (504) or fails otherwise.
+* Errors are OpenAI-shaped ``{"error": {"message", "type", "code"}}`` (:mod:`actors.gateway._errors`):
+  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key
+  403, unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or
+  generators at capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a
+  generator silent past ``request_timeout_s`` 504. Server-side failures name nothing internal (the detail is
+  logged with the request id). A failure after an SSE stream started is sent as a final
+  ``data: {"error": …}`` event (the official client raises it) and nothing is recorded.
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
   :data:`~actors.protocol.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
   Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later.
 
-Non-goals: cancelling generation when a client disconnects, per-key quotas, TLS (put a proxy in front).
+Non-goals: per-key quotas, TLS (put a proxy in front), CORS.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pydantic
-from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response
 
-from actors.gateway._client import GenerationError, GeneratorsBusy, NoGenerators, ServeCall, ServeClient
+from actors.gateway._client import (
+    CallCancelled,
+    GenerationError,
+    GeneratorsBusy,
+    NoGenerators,
+    ServeCall,
+    ServeClient,
+)
 from actors.gateway._config import GatewayConfig
+from actors.gateway._errors import JSON, ApiError, busy, unknown_model
+from actors.gateway._front import Front, TrustedHosts
 from actors.gateway._metrics import Metrics
 from actors.gateway._prompt import ChatRequest, CompletionRequest, PromptBuilder
 from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 
-__all__ = ["ApiError", "ApiKeys", "Gateway"]
+__all__ = ["ApiKeys", "Gateway"]
 
-_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/models": "models",
-    "/v1/feedback": "feedback",
-    "/metrics": "metrics",
-    "/healthz": "healthz",
-}
-_JSON = "application/json"
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
-        self.headers = dict(headers or {})
-
-    def response(self) -> Response:
-        body = {"error": {"message": self.message, "type": self.type, "code": self.code}}
-        return Response(orjson.dumps(body), status_code=self.status, media_type=_JSON, headers=self.headers)
+_GONE = Response(status_code=499)  # nginx's "client closed request": counted, never sent (nobody listens)
 
 
 class ApiKeys:
@@ -127,6 +124,23 @@ class _Served:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
+class _DisconnectWatch:
+    """Waits for the client's ``http.disconnect`` (read from ASGI ``receive`` once the body is consumed) and
+    then cancels the call; :meth:`stop` ends the watch."""
+
+    def __init__(self, receive: Callable[[], Awaitable[Mapping[str, Any]]], call: ServeCall) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive, call))
+
+    @staticmethod
+    async def _watch(receive: Callable[[], Awaitable[Mapping[str, Any]]], call: ServeCall) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        call.cancel()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
 class Gateway:
     """Request handling; :meth:`app` builds the ASGI app. One instance per gateway replica."""
 
@@ -139,53 +153,58 @@ class Gateway:
         keys: ApiKeys,
         publish: Callable[[str, str, dict[str, Any], str], Awaitable[Any]],
         health: Callable[[], Awaitable[dict[str, Any]]],
+        domains: Collection[str] = (),
         who: str = "gateway",
+        log: Any = None,
     ) -> None:
         self.config = config
         self.client = client
         self.builder = builder
         self.keys = keys
-        self.publish = publish  # (channel, type, payload, id) → stored
+        self.publish = publish  # (channel, type, payload, id) → returns once stored
         self.health = health
+        self.domains = frozenset(domains)
         self.who = who
+        self.log = log if log is not None else structlog.get_logger("flywheel.gateway")
         self.metrics = Metrics()
         self.created = int(time.time())
+        hosts = config.trusted_hosts
+        self.trusted = TrustedHosts(hosts) if hosts is not None else TrustedHosts.default_for(config.host)
 
     # ------------------------------------------------------------------ app
-    def app(self) -> Any:
-        api = FastAPI(title="flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None)
-        api.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
-        api.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-        # Plain Starlette routes (endpoint(request) -> Response): the handlers parse their own bodies, so
-        # FastAPI's dependency machinery would only add latency on the hot path.
-        api.add_route("/v1/chat/completions", self.chat, methods=["POST"])
-        api.add_route("/v1/completions", self.completions, methods=["POST"])
-        api.add_route("/v1/models", self.models, methods=["GET"])
-        api.add_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
-        api.add_route("/v1/feedback", self.feedback, methods=["POST"])
-        api.add_route("/metrics", self.metrics_route, methods=["GET"])
-        api.add_route("/healthz", self.healthz, methods=["GET"])
-        return _RequestIds(api, self.metrics)
+    def app(self) -> Front:
+        get, post = frozenset({"GET"}), frozenset({"POST"})
+        routes = {
+            "/v1/chat/completions": ("chat", post, self.chat),
+            "/v1/completions": ("completions", post, self.completions),
+            "/v1/models": ("models", get, self.models),
+            "/v1/feedback": ("feedback", post, self.feedback),
+            "/metrics": ("metrics", get, self.metrics_route),
+            "/healthz": ("healthz", get, self.healthz),
+        }
+        prefix_routes = {"/v1/models/": ("models", get, self.model)}
+        return Front(routes, prefix_routes=prefix_routes, metrics=self.metrics, trusted=self.trusted, log=self.log)
 
     async def models(self, request: Request) -> Response:
         card = {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "flywheel"}
-        return Response(orjson.dumps({"object": "list", "data": [card]}), media_type=_JSON)
+        return Response(orjson.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
     async def model(self, request: Request) -> Response:
-        model_id = str(request.path_params["model_id"])
+        model_id = request.url.path[len("/v1/models/") :]
         if model_id != self.config.model_name:
-            raise _unknown_model(model_id, self.config.model_name)
+            raise unknown_model(model_id, self.config.model_name)
         card = {"id": model_id, "object": "model", "created": self.created, "owned_by": "flywheel"}
-        return Response(orjson.dumps(card), media_type=_JSON)
+        return Response(orjson.dumps(card), media_type=JSON)
 
     async def metrics_route(self, request: Request) -> Response:
         if self.config.require_key_for_metrics:
             self.keys.check(request)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        body, content_type = self.metrics.render(request.headers.get("accept", ""))
+        return Response(body, headers={"Content-Type": content_type})
 
     async def healthz(self, request: Request) -> Response:
         report = await self.health()
-        return Response(orjson.dumps(report), status_code=200 if report.get("ok") else 503, media_type=_JSON)
+        return Response(orjson.dumps(report), status_code=200 if report.get("ok") else 503, media_type=JSON)
 
     async def feedback(self, request: Request) -> Response:
         key_id = self.keys.check(request)
@@ -212,62 +231,73 @@ class Gateway:
         try:
             await self.publish("feedback", "feedback", msg.model_dump(mode="json"), f"fb-{digest}")
         except Exception as exc:
-            raise ApiError(503, f"feedback could not be stored: {exc}", type="server_error") from None
-        self.metrics.feedback += 1
+            self.log.warning(
+                "gateway.feedback_not_stored", request_id=body.request_id, error=f"{type(exc).__name__}: {exc}"
+            )
+            raise ApiError(
+                503, "feedback could not be stored right now; retry later", type="server_error", code="unavailable"
+            ) from None
+        self.metrics.feedback_accepted()
         doc = {"status": "accepted", "id": f"fb-{digest}", "request_id": body.request_id, "score": score}
-        return Response(orjson.dumps(doc), media_type=_JSON)
+        return Response(orjson.dumps(doc), media_type=JSON)
 
     # ------------------------------------------------------------------ completions
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> Any:
         return await self._complete(request, "chat")
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> Any:
         return await self._complete(request, "completions")
 
-    async def _complete(self, request: Request, route: str) -> Response:
+    async def _complete(self, request: Request, route: str) -> Any:
         started, ts = time.perf_counter(), time.time()
         if self.config.require_key_for_inference:
             self.keys.check(request)
-        if self.metrics.in_flight >= self.config.max_concurrency:
-            raise _busy("the gateway is at its max_concurrency", self.config.retry_after_s)
-        self.metrics.in_flight += 1
-        stream = handed_over = False
+        served, stream = self._prepare(request, await self._read_json(request), route, started, ts)
         try:
-            served, wants_stream = await self._prepare(request, route, started, ts)
-            if wants_stream:
-                if self.metrics.streams_open >= self.config.max_streams:
-                    raise _busy("too many concurrent streams (max_streams)", self.config.retry_after_s)
-                self.metrics.streams_open += 1
-                stream = True
-            try:
-                params = served.request.sampling(served.max_tokens).to_wire()
-            except ValueError as exc:
-                raise ApiError(400, str(exc)) from None
-            call = await self._call(served, params, stream)
+            params = served.request.sampling(served.max_tokens).to_wire()
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        metrics = self.metrics
+        if metrics.in_flight >= self.config.max_concurrency:
+            raise busy("the gateway is at its max_concurrency", self.config.retry_after_s)
+        if stream and metrics.streams_open >= self.config.max_streams:
+            raise busy("too many concurrent streams (max_streams)", self.config.retry_after_s)
+        metrics.in_flight += 1
+        metrics.streams_open += stream
+        call = self.client.open(
+            served.request_id, served.prompt_ids, params, stream=stream, timeout_s=self.config.request_timeout_s
+        )
+        watch = _DisconnectWatch(request.receive, call)
+        handed_over = False
+        try:
+            await self._start(call)
             if stream:
                 handed_over = True
-                return StreamingResponse(
-                    self._sse(call, served), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-                )
+                return _Stream(self, call, watch, served)
+            final: dict[str, Any] = {}
             try:
-                final: dict[str, Any] = {}
                 async for message in call.messages(self.config.request_timeout_s):
                     final = message
             except GenerationError as exc:
-                raise _generation_error(exc) from None
+                raise self._generation_error(exc, served.request_id) from None
             except TimeoutError:
                 raise _timeout() from None
-            finally:
-                call.close()
             await self._record(served, final, stream=False)
-            return Response(orjson.dumps(self._body(served, final)), media_type=_JSON)
+            return Response(orjson.dumps(self._body(served, final)), media_type=JSON)
+        except CallCancelled:
+            metrics.disconnect()
+            return _GONE
         finally:
             if not handed_over:
-                self.metrics.in_flight -= 1
-                self.metrics.streams_open -= stream
+                self._release(call, watch, stream)
 
-    async def _prepare(self, request: Request, route: str, started: float, ts: float) -> tuple[_Served, bool]:
-        raw = await self._read_json(request)
+    def _release(self, call: ServeCall, watch: _DisconnectWatch, stream: bool) -> None:
+        watch.stop()
+        call.close()
+        self.metrics.in_flight -= 1
+        self.metrics.streams_open -= stream
+
+    def _prepare(self, request: Request, raw: Any, route: str, started: float, ts: float) -> tuple[_Served, bool]:
         try:
             body: ChatRequest | CompletionRequest = (
                 ChatRequest.model_validate(raw) if route == "chat" else CompletionRequest.model_validate(raw)
@@ -275,7 +305,7 @@ class Gateway:
         except pydantic.ValidationError as exc:
             raise ApiError(400, _first_error(exc)) from None
         if body.model != self.config.model_name:
-            raise _unknown_model(body.model, self.config.model_name)
+            raise unknown_model(body.model, self.config.model_name)
         wanted = body.wanted_tokens(self.config.default_max_tokens)
         if wanted > self.config.max_tokens:
             raise ApiError(
@@ -283,13 +313,20 @@ class Gateway:
                 f"max_tokens {wanted} is above this gateway's limit of {self.config.max_tokens}",
                 code="max_tokens_exceeded",
             )
+        domain = request.headers.get("x-flywheel-domain")
+        if domain and domain not in self.domains:
+            known = ", ".join(sorted(self.domains)) or "none; send no x-flywheel-domain header"
+            raise ApiError(
+                400,
+                f"x-flywheel-domain {domain[:100]!r} is not a domain of this service; expected one of: {known}",
+                code="unknown_domain",
+            )
         messages: list[dict[str, Any]] = []
         if isinstance(body, ChatRequest):
             prompt = self.builder.chat_text(body.messages)
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         else:
             prompt = body.text()
-        domain = request.headers.get("x-flywheel-domain") or self.config.default_domain
         served = _Served(
             request_id=request.scope["flywheel.request_id"],
             route=route,
@@ -299,36 +336,43 @@ class Gateway:
             prompt=prompt,
             prompt_ids=self.builder.encode(prompt),
             max_tokens=wanted,
-            domain=domain,
+            domain=domain or self.config.default_domain,
             messages=messages,
         )
         return served, body.stream
 
-    async def _call(self, served: _Served, params: dict[str, Any], stream: bool) -> ServeCall:
+    async def _start(self, call: ServeCall) -> None:
         try:
-            return await self.client.call(
-                served.request_id, served.prompt_ids, params, stream=stream, timeout_s=self.config.request_timeout_s
-            )
+            await call.start()
         except GeneratorsBusy as exc:
-            raise _busy(
+            raise busy(
                 "every generator is at capacity", max(self.config.retry_after_s, round(exc.retry_after_s))
             ) from None
-        except NoGenerators as exc:
+        except NoGenerators:
             raise ApiError(
                 503,
-                str(exc),
+                "no generator is serving right now; retry later",
                 type="server_error",
                 code="no_generators",
                 headers={"Retry-After": str(self.config.retry_after_s)},
             ) from None
         except GenerationError as exc:
-            raise _generation_error(exc) from None
+            raise self._generation_error(exc, call.request_id) from None
         except TimeoutError:
             raise _timeout() from None
 
     async def _read_json(self, request: Request) -> Any:
+        """The body as JSON: content type checked, size capped, all of it within ``body_timeout_s``."""
+        headers = request.headers
+        media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != JSON:
+            raise ApiError(
+                415,
+                f"expected Content-Type: application/json, got {media_type[:100] or 'none'}",
+                code="unsupported_media_type",
+            )
         limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
+        declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
                 raise ApiError(400, "invalid Content-Length header")
@@ -337,17 +381,34 @@ class Gateway:
                     413, f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large"
                 )
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
+        receive = request.receive
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        self.metrics.disconnect()
+                        raise ApiError(499, "the client went away", code="client_disconnected")
+                    body += message.get("body", b"")
+                    if len(body) > limit:
+                        raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self.config.body_timeout_s:g} s",
+                code="body_timeout",
+                headers={"Connection": "close"},
+            ) from None
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
     async def _record(self, served: _Served, final: Mapping[str, Any], *, stream: bool) -> None:
-        """Publish the traffic record; a bus failure is counted and logged, the user is still answered."""
+        """Publish the traffic record and wait until it is stored; a bus failure is logged and counted, and the
+        user is still answered."""
         body = served.request
         msg = TrafficMsg(
             request_id=served.request_id,
@@ -372,12 +433,28 @@ class Gateway:
             generator=str(final.get("generator", "")),
             latency_s=time.perf_counter() - served.started,
         )
-        self.metrics.tokens += len(final["token_ids"])
+        tokens = len(final["token_ids"])
         try:
             await self.publish("traffic", "traffic", msg.model_dump(mode="json"), served.request_id)
-            self.metrics.traffic_published += 1
-        except Exception:
-            self.metrics.traffic_errors += 1
+        except Exception as exc:
+            self.metrics.publish_failed(tokens)
+            self.log.warning(
+                "gateway.traffic_not_recorded", request_id=served.request_id, error=f"{type(exc).__name__}: {exc}"
+            )
+            return
+        self.metrics.published(tokens)
+
+    def _generation_error(self, exc: GenerationError, request_id: str) -> ApiError:
+        if 400 <= exc.status < 500:  # the generator refused the request itself (context length, parameters)
+            return ApiError(exc.status, str(exc), code="generation_failed")
+        self.log.warning("gateway.generation_failed", request_id=request_id, status=exc.status, error=str(exc))
+        status = exc.status if exc.status in (500, 502, 503) else 502
+        return ApiError(
+            status,
+            f"the generator could not complete this request (request id {request_id})",
+            type="server_error",
+            code="generation_failed",
+        )
 
     def _body(self, served: _Served, final: Mapping[str, Any]) -> dict[str, Any]:
         reason = _finish_reason(final["finish_reason"])
@@ -422,7 +499,7 @@ class Gateway:
         }
         return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-    async def _sse(self, call: ServeCall, served: _Served) -> AsyncIterator[bytes]:
+    async def _sse(self, call: ServeCall, served: _Served) -> AsyncGenerator[bytes, None]:
         decode = self.builder.tokenizer.decode
         ids: list[int] = []
         sent = ""
@@ -455,81 +532,43 @@ class Gateway:
                         }
                         yield b"data: " + orjson.dumps(usage) + b"\n\n"
                     yield b"data: [DONE]\n\n"
+        except CallCancelled:
+            self.metrics.disconnect()
         except (GenerationError, TimeoutError) as exc:
-            error = _generation_error(exc) if isinstance(exc, GenerationError) else _timeout()
-            yield (
-                b"data: "
-                + orjson.dumps({"error": {"message": error.message, "type": error.type, "code": error.code}})
-                + b"\n\n"
-            )
-        finally:
-            call.close()
-            self.metrics.streams_open -= 1
-            self.metrics.in_flight -= 1
+            error = self._generation_error(exc, served.request_id) if isinstance(exc, GenerationError) else _timeout()
+            self.metrics.error(error.code or str(error.status))
+            yield b"data: " + error.body() + b"\n\n"
 
 
-class _RequestIds:
-    """Pure ASGI wrapper: a request id for every request (``x-request-id``) and per-route metrics."""
+class _Stream:
+    """The ASGI response of a streaming completion: SSE chunks as the generator sends tokens; always releases
+    the request's slot and closes its call, however the stream ends."""
 
-    def __init__(self, app: Any, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
+    def __init__(self, gateway: Gateway, call: ServeCall, watch: _DisconnectWatch, served: _Served) -> None:
+        self.gateway, self.call, self.watch, self.served = gateway, call, watch, served
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = "fw-" + uuid.uuid4().hex
-        scope["flywheel.request_id"] = request_id
-        header = (b"x-request-id", request_id.encode())
-        status = 500
-        started = time.perf_counter()
-
-        async def send_with_id(message: MutableMapping[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                message["headers"] = [*message.get("headers", ()), header]
-            await send(message)
-
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await self.app(scope, receive, send_with_id)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                    ],
+                }
+            )
+            async with contextlib.aclosing(self.gateway._sse(self.call, self.served)) as chunks:
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self.metrics.observe(_ROUTES.get(scope.get("path", ""), "other"), status, time.perf_counter() - started)
-
-
-async def _api_error(request: Request, exc: ApiError) -> Response:
-    return exc.response()
-
-
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    return ApiError(exc.status_code, str(exc.detail), type=kind, code=str(exc.status_code)).response()
-
-
-def _busy(message: str, retry_after_s: int) -> ApiError:
-    return ApiError(
-        429,
-        f"{message}; retry after {retry_after_s}s",
-        type="rate_limit_error",
-        code="busy",
-        headers={"Retry-After": str(retry_after_s)},
-    )
+            self.gateway._release(self.call, self.watch, True)
 
 
 def _timeout() -> ApiError:
     return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
-
-
-def _generation_error(exc: GenerationError) -> ApiError:
-    status = exc.status if 400 <= exc.status < 600 else 502
-    return ApiError(
-        status, str(exc), type="invalid_request_error" if status < 500 else "server_error", code="generation_failed"
-    )
-
-
-def _unknown_model(model: str, served: str) -> ApiError:
-    return ApiError(404, f"the model {model!r} does not exist; this gateway serves {served!r}", code="model_not_found")
 
 
 def _first_error(exc: pydantic.ValidationError) -> str:

@@ -34,6 +34,10 @@ class GatewayConfig(SpecModel):
     default_max_tokens: int = Field(default=256, ge=1)  # max_tokens of a request that names none
     retry_after_s: int = Field(default=1, ge=1)  # Retry-After of a 429 when the generators are full
     request_timeout_s: float = Field(default=120.0, gt=0)  # per request, end to end
+    body_timeout_s: float = Field(default=10.0, gt=0)  # to send the whole request body; HTTP 408 after it
+    # Host header values served (port ignored; "*.example.com" matches subdomains, "*" any host). Default: the
+    # loopback names when listening on a loopback address, else any host. Stops DNS-rebinding pages.
+    trusted_hosts: list[str] | None = None
     default_domain: str | None = None  # domain recorded with requests that name none (per-domain baselines)
 
     @field_validator("api_keys_env")
@@ -42,6 +46,20 @@ class GatewayConfig(SpecModel):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise ValueError(f"expected the NAME of an environment variable (not the keys), got {show(name)}")
         return name
+
+    @field_validator("trusted_hosts")
+    @classmethod
+    def _host_patterns(cls, hosts: list[str] | None) -> list[str] | None:
+        if hosts is None:
+            return None
+        for host in hosts:
+            bare = host[2:] if host.startswith("*.") else host
+            if host != "*" and (not bare or "*" in bare or "/" in bare or " " in bare or bare.count(":") == 1):
+                raise ValueError(
+                    "expected host names without scheme or port, like api.example.com, *.example.com, 10.0.0.5"
+                    f" or *, got {show(host)}"
+                )
+        return [host.lower().strip("[]") for host in hosts]
 
     @model_validator(mode="after")
     def _default_within_cap(self) -> GatewayConfig:

@@ -1,16 +1,29 @@
-"""The gateway's metrics, rendered in the Prometheus text exposition format (version 0.0.4) by hand.
+"""The gateway's metrics: a ``prometheus_client`` registry of its own per gateway instance (never the global one,
+so two gateways in one process — tests, the single-process runtime — never share or collide), rendered by the
+library in the format the scraper asks for (Prometheus text, or OpenMetrics).
 
-Series (all prefixed ``flywheel_gateway_``): ``requests_total{route,status}``, ``request_seconds`` (histogram
-of end-to-end latency by route, streams included), ``in_flight``, ``streams_open``,
-``traffic_published_total``, ``traffic_publish_errors_total``, ``feedback_total``, ``generated_tokens_total``.
+Series (all prefixed ``flywheel_gateway_``):
 
-Non-goals: a general metrics library (no registry, no summaries, no multiprocess mode).
+* ``requests_total{route,status}`` — HTTP requests answered; ``request_seconds{route}`` — histogram of their
+  end-to-end latency (streams included, until the last byte);
+* ``in_flight``, ``streams_open`` — gauges read at scrape time from the admission counters;
+* ``errors_total{code}`` — OpenAI-shaped error responses (and error events ending a stream), by the code the
+  client got (``untrusted_host``, ``cross_origin``, ``unsupported_media_type``, ``body_timeout``,
+  ``body_too_large``, ``invalid_json``, ``unknown_domain``, ``busy``, ``timeout``, ``internal_error``, …);
+* ``client_disconnects_total`` — requests whose client went away before the answer; their generation was
+  cancelled; ``internal_errors_total`` — unexpected failures answered with a bare 500 (the detail is logged);
+* ``traffic_published_total``, ``traffic_publish_errors_total`` (each failure is also logged with its request
+  id), ``feedback_total``, ``generated_tokens_total``.
+
+:meth:`Metrics.snapshot` gives the counters the actor puts in its heartbeat.
+
+Non-goals: multiprocess mode (one gateway replica is one process), push gateways.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 
 __all__ = ["Metrics"]
 
@@ -18,67 +31,106 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 _PREFIX = "flywheel_gateway_"
 
 
-class _Histogram:
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(_BUCKETS, value)] += 1
-        self.sum += value
-
-
 class Metrics:
+    """Admission counters (plain ints the gateway reads on every request) and the Prometheus series."""
+
     def __init__(self) -> None:
-        self.requests: Counter[tuple[str, int]] = Counter()
-        self.latency: dict[str, _Histogram] = {}
-        self.in_flight = 0
-        self.streams_open = 0
+        self.in_flight = 0  # inference requests holding a concurrency slot
+        self.streams_open = 0  # of which streaming
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self._requests = Counter(
+            _PREFIX + "requests", "HTTP requests answered, by route and status.", ["route", "status"], registry=registry
+        )
+        self._latency = Histogram(
+            _PREFIX + "request_seconds",
+            "End-to-end latency of answered requests, by route.",
+            ["route"],
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        Gauge(_PREFIX + "in_flight", "Inference requests in flight.", registry=registry).set_function(
+            lambda: self.in_flight
+        )
+        Gauge(_PREFIX + "streams_open", "Streaming responses open.", registry=registry).set_function(
+            lambda: self.streams_open
+        )
+        self._errors = Counter(_PREFIX + "errors", "Error responses, by error code.", ["code"], registry=registry)
+        self._disconnects = Counter(
+            _PREFIX + "client_disconnects",
+            "Requests whose client went away; their generation was cancelled.",
+            registry=registry,
+        )
+        self._internal = Counter(
+            _PREFIX + "internal_errors", "Unexpected failures answered with a bare 500.", registry=registry
+        )
+        self._published = Counter(
+            _PREFIX + "traffic_published", "Served requests published to the traffic channel.", registry=registry
+        )
+        self._publish_errors = Counter(
+            _PREFIX + "traffic_publish_errors",
+            "Served requests whose traffic record could not be stored.",
+            registry=registry,
+        )
+        self._feedback = Counter(_PREFIX + "feedback", "Feedback messages accepted and published.", registry=registry)
+        self._tokens = Counter(_PREFIX + "generated_tokens", "Completion tokens served.", registry=registry)
+        self.requests = 0
+        self.errors = 0
+        self.client_disconnects = 0
+        self.internal_errors = 0
         self.traffic_published = 0
         self.traffic_errors = 0
         self.feedback = 0
-        self.tokens = 0
 
-    def observe(self, route: str, status: int, seconds: float | None = None) -> None:
-        self.requests[(route, status)] += 1
-        if seconds is not None:
-            self.latency.setdefault(route, _Histogram()).observe(seconds)
+    # -- recording ---------------------------------------------------------------------------------------
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests += 1
+        self._requests.labels(route, str(status)).inc()
+        self._latency.labels(route).observe(seconds)
 
-    def render(self) -> str:
-        lines: list[str] = []
+    def error(self, code: str) -> None:
+        self.errors += 1
+        self._errors.labels(code).inc()
 
-        def family(name: str, kind: str, help_text: str) -> str:
-            full = _PREFIX + name
-            lines.append(f"# HELP {full} {help_text}")
-            lines.append(f"# TYPE {full} {kind}")
-            return full
+    def disconnect(self) -> None:
+        self.client_disconnects += 1
+        self._disconnects.inc()
 
-        name = family("requests_total", "counter", "HTTP requests answered, by route and status.")
-        for (route, status), count in sorted(self.requests.items()):
-            lines.append(f'{name}{{route="{route}",status="{status}"}} {count}')
-        name = family("request_seconds", "histogram", "End-to-end latency of answered requests, by route.")
-        for route, hist in sorted(self.latency.items()):
-            cumulative = 0
-            for bound, count in zip((*_BUCKETS, float("inf")), hist.counts, strict=True):
-                cumulative += count
-                shown = "+Inf" if bound == float("inf") else repr(bound)
-                lines.append(f'{name}_bucket{{route="{route}",le="{shown}"}} {cumulative}')
-            lines.append(f'{name}_sum{{route="{route}"}} {hist.sum:.6f}')
-            lines.append(f'{name}_count{{route="{route}"}} {cumulative}')
-        gauges = (
-            ("in_flight", "Inference requests in flight.", self.in_flight),
-            ("streams_open", "Streaming responses open.", self.streams_open),
-        )
-        for short, help_text, value in gauges:
-            lines.append(f"{family(short, 'gauge', help_text)} {value}")
-        counters = (
-            ("traffic_published_total", "Served requests published to the traffic channel.", self.traffic_published),
-            ("traffic_publish_errors_total", "Served requests that could not be published.", self.traffic_errors),
-            ("feedback_total", "Feedback messages accepted and published.", self.feedback),
-            ("generated_tokens_total", "Completion tokens served.", self.tokens),
-        )
-        for short, help_text, value in counters:
-            lines.append(f"{family(short, 'counter', help_text)} {value}")
-        return "\n".join(lines) + "\n"
+    def internal_error(self) -> None:
+        self.internal_errors += 1
+        self._internal.inc()
+
+    def published(self, tokens: int) -> None:
+        self.traffic_published += 1
+        self._published.inc()
+        self._tokens.inc(tokens)
+
+    def publish_failed(self, tokens: int) -> None:
+        self.traffic_errors += 1
+        self._publish_errors.inc()
+        self._tokens.inc(tokens)
+
+    def feedback_accepted(self) -> None:
+        self.feedback += 1
+        self._feedback.inc()
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """``(body, content type)``: the registry in the format the scraper's ``Accept`` header asks for — the
+        Prometheus text format by default, OpenMetrics when asked."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
+
+    def snapshot(self) -> dict[str, int]:
+        """What the gateway's heartbeat carries."""
+        return {
+            "in_flight": self.in_flight,
+            "streams_open": self.streams_open,
+            "requests": self.requests,
+            "errors": self.errors,
+            "client_disconnects": self.client_disconnects,
+            "internal_errors": self.internal_errors,
+            "traffic_published": self.traffic_published,
+            "traffic_errors": self.traffic_errors,
+            "feedback": self.feedback,
+        }

@@ -1,13 +1,20 @@
 """The generator's side of the serve protocol (`actors.protocol._serve`): answer gateway requests with the engine.
 
-Counters: ``serve_requests``, ``serve_busy``, ``serve_errors``, ``serve_tokens``, gauge ``serve_in_flight``.
+Counters: ``serve_requests``, ``serve_busy``, ``serve_errors``, ``serve_tokens``, ``serve_cancelled``, gauge
+``serve_in_flight``.
 
-Non-goals: cancelling a request whose client went away (it runs to its ``max_new_tokens``).
+Cancels (``cancel_subject``): the task answering that request is cancelled, which aborts it in the engine (the
+torch engine drops the row at its next step boundary; the HTTP engines close their request, which SGLang and
+vLLM abort); nothing more is sent for it. A cancel for an id this replica is not running is remembered (the
+last :data:`REMEMBERED_CANCELS` of them), since it may have overtaken its request.
+
+Non-goals: cancelling a request of another replica (each replica hears every cancel and acts on its own).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -15,10 +22,12 @@ import anyio
 import orjson
 
 from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
-from actors.protocol import SERVE_QUEUE, ping_subject, serve_subject
+from actors.protocol import SERVE_QUEUE, cancel_subject, ping_subject, serve_subject
 from topology.runtime import ActorContext
 
-__all__ = ["default_max_in_flight", "serve"]
+__all__ = ["REMEMBERED_CANCELS", "default_max_in_flight", "serve"]
+
+REMEMBERED_CANCELS = 4096  # cancels kept for requests not (yet) seen here; the oldest are forgotten first
 
 
 def default_max_in_flight(max_batch_size: int) -> int:
@@ -35,12 +44,13 @@ async def serve(ctx: ActorContext, engine: Engine, *, max_in_flight: int) -> Non
         server.spawn = tg.start_soon
         sub = await ctx.bus.nc.subscribe(serve_subject(ctx.topology), queue=SERVE_QUEUE, cb=server.on_msg)
         ping = await ctx.bus.nc.subscribe(ping_subject(ctx.topology), queue=SERVE_QUEUE, cb=server.on_ping)
+        cancels = await ctx.bus.nc.subscribe(cancel_subject(ctx.topology), cb=server.on_cancel)
         ctx.log.info("generator.serving", subject=serve_subject(ctx.topology), max_in_flight=max_in_flight)
         try:
             await ctx.stopping.wait()
         finally:
             with anyio.CancelScope(shield=True):
-                for subscription in (sub, ping):
+                for subscription in (sub, ping, cancels):
                     try:
                         await subscription.unsubscribe()
                     except Exception:  # the connection is going away anyway
@@ -56,6 +66,8 @@ class _Server:
         self.spawn: Callable[..., Any] | None = None
         self.who = ctx.replica_id
         self._stream = getattr(engine, "generate_stream", None)
+        self._running: dict[str, anyio.CancelScope] = {}  # request id → the scope its answer runs in
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancels that came before their request
 
     async def on_msg(self, msg: Any) -> None:
         reply = msg.reply
@@ -82,6 +94,21 @@ class _Server:
                 },
             )
 
+    async def on_cancel(self, msg: Any) -> None:
+        try:
+            request_id = orjson.loads(msg.data).get("request_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if not isinstance(request_id, str):
+            return
+        scope = self._running.get(request_id)
+        if scope is not None:
+            scope.cancel()
+            return
+        self._cancelled[request_id] = None
+        while len(self._cancelled) > REMEMBERED_CANCELS:
+            self._cancelled.popitem(last=False)
+
     def _engine_full(self) -> bool:
         stats = getattr(self.engine, "stats", None)
         limit = getattr(self.engine, "max_queue", None)
@@ -96,6 +123,26 @@ class _Server:
             except ValueError as exc:
                 await self._send(reply, {"type": "error", "status": 400, "message": str(exc)})
                 return
+            request_id = request.request_id
+            if request_id in self._cancelled:  # its cancel came first
+                del self._cancelled[request_id]
+                self.ctx.counters.inc("serve_cancelled")
+                return
+            with anyio.CancelScope() as scope:
+                self._running[request_id] = scope
+                try:
+                    await self._answer(reply, request, stream, scope)
+                finally:
+                    if self._running.get(request_id) is scope:
+                        del self._running[request_id]
+            if scope.cancelled_caught:
+                self.ctx.counters.inc("serve_cancelled")
+        finally:
+            self.in_flight -= 1
+            self.ctx.counters.set("serve_in_flight", self.in_flight)
+
+    async def _answer(self, reply: str, request: GenerationRequest, stream: bool, scope: anyio.CancelScope) -> None:
+        try:
             completion = await self._generate(reply, request, stream)
             self.ctx.counters.inc("serve_requests")
             self.ctx.counters.inc("serve_tokens", len(completion.token_ids))
@@ -117,13 +164,11 @@ class _Server:
             self.ctx.counters.inc("serve_errors")
             self.ctx.log.warning("generator.serve_failed", error=f"{type(exc).__name__}: {exc}")
             await self._send(reply, {"type": "error", "status": 500, "message": f"generation failed: {exc}"})
-        except BaseException:  # cancelled: the generator is stopping
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await self._send(reply, {"type": "error", "status": 503, "message": "generator stopping"})
+        except BaseException:
+            if not scope.cancel_called:  # cancelled from outside: the generator is stopping
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await self._send(reply, {"type": "error", "status": 503, "message": "generator stopping"})
             raise
-        finally:
-            self.in_flight -= 1
-            self.ctx.counters.set("serve_in_flight", self.in_flight)
 
     async def _generate(self, reply: str, request: GenerationRequest, stream: bool) -> Completion:
         if not stream or self._stream is None:

@@ -28,6 +28,7 @@ from actors.protocol._names import served_key as served_key
 from actors.protocol._names import weights_bucket as weights_bucket
 from actors.protocol._serve import SERVE_PROTOCOL_VERSION as SERVE_PROTOCOL_VERSION
 from actors.protocol._serve import SERVE_QUEUE as SERVE_QUEUE
+from actors.protocol._serve import cancel_subject as cancel_subject
 from actors.protocol._serve import ping_subject as ping_subject
 from actors.protocol._serve import serve_subject as serve_subject
 from actors.protocol._spec import BUILTIN_MODELS as BUILTIN_MODELS
@@ -76,6 +77,7 @@ __all__ = [
     "ScoredMsg",
     "TrafficMsg",
     "WarmStartSpec",
+    "cancel_subject",
     "domains_of",
     "frame",
     "join_bucket",

@@ -15,6 +15,13 @@ Protocol (orjson objects; ``v`` = :data:`SERVE_PROTOCOL_VERSION`):
   sends one per decode step; SGLang/vLLM engines have no token stream and send none — the final message
   carries everything).
   ``{type: "final", token_ids, logprobs, versions, text, finish_reason, generator}`` — always last.
+* Cancel: ``{v, request_id}`` published (no reply) on ``fw.<topology>.eph.serve-cancel`` (:func:`cancel_subject`),
+  which every serving replica subscribes to (no queue group: the gateway does not know which replica took the
+  request). The replica running that request cancels it — the engine drops the row at its next step boundary
+  — and sends nothing more for it; a replica that does not have it remembers the id for a while, so a cancel
+  that overtakes its request (they travel on different subscriptions) still stops it. The gateway sends one
+  when its client disconnected, when ``request_timeout_s`` ran out, or when it gave up the call for any other
+  reason before the ``final`` message.
 * Health: a request on ``fw.<topology>.eph.serve-ping`` (:func:`ping_subject`, same queue group) is
   answered ``{type: "pong", generator, version, in_flight, max_in_flight}`` even when the replica is busy.
 * A generator that is stopping unsubscribes (new requests go to its siblings), answers what it accepted,
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 from topology import ephemeral_subject
 
-__all__ = ["SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "ping_subject", "serve_subject"]
+__all__ = ["SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "cancel_subject", "ping_subject", "serve_subject"]
 
 SERVE_PROTOCOL_VERSION = 1
 SERVE_QUEUE = "generators"  # the queue group every serving replica joins: NATS hands each request to one
@@ -40,6 +47,11 @@ SERVE_QUEUE = "generators"  # the queue group every serving replica joins: NATS 
 def serve_subject(topology: str) -> str:
     """Core NATS subject the gateway sends requests to (the bus's ephemeral namespace)."""
     return ephemeral_subject(topology, "serve")
+
+
+def cancel_subject(topology: str) -> str:
+    """Core NATS subject of cancels (every serving replica hears each one)."""
+    return ephemeral_subject(topology, "serve-cancel")
 
 
 def ping_subject(topology: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 SURFACES: dict[str, set[str]] = {
     "actors.protocol": {
-        "BUILTIN_MODELS", "CHANNEL_MODELS", "CompletionRecord", "CURRENT", "domains_of", "DomainSpec",
+        "BUILTIN_MODELS", "cancel_subject", "CHANNEL_MODELS", "CompletionRecord", "CURRENT", "domains_of", "DomainSpec",
         "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "ping_subject",
         "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg", "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
@@ -64,8 +64,8 @@ SURFACES: dict[str, set[str]] = {
         "WarmStartResult",
     },
     "actors.gateway": {
-        "ApiError", "ApiKeys", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError", "GeneratorsBusy",
-        "NoGenerators", "generated_api_key", "read_api_keys", "ServeCall", "ServeClient",
+        "ApiError", "ApiKeys", "CallCancelled", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError",
+        "GeneratorsBusy", "NoGenerators", "generated_api_key", "read_api_keys", "ServeCall", "ServeClient",
     },
     "actors.source": set(),
     "actors.generator": set(),

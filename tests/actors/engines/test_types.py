@@ -1,3 +1,4 @@
+import dataclasses
 import subprocess
 import sys
 
@@ -25,3 +26,11 @@ def test_importing_the_package_does_not_import_torch() -> None:
 def test_sampling_params_reject_nonsense(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_sampling_params_survive_the_wire_and_ignore_unknown_keys() -> None:
+    params = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=3, stop=("\n", "."), stop_token_ids=(2,), seed=1)
+    wire = params.to_wire()
+    assert wire["stop"] == ["\n", "."] and wire["stop_token_ids"] == [2]  # JSON-ready: lists, not tuples
+    assert set(wire) == {f.name for f in dataclasses.fields(SamplingParams)}
+    assert SamplingParams.from_wire({**wire, "from_a_newer_sender": 1}) == params

@@ -48,6 +48,7 @@ actors:
     default_max_tokens: 8
     max_body_bytes: 4096
     request_timeout_s: 20
+    body_timeout_s: 1
 channels:
   prompts: {{external: true}}
 """

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.gateway import GatewayConfig, read_api_keys
 from tests.actors.gateway.conftest import API_KEY, Running
@@ -19,7 +20,9 @@ CHAT = {"model": "flywheel", "messages": [{"role": "user", "content": "hi"}], "m
 
 
 def post(running: Running, path: str, *, key: str | None = None, **kwargs: object) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     return httpx.post(running.url + path, headers=headers, timeout=20, **kwargs)  # type: ignore[arg-type]
 
 
@@ -155,10 +158,19 @@ def test_metrics_and_healthz(gateway: Running) -> None:
     post(gateway, "/v1/chat/completions", json=CHAT)
     health = httpx.get(gateway.url + "/healthz")
     assert health.status_code == 200 and health.json()["generators"] == "available"
-    text = httpx.get(gateway.url + "/metrics").text
-    assert 'flywheel_gateway_requests_total{route="chat",status="200"}' in text
-    assert 'flywheel_gateway_request_seconds_bucket{route="chat",le="+Inf"}' in text
-    assert "flywheel_gateway_traffic_published_total" in text and "flywheel_gateway_streams_open 0" in text
+    scraped = httpx.get(gateway.url + "/metrics")
+    assert scraped.headers["content-type"].startswith("text/plain")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(scraped.text)
+        for sample in family.samples
+    }
+    assert samples[("flywheel_gateway_requests_total", (("route", "chat"), ("status", "200")))] >= 1
+    assert samples[("flywheel_gateway_request_seconds_count", (("route", "chat"),))] >= 1
+    assert samples[("flywheel_gateway_traffic_published_total", ())] >= 1
+    assert samples[("flywheel_gateway_streams_open", ())] == 0
+    for name in ("client_disconnects_total", "internal_errors_total", "traffic_publish_errors_total"):
+        assert ("flywheel_gateway_" + name, ()) in samples
 
 
 def test_api_keys_come_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

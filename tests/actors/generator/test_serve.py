@@ -1,5 +1,6 @@
 """The serve protocol between a generator and the gateway, over a real nats-server: deltas then a final
-message, ``busy`` at capacity, 400 for bad parameters, no responders when nobody serves."""
+message, ``busy`` at capacity, 400 for bad parameters, no responders when nobody serves; a cancel aborts the
+request in the engine, even one that overtook its request."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from actors.engines import SamplingParams, TorchEngine
 from actors.gateway import GenerationError, GeneratorsBusy, NoGenerators, ServeClient
 from actors.generator._serve import serve
 from actors.policy import GPTConfig, Policy
+from actors.protocol import cancel_subject, serve_subject
 from topology import load_spec
 from topology.bus import Bus
 from topology.runtime import ActorContext
@@ -59,10 +62,9 @@ async def test_stream_busy_and_bad_params(bus: Bus, tmp_path: Path) -> None:
             assert final["type"] == "final" and final["token_ids"] == deltas and len(deltas) == 5
             assert len(final["logprobs"]) == len(final["versions"]) == 5 and final["generator"] == "generator/0"
 
-            bad = await client.call("r2", [1, 5], {**params(3), "top_p": 7}, stream=False, timeout_s=5)
             with pytest.raises(GenerationError, match="top_p") as err:
-                _ = [m async for m in bad.messages(5)]
-            assert err.value.status == 400
+                await client.call("r2", [1, 5], {**params(3), "top_p": 7}, stream=False, timeout_s=5)
+            assert err.value.status == 400 and not client.pending
 
             await engine.pause()  # the one slot stays taken: the next request is refused at once
             held = await _start_call(client, tg)
@@ -89,7 +91,75 @@ async def _start_call(client: ServeClient, tg: anyio.abc.TaskGroup) -> anyio.Eve
     tg.start_soon(run)
     for _ in range(100):  # wait until the generator took it
         await anyio.sleep(0.01)
-        if client._pending:
+        if client.pending:
             break
     await anyio.sleep(0.1)
     return done
+
+
+async def _replies(bus: Bus, request: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """Publish a serve request with a reply inbox of its own; returns the subscription and its growing replies."""
+    replies: list[dict[str, Any]] = []
+
+    async def on_reply(msg: Any) -> None:
+        replies.append(orjson.loads(msg.data))
+
+    inbox = bus.nc.new_inbox()
+    sub = await bus.nc.subscribe(inbox, cb=on_reply)
+    await bus.nc.publish(serve_subject(bus.topology), orjson.dumps({"v": 1, **request}), reply=inbox)
+    return sub, replies
+
+
+async def _until(check: Any, timeout_s: float = 10.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while not check():  # noqa: ASYNC110 -- polls counters that have no event to wait on
+            await anyio.sleep(0.01)
+
+
+async def test_a_cancel_aborts_the_request_in_the_engine(bus: Bus, tmp_path: Path) -> None:
+    ctx = context(bus, tmp_path)
+    engine = TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=128)))
+
+    async def slow(_: int) -> None:
+        await anyio.sleep(0.02)
+
+    engine.step_hook = slow
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: serve(ctx, engine, max_in_flight=4))
+            await anyio.sleep(0.2)
+            request = {"request_id": "r-cancel", "prompt_ids": [1, 5, 6], "params": params(100), "stream": True}
+            sub, replies = await _replies(bus, request)
+            await _until(lambda: len(replies) >= 2)  # it is decoding
+            await bus.nc.publish(cancel_subject(bus.topology), orjson.dumps({"v": 1, "request_id": "r-cancel"}))
+            await _until(lambda: engine.stats()["requests_aborted"] == 1)
+            await _until(lambda: ctx.counters.get("serve_in_flight") == 0)
+            seen = len(replies)
+            await anyio.sleep(0.3)
+            assert len(replies) == seen < 100 and all(r["type"] == "delta" for r in replies)  # nothing after it
+            assert ctx.counters.get("serve_cancelled") == 1 and not ctx.counters.get("serve_requests")
+            await sub.unsubscribe()
+            ctx.stopping.set()
+    finally:
+        await engine.close()
+
+
+async def test_a_cancel_that_overtakes_its_request_still_stops_it(bus: Bus, tmp_path: Path) -> None:
+    ctx = context(bus, tmp_path)
+    engine = TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64)))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: serve(ctx, engine, max_in_flight=4))
+            await anyio.sleep(0.2)
+            await bus.nc.publish(cancel_subject(bus.topology), orjson.dumps({"v": 1, "request_id": "r-early"}))
+            await bus.nc.flush()
+            await anyio.sleep(0.1)
+            request = {"request_id": "r-early", "prompt_ids": [1, 5, 6], "params": params(5), "stream": False}
+            sub, replies = await _replies(bus, request)
+            await _until(lambda: ctx.counters.get("serve_cancelled") == 1)
+            await anyio.sleep(0.2)
+            assert replies == [] and engine.stats()["requests_finished"] == 0
+            await sub.unsubscribe()
+            ctx.stopping.set()
+    finally:
+        await engine.close()

@@ -1,0 +1,37 @@
+"""Each gateway's metrics live in a registry of its own, rendered by prometheus-client."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.gateway._metrics import Metrics
+
+
+def test_each_gateway_has_its_own_registry() -> None:
+    first, second = Metrics(), Metrics()  # two in one process: no "Duplicated timeseries" error
+    first.observe("chat", 200, 0.01)
+    first.error("busy")
+    assert b'route="chat"' in first.render()[0] and b'code="busy"' in first.render()[0]
+    assert b'route="chat"' not in second.render()[0] and b'code="busy"' not in second.render()[0]
+    assert REGISTRY.get_sample_value("flywheel_gateway_requests_total", {"route": "chat", "status": "200"}) is None
+
+
+def test_admission_gauges_are_read_at_scrape_time() -> None:
+    metrics = Metrics()
+    metrics.in_flight, metrics.streams_open = 5, 2
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics.render()[0].decode())
+        for sample in family.samples
+    }
+    assert values["flywheel_gateway_in_flight"] == 5 and values["flywheel_gateway_streams_open"] == 2
+    assert metrics.snapshot()["in_flight"] == 5
+
+
+def test_the_format_follows_the_scrapers_accept_header() -> None:
+    metrics = Metrics()
+    body, content_type = metrics.render("")
+    assert content_type.startswith("text/plain") and b"# TYPE flywheel_gateway_requests_total counter" in body
+    body, content_type = metrics.render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
