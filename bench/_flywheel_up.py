@@ -27,8 +27,9 @@ from topology.runtime._status import ReplicaStatus, read_status
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(root: Path, spec_text: str, *, timeout_s: float = 180.0) -> tuple[subprocess.Popen[str], str, str]:
-    """``(process, bus_url, gateway_url)`` of ``flywheel up root/spec.yaml``."""
+def start(root: Path, spec_text: str, *, timeout_s: float = 180.0) -> tuple[subprocess.Popen[str], Path, str]:
+    """``(process, run_dir, gateway_url)`` of ``flywheel up root/spec.yaml``; connect to its bus with
+    ``topology.runtime.connect_run(run_dir, ...)`` (the embedded bus admits only the run's token)."""
     (root / "spec.yaml").write_text(spec_text)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -39,7 +40,7 @@ def start(root: Path, spec_text: str, *, timeout_s: float = 180.0) -> tuple[subp
         text=True,
         env=env,
     )
-    bus_url = gateway_url = ""
+    run_dir, gateway_url = "", ""
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     try:
@@ -47,8 +48,8 @@ def start(root: Path, spec_text: str, *, timeout_s: float = 180.0) -> tuple[subp
             line = proc.stdout.readline()
             if not line:
                 raise RuntimeError("flywheel up exited before the gateway listened")
-            if line.startswith("bus:"):
-                bus_url = line.split()[1]
+            if line.startswith("run dir:"):
+                run_dir = line.split(":", 1)[1].strip()
             elif line.startswith("gateway:"):
                 gateway_url = line.split()[1]
         if not gateway_url:
@@ -58,7 +59,7 @@ def start(root: Path, spec_text: str, *, timeout_s: float = 180.0) -> tuple[subp
         raise
     # keep reading up's progress lines: over a long run a full pipe would block it
     threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
-    return proc, bus_url, gateway_url
+    return proc, Path(run_dir), gateway_url
 
 
 def _drain(stream: IO[str]) -> None:

@@ -53,6 +53,7 @@ from actors.policy import CharTokenizer, encode_prompt
 from bench._common import markdown_table, percentile, write_results
 from bench._flywheel_up import start, stop, wait_healthy
 from topology.bus import Bus
+from topology.runtime import connect_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = """
@@ -246,7 +247,7 @@ async def concurrent_streams(url: str, streams: int, new_tokens: int) -> dict[st
     return {"streams": streams, "errors": len(errors), "error_samples": errors[:5], "wall_s": wall, "chunks": chunks}
 
 
-async def main_async(args: argparse.Namespace, bus_url: str, url: str, root: Path) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, run_dir: Path, url: str, root: Path) -> dict[str, Any]:
     await wait_healthy(url)
     (root / "canned").write_bytes(await canned_response(url, args.new_tokens))
     canned = subprocess.Popen(
@@ -255,7 +256,7 @@ async def main_async(args: argparse.Namespace, bus_url: str, url: str, root: Pat
     try:
         assert canned.stdout is not None
         canned_url = f"http://127.0.0.1:{int(canned.stdout.readline())}"
-        async with await Bus.connect(bus_url, topology="bench-gateway", name="bench") as bus:
+        async with await connect_run(run_dir, name="bench") as bus:
             measured = await latency(url, canned_url, bus, args.requests, args.new_tokens)
             info = await bus.nc.jetstream().stream_info(bus.stream("traffic"))
             before = int(info.state.messages)
@@ -282,9 +283,9 @@ def main() -> None:
         return
     args.requests = args.requests or (300 if args.quick else 2000)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
-        proc, bus_url, url = start(Path(tmp), SPEC.format(streams2=max(512, 2 * args.streams)))
+        proc, run_dir, url = start(Path(tmp), SPEC.format(streams2=max(512, 2 * args.streams)))
         try:
-            measured = asyncio.run(main_async(args, bus_url, url, Path(tmp)))
+            measured = asyncio.run(main_async(args, run_dir, url, Path(tmp)))
         finally:
             stop(proc)
     times, streaming = measured["times"], measured["streaming"]

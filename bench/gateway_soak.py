@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import markdown_table, percentile, write_results
 from bench._flywheel_up import heartbeats, start, stop, wait_healthy
 from topology.bus import Bus
+from topology.runtime import connect_run
 
 SPEC = """
 name: {name}
@@ -308,7 +309,7 @@ def _slope_mib_per_min(points: list[tuple[float, float]]) -> float:
 
 
 async def soak(
-    bus_url: str, url: str, topology: str, *, duration_s: float, slots: int, aborters: int, slow: int, bad: int
+    run_dir: Path, url: str, *, duration_s: float, slots: int, aborters: int, slow: int, bad: int
 ) -> dict[str, Any]:
     """Run the client mix against a running gateway for ``duration_s``; returns the raw figures."""
     host, port = url.removeprefix("http://").split(":")
@@ -318,7 +319,7 @@ async def soak(
     limits = httpx.Limits(max_connections=good + bad + 8, max_keepalive_connections=good + bad + 8)
     await wait_healthy(url)
     async with (
-        await Bus.connect(bus_url, topology=topology, name="soak") as bus,
+        await connect_run(run_dir, name="soak") as bus,
         httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client,
     ):
         stop_at = time.monotonic() + duration_s
@@ -376,10 +377,10 @@ def run(*, duration_s: float, slots: int = 16, aborters: int = 4, slow: int = 8,
     name = f"soak{int(time.time() * 1000) % 10**9}"
     with tempfile.TemporaryDirectory(prefix="gateway-soak-") as tmp:
         spec = SPEC.format(name=name, slots=slots, body_timeout_s=BODY_TIMEOUT_S)
-        proc, bus_url, url = start(Path(tmp), spec)
+        proc, run_dir, url = start(Path(tmp), spec)
         try:
             return asyncio.run(
-                soak(bus_url, url, name, duration_s=duration_s, slots=slots, aborters=aborters, slow=slow, bad=bad)
+                soak(run_dir, url, duration_s=duration_s, slots=slots, aborters=aborters, slow=slow, bad=bad)
             )
         finally:
             stop(proc)

@@ -31,7 +31,7 @@ from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._http import http_protocol
 from actors.gateway._prompt import PromptBuilder, load_tokenizer
-from actors.protocol import domains_of, ping_subject, policy_of
+from actors.protocol import domains_of, ping_subject, policy_of, serving_replicas
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "generated_api_key", "read_api_keys"]
@@ -108,11 +108,7 @@ class GatewayActor(Actor[GatewayConfig]):
                 "gateway.no_api_keys",
                 hint=f"set ${self.config.api_keys_env} or api_keys_file; /v1/feedback rejects every call until then",
             )
-        serving = sum(
-            a.replicas
-            for a in self.ctx.spec.actors.values()
-            if a.kind == "generator" and getattr(a.config, "serve", False)
-        )
+        serving = serving_replicas(self.ctx.spec)
         self._client = ServeClient(self.ctx.bus.nc, self.ctx.topology, attempts=min(3, max(1, serving)))
         await self._client.start()
         self.gateway = Gateway(

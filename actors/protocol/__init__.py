@@ -26,6 +26,13 @@ from actors.protocol._names import SERVING as SERVING
 from actors.protocol._names import join_bucket as join_bucket
 from actors.protocol._names import served_key as served_key
 from actors.protocol._names import weights_bucket as weights_bucket
+from actors.protocol._roles import HasDevice as HasDevice
+from actors.protocol._roles import HasEngine as HasEngine
+from actors.protocol._roles import ServesUsers as ServesUsers
+from actors.protocol._roles import SyncsWeights as SyncsWeights
+from actors.protocol._roles import runs_on_cpu as runs_on_cpu
+from actors.protocol._roles import serving_replicas as serving_replicas
+from actors.protocol._roles import weight_receivers as weight_receivers
 from actors.protocol._serve import SERVE_PROTOCOL_VERSION as SERVE_PROTOCOL_VERSION
 from actors.protocol._serve import SERVE_QUEUE as SERVE_QUEUE
 from actors.protocol._serve import cancel_subject as cancel_subject
@@ -68,6 +75,8 @@ __all__ = [
     "CompletionRecord",
     "DomainSpec",
     "FeedbackMsg",
+    "HasDevice",
+    "HasEngine",
     "LearnerPace",
     "LearnerStatus",
     "PolicySpec",
@@ -75,6 +84,8 @@ __all__ = [
     "RolloutMsg",
     "ScoredCompletion",
     "ScoredMsg",
+    "ServesUsers",
+    "SyncsWeights",
     "TrafficMsg",
     "WarmStartSpec",
     "cancel_subject",
@@ -85,8 +96,11 @@ __all__ = [
     "policy_of",
     "read_recordings",
     "rows_of",
+    "runs_on_cpu",
     "schema",
     "serve_subject",
     "served_key",
+    "serving_replicas",
+    "weight_receivers",
     "weights_bucket",
 ]

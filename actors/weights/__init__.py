@@ -1,6 +1,6 @@
 """Versioned weights: manifests, transports, and the publish → watch → swap flow between learner and generators."""
 
-from actors.weights._distributed import DistributedTransport, advertise_address, group_members, weight_transports
+from actors.weights._distributed import DistributedTransport, advertise_address, weight_transports
 from actors.weights._flow import WeightPublisher, WeightSubscriber
 from actors.weights._manifest import (
     TensorInfo,
@@ -30,6 +30,5 @@ __all__ = [
     "advertise_address",
     "check_state_dict",
     "describe",
-    "group_members",
     "weight_transports",
 ]

@@ -46,29 +46,18 @@ from urllib.parse import urlparse
 import orjson
 import torch
 
-from actors.protocol import weights_bucket
+from actors.protocol import runs_on_cpu, weight_receivers, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError, describe
 from actors.weights._transports import ObjectStoreTransport, SafetensorsDirTransport, WeightTransport
 
 if TYPE_CHECKING:
     from topology.runtime import ActorContext
 
-__all__ = ["DistributedTransport", "advertise_address", "group_members", "weight_transports"]
+__all__ = ["DistributedTransport", "advertise_address", "weight_transports"]
 
 StateDict = Mapping[str, torch.Tensor]
 Announce = Callable[[WeightManifest], Awaitable[None]]
 _ENV_ADDRESS = "FLYWHEEL_WEIGHTS_ADDRESS"
-
-
-def group_members(spec: Any) -> list[tuple[str, int]]:
-    """Every replica that receives over the group, in rank order (rank = index + 1): the replicas of actors
-    whose config says ``weight_sync: distributed`` and whose engine (if they have one) is ``torch``."""
-    members: list[tuple[str, int]] = []
-    for name, actor in spec.actors.items():
-        config = actor.config
-        if getattr(config, "weight_sync", "") == "distributed" and getattr(config, "engine", "torch") == "torch":
-            members.extend((name, i) for i in range(actor.replicas))
-    return members
 
 
 def advertise_address(bus_url: str) -> str:
@@ -103,7 +92,7 @@ class DistributedTransport:
     def __init__(self, ctx: ActorContext, *, join_timeout_s: float = 30.0) -> None:
         self.ctx = ctx
         self.join_timeout_s = join_timeout_s
-        self.members = group_members(ctx.spec)
+        self.members = weight_receivers(ctx.spec)
         self.key = f"{ctx.actor}.{ctx.replica}"
         self.failures = 0
         self.last_error = ""
@@ -209,7 +198,7 @@ class DistributedTransport:
         return [m for m in self.members if m in running]
 
     def _cpu_member(self) -> bool:
-        return any(getattr(self.ctx.spec.actors[a].config, "device", "auto") == "cpu" for a, _ in self.members)
+        return any(runs_on_cpu(self.ctx.spec.actors[a].config) for a, _ in self.members)
 
     # ------------------------------------------------------------------ receiver (a generator replica)
     async def get(

@@ -12,7 +12,8 @@ SURFACES: dict[str, set[str]] = {
         "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "ping_subject",
         "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg", "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
-        "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket",
+        "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket", "HasDevice", "HasEngine",
+        "ServesUsers", "SyncsWeights", "runs_on_cpu", "serving_replicas", "weight_receivers",
     },
     "actors.engines": {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",
@@ -37,7 +38,7 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.weights": {
         "advertise_address", "check_state_dict", "CollectiveTransport", "describe", "DistributedTransport",
-        "group_members", "ObjectStoreTransport", "SafetensorsDirTransport", "TensorInfo", "weight_transports",
+        "ObjectStoreTransport", "SafetensorsDirTransport", "TensorInfo", "weight_transports",
         "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
     },
     "actors.replay": {

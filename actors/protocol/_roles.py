@@ -1,0 +1,75 @@
+"""Roles an actor's config can play for other kinds, as typed structural contracts.
+
+A kind sometimes needs to know what other actors of the same topology do — the gateway, how many replicas answer
+users; the weight group, which replicas receive weights over torch.distributed and whether one of them runs on the
+CPU. It must not import their kinds to find out. Each role here is a ``Protocol`` a config satisfies by having the
+field (the generator's config has all of them); the functions read a spec through them.
+
+Non-goals: roles nobody reads across kinds; validation (each kind's config model validates its own fields).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "HasDevice",
+    "HasEngine",
+    "ServesUsers",
+    "SyncsWeights",
+    "runs_on_cpu",
+    "serving_replicas",
+    "weight_receivers",
+]
+
+
+@runtime_checkable
+class ServesUsers(Protocol):
+    """Replicas that answer users' requests on the serve subjects when ``serve`` is true."""
+
+    serve: bool
+
+
+@runtime_checkable
+class SyncsWeights(Protocol):
+    """Replicas that receive new weights; ``weight_sync: distributed`` joins the torch.distributed group."""
+
+    weight_sync: str
+
+
+@runtime_checkable
+class HasEngine(Protocol):
+    """Replicas that generate with an engine (``torch``, ``sglang``, ``vllm``)."""
+
+    engine: str
+
+
+@runtime_checkable
+class HasDevice(Protocol):
+    """Replicas placed on a device (``cpu``, ``cuda``, ``auto``)."""
+
+    device: str
+
+
+def serving_replicas(spec: Any) -> int:
+    """How many replicas of ``spec`` answer users."""
+    return sum(a.replicas for a in spec.actors.values() if isinstance(a.config, ServesUsers) and a.config.serve)
+
+
+def weight_receivers(spec: Any) -> list[tuple[str, int]]:
+    """Every replica that receives weights over the torch.distributed group, in rank order (rank = index + 1): the
+    replicas whose config says ``weight_sync: distributed`` and whose engine, if they have one, is ``torch``."""
+    members: list[tuple[str, int]] = []
+    for name, actor in spec.actors.items():
+        config = actor.config
+        if not isinstance(config, SyncsWeights) or config.weight_sync != "distributed":
+            continue
+        if isinstance(config, HasEngine) and config.engine != "torch":
+            continue
+        members.extend((name, i) for i in range(actor.replicas))
+    return members
+
+
+def runs_on_cpu(config: object) -> bool:
+    """Whether an actor's config places it on the CPU explicitly."""
+    return isinstance(config, HasDevice) and config.device == "cpu"
