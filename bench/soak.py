@@ -226,8 +226,8 @@ def learner_checks(run_dir: Path) -> dict[str, Any]:
     lifecycle = read_metrics(run_dir, "lifecycle")
     steps = read_metrics(run_dir, "step")
     kept = effective_applied(run_dir)
-    incarnations = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
-    incarnations = incarnations["incarnation"].to_list()
+    order = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
+    incarnations = order["incarnation"].to_list()
     resumes = {r["incarnation"]: r["step"] for r in lifecycle.filter(event="resume").iter_rows(named=True)}
     effective: list[str] = kept["message_id"].to_list() if kept.height else []
     lineage: list[int] = []

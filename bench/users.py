@@ -259,7 +259,7 @@ async def user(pop: Population, index: int, client: Any, stop_at: float) -> None
         sent = time.time()
         try:
             if stream:
-                rid, parts = "", []
+                rid, parts = "", list[str]()
                 response = await client.completions.create(
                     model="flywheel", prompt=prompt, max_tokens=8, temperature=1.0, stream=True
                 )
