@@ -37,14 +37,14 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import anyio.to_thread
 import structlog
 
 from topology.runtime._actor import ActorContext
-from topology.runtime._runtime import RunResult, RuntimeBase, replica_log
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
 from topology.runtime._session import Session, open_session
 from topology.runtime._status import ReplicaStatus, read_status
 from topology.runtime._threads import thread_env
@@ -180,16 +180,11 @@ class RayRuntime(RuntimeBase):
         self,
         spec: Spec,
         *,
-        run_root: Path | None = None,
-        drain_timeout_s: float = 10.0,
-        handle_signals: bool = True,
         address: str | None = None,
         ray_init: Mapping[str, Any] | None = None,
-        resume: Path | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
-        )
+        super().__init__(spec, **options)
         self.address = address if address is not None else spec.runtime.address
         self.ray_init = dict(ray_init or {})
         self.handles: dict[tuple[str, int], Any] = {}

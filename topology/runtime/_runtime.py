@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import anyio
 import structlog
@@ -79,6 +79,15 @@ class Runtime(Protocol):
     def request_stop(self, reason: str) -> None: ...
 
     async def statuses(self) -> list[ReplicaStatus]: ...
+
+
+class RuntimeOptions(TypedDict, total=False):
+    """The keyword arguments every runtime takes (their defaults are :class:`RuntimeBase`'s)."""
+
+    run_root: Path | None
+    drain_timeout_s: float
+    handle_signals: bool
+    resume: Path | None
 
 
 class RuntimeBase:

@@ -27,13 +27,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import structlog
 
-from topology.runtime._runtime import RunResult, RuntimeBase, replica_log
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
 from topology.runtime._session import Session, open_session
 from topology.runtime._threads import thread_env
 
@@ -63,15 +62,10 @@ class LocalRuntime(RuntimeBase):
         self,
         spec: Spec,
         *,
-        run_root: Path | None = None,
-        drain_timeout_s: float = 10.0,
-        handle_signals: bool = True,
         python: Sequence[str] = (sys.executable,),
-        resume: Path | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
-        )
+        super().__init__(spec, **options)
         self.python = tuple(python)
         self.procs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
 
