@@ -66,6 +66,8 @@ class RunResult:
 
 
 class Runtime(Protocol):
+    """What ``flywheel up`` and a test drive, whichever runtime runs the topology; see the module docstring."""
+
     started: anyio.Event
 
     @property
