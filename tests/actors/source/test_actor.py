@@ -17,10 +17,10 @@ from actors.domains import DomainSampler, SourceError, domains_from_spec
 from actors.protocol import PromptMsg
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
+from actors.testing import actor_context, running_actor
 from tests.actors.source._helpers import drawn_task_ids, wait_for
 from topology import Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
-from topology.runtime import ActorContext
 
 pytestmark = pytest.mark.anyio
 
@@ -45,21 +45,8 @@ def write_spec(tmp_path: Path, actor: str = "{max_pending: 10, seed: 3}", domain
 async def running_source(spec: Spec, server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[SourceActor, Bus]]:
     async with await Bus.connect(server.url, topology=spec.name, name="test") as bus:
         await bus.ensure_channel("prompts")
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
-        config = spec.actors["source"].config
-        assert isinstance(config, SourceConfig)
-        actor = SourceActor(ctx, config)
-        await actor.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(actor.run)
-            try:
-                yield actor, bus
-            finally:
-                ctx.stopping.set()
-        await actor.drain()
-        await actor.stop()
+        async with running_actor(SourceActor, spec, "source", bus, tmp_path) as actor:
+            yield actor, bus
 
 
 async def stream_messages(bus: Bus) -> int:
@@ -147,9 +134,7 @@ async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: Embedd
     # the spec check opens the file too; it goes bad after that, between `plan` and the source's start
     (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "anwser": "4"}\n')
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
+        ctx = actor_context(spec, "source", bus, tmp_path)
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'anwser'"):
@@ -288,9 +273,7 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
         for channel in ("prompts", "rollouts", "scored"):
             await bus.ensure_channel(channel)
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
+        ctx = actor_context(spec, "source", bus, tmp_path)
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         source = SourceActor(ctx, config)
