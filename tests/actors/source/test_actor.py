@@ -21,6 +21,7 @@ from actors.testing import actor_context, running_actor
 from tests.actors.source._helpers import drawn_task_ids, wait_for
 from topology import Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
+from topology.runtime._status import ReplicaStatus, put_status
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +53,12 @@ async def running_source(spec: Spec, server: EmbeddedNats, tmp_path: Path) -> As
 async def stream_messages(bus: Bus) -> int:
     info = await bus.nc.jetstream().stream_info(bus.stream("prompts"))
     return int(info.state.messages)
+
+
+async def learner_reports(bus: Bus, spec: Spec, counters: dict[str, int]) -> None:
+    """The status record the learner's heartbeat would put, carrying ``counters`` (what the source steers by)."""
+    record = ReplicaStatus("learner", 0, "learner", "running", 1, 0, 0.0, 0.0, counters=dict(counters))
+    await put_status(bus, spec.name, record)
 
 
 async def test_publishes_valid_training_prompts_up_to_max_pending(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
@@ -178,7 +185,6 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
     """End-to-end backpressure: groups waiting anywhere before the learner applies them hold the source back."""
-    from topology.runtime._status import ReplicaStatus, put_status
 
     spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
@@ -216,42 +222,14 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(
         await move("rollouts", "verify", "scored", 6)
         await settle(6)  # scored, not yet delivered to the learner
         # the learner takes the 6 groups (delivered, acked) but 4 of them wait un-applied in its buffer
-        await put_status(
-            bus,
-            spec.name,
-            ReplicaStatus(
-                actor="learner",
-                replica=0,
-                kind="learner",
-                state="running",
-                pid=1,
-                restarts=0,
-                started_at=0.0,
-                ts=0.0,
-                counters={"buffered_groups": 4},
-            ),
-        )
+        await learner_reports(bus, spec, {"buffered_groups": 4})
         await move("scored", "learner", None, 6)
         await settle(8)  # room for 2
         assert actor.report()["in_flight"] >= 4
         # the learner's own held-out prompts wait in `prompts` too; its heartbeat says how many are out
         for i in range(5):
             await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
-        await put_status(
-            bus,
-            spec.name,
-            ReplicaStatus(
-                actor="learner",
-                replica=0,
-                kind="learner",
-                state="running",
-                pid=1,
-                restarts=0,
-                started_at=0.0,
-                ts=0.0,
-                counters={"buffered_groups": 4, "eval_out": 5},
-            ),
-        )
+        await learner_reports(bus, spec, {"buffered_groups": 4, "eval_out": 5})
         await anyio.sleep(0.4)
         assert actor.report()["published"] == 8 and actor.report()["in_flight"] == 6  # 2 + 4: not the 5 held-out
         await move("prompts", "generator", "rollouts", 2)  # 2 training groups generated: still in flight
@@ -267,7 +245,6 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
     publishes a held-out round and reports it (eval_out) after the source counted the stages but before it read the
     learner's heartbeat. Subtracting eval_out then removed prompts that were never counted, and the source drew
     that many groups past max_in_flight. In flight must never be under the training groups really out."""
-    from topology.runtime._status import ReplicaStatus, put_status
 
     spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
@@ -279,11 +256,7 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
         source = SourceActor(ctx, config)
         await source.start()  # not run: this test takes the steps of one look itself, in the bad order
 
-        async def learner_reports(counters: dict[str, int]) -> None:
-            record = ReplicaStatus("learner", 0, "learner", "running", 1, 0, 0.0, 0.0, counters=dict(counters))
-            await put_status(bus, spec.name, record)
-
-        await learner_reports({"buffered_groups": 4})
+        await learner_reports(bus, spec, {"buffered_groups": 4})
         await source.publish_batch(2)  # 2 training groups waiting for the generator, 4 in the learner: 6 out
         for group in ("generator", "verify", "learner"):
             await bus.ensure_consumer(
@@ -293,7 +266,7 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
         counted = await source.consumer_groups()
         for i in range(5):  # the held-out round lands now, after the counts
             await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
-        await learner_reports({"buffered_groups": 4, "eval_out": 5})
+        await learner_reports(bus, spec, {"buffered_groups": 4, "eval_out": 5})
         assert await source.in_flight(counted, before) >= 6
         # the next look counts the round and subtracts it: exactly the training groups
         assert await source.in_flight(await source.consumer_groups(), await source.learner_statuses()) == 6
