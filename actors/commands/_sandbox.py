@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
-from typing import Any, cast
 
 import click
-import structlog
 
-from actors.sandbox import IsolationRefused, SandboxLimits, SandboxPool, SandboxResult, Verdict
+from actors.commands._sandboxed import isolation_options, limits_for, one_worker_pool, quiet_logs
+from actors.sandbox import IsolationRefused, SandboxLimits, SandboxResult, Verdict
 
 
 @click.group()
@@ -32,9 +30,7 @@ def sandbox() -> None:
 async def _run(
     code: str, tests: str | None, limits: SandboxLimits, isolation: str, min_isolation: str
 ) -> SandboxResult:
-    async with SandboxPool(
-        workers=1, limits=limits, isolation=cast(Any, isolation), min_isolation=cast(Any, min_isolation)
-    ) as pool:
+    async with one_worker_pool(limits, isolation, min_isolation) as pool:
         return await pool.run(code, tests=tests)
 
 
@@ -62,33 +58,18 @@ async def _run(
     show_default=True,
     help="address-space MB",
 )
-@click.option(
-    "--isolation",
-    type=click.Choice(["auto", "bwrap", "unshare", "rlimits"]),
-    default="auto",
-    show_default=True,
-)
-@click.option(
-    "--min-isolation",
-    type=click.Choice(["bwrap", "unshare", "rlimits"]),
-    default="bwrap",
-    show_default=True,
-    help="refuse to run below this level (weaker only by this explicit opt-in)",
-)
+@isolation_options("FILE")
 def run(
     file: Path, tests_file: Path | None, timeout_s: float, memory_mb: int, isolation: str, min_isolation: str
 ) -> None:
     """Run FILE in the sandbox and print one JSON object with the verdict."""
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    quiet_logs()
     try:
         code = file.read_text(errors="replace")
         tests = tests_file.read_text(errors="replace") if tests_file else None
     except OSError as exc:
         raise click.ClickException(f"cannot read {exc.filename}: {exc.strerror}") from None
-    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=max(1, int(timeout_s) + 1))
+    limits = limits_for(timeout_s, memory_mb)
     try:
         result = asyncio.run(_run(code, tests, limits, isolation, min_isolation))
     except IsolationRefused as exc:

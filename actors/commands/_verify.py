@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 import click
-import structlog
 
+from actors.commands._sandboxed import isolation_options, limits_for, one_worker_pool, quiet_logs
 from actors.domains._verifiers import VerifierError, build_verifier
 from actors.domains._verifiers._base import read_literal
 from actors.domains._verifiers._registry import needs_sandbox
@@ -97,9 +96,7 @@ async def _score(
 
     pool: SandboxPool | None = None
     if needs_sandbox(verifier):
-        pool = SandboxPool(
-            workers=1, limits=limits, isolation=cast(Any, isolation), min_isolation=cast(Any, min_isolation)
-        )
+        pool = one_worker_pool(limits, isolation, min_isolation)
         await pool.start()
     try:
         built = build_verifier(verifier, config, pool=pool, user_timeout_s=timeout_s)
@@ -124,14 +121,7 @@ async def _score(
     help="wall-clock seconds for code (default 5) and for a module:function verifier (default 30)",
 )
 @click.option("--memory", "memory_mb", type=click.IntRange(min=16), default=512, show_default=True, help="code's MB")
-@click.option("--isolation", type=click.Choice(["auto", "bwrap", "unshare", "rlimits"]), default="auto")
-@click.option(
-    "--min-isolation",
-    type=click.Choice(["bwrap", "unshare", "rlimits"]),
-    default="bwrap",
-    show_default=True,
-    help="refuse to run code below this level (weaker only by this explicit opt-in)",
-)
+@isolation_options("code")
 def verify(
     file: str,
     verifier: str,
@@ -144,10 +134,7 @@ def verify(
     min_isolation: str,
 ) -> None:
     """Score the answer in FILE (- for stdin) with one verifier and print one JSON object."""
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    quiet_logs()
     config = _json_object(config_json, "--config")
     if reference.startswith("@"):
         reference = _read_text(reference[1:], "the reference")
@@ -160,7 +147,7 @@ def verify(
         click.echo(json.dumps({**out, "detail": f"the answer is longer than {MAX_ANSWER_BYTES} bytes"}))
         return
     code_timeout = timeout_s if timeout_s is not None else 5.0
-    limits = SandboxLimits(timeout_s=code_timeout, memory_mb=memory_mb, cpu_s=max(1, int(code_timeout) + 1))
+    limits = limits_for(code_timeout, memory_mb)
     started = time.monotonic()
     try:
         out = asyncio.run(_score(verifier, config, answer, fields, limits, isolation, min_isolation, timeout_s))

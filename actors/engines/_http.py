@@ -16,16 +16,16 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 import httpx
 
-from actors.engines._types import Completion, FinishReason, GenerationRequest, WeightSource
+from actors.engines._types import Completion, FinishReason, GenerationRequest, SamplingParams, WeightSource
 
 if TYPE_CHECKING:
     from actors.engines._group import Broadcaster, DistributedWeights
 
-__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine"]
+__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine", "HTTPOptions", "sampling_fields"]
 
 
 class EngineHTTPError(RuntimeError):
@@ -193,6 +193,36 @@ class HTTPCaller:
             await self._client.aclose()
 
 
+def sampling_fields(params: SamplingParams, *, seed_key: str) -> dict[str, Any]:
+    """The sampling settings SGLang and vLLM spell alike (``top_k`` -1 = off); the seed under ``seed_key``."""
+    fields: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "ignore_eos": params.ignore_eos,
+    }
+    if params.stop:
+        fields["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        fields["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        fields[seed_key] = params.seed
+    return fields
+
+
+class HTTPOptions(TypedDict, total=False):
+    """The keyword arguments every HTTP engine takes (their defaults are :class:`HTTPEngine`'s)."""
+
+    timeout_s: float
+    connect_timeout_s: float
+    retries: int
+    backoff_s: float
+    max_resubmits: int
+    rank_offset: int
+    update_timeout_s: float
+    api_key: str | None
+
+
 @dataclass(frozen=True)
 class Chunk:
     """What one generation call returned: tokens with their behaviour logprobs, the version that made them."""
@@ -217,14 +247,14 @@ class HTTPEngine(abc.ABC):
         self,
         url: str,
         *,
-        timeout_s: float,
-        connect_timeout_s: float,
-        retries: int,
-        backoff_s: float,
-        max_resubmits: int,
-        rank_offset: int,
-        update_timeout_s: float,
-        api_key: str | None,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_resubmits: int = 16,
+        rank_offset: int = 1,
+        update_timeout_s: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         if max_resubmits < 0:
             raise ValueError(f"max_resubmits must be >= 0, got {max_resubmits}")

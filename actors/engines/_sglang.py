@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
-from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, sampling_fields
 from actors.engines._types import FinishReason, GenerationRequest
 
 __all__ = ["SGLangEngine"]
@@ -36,21 +36,7 @@ PauseMode = Literal["abort", "retract", "in_place"]
 
 
 def _sampling_params(request: GenerationRequest, remaining: int) -> dict[str, Any]:
-    p = request.params
-    params: dict[str, Any] = {
-        "max_new_tokens": remaining,
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k if p.top_k > 0 else -1,  # SGLang: -1 = off
-        "ignore_eos": p.ignore_eos,
-    }
-    if p.stop:
-        params["stop"] = list(p.stop)
-    if p.stop_token_ids:
-        params["stop_token_ids"] = list(p.stop_token_ids)
-    if p.seed is not None:
-        params["sampling_seed"] = p.seed
-    return params
+    return {"max_new_tokens": remaining, **sampling_fields(request.params, seed_key="sampling_seed")}
 
 
 def _finish_reason(meta: Mapping[str, Any]) -> FinishReason:
@@ -77,28 +63,11 @@ class SGLangEngine(HTTPEngine):
         self,
         url: str,
         *,
-        timeout_s: float = 300.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        max_resubmits: int = 16,
         pause_mode: PauseMode = "abort",
         group_name: str = "weight_update_group",
-        rank_offset: int = 1,
-        update_timeout_s: float = 600.0,
-        api_key: str | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        super().__init__(
-            url,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            retries=retries,
-            backoff_s=backoff_s,
-            max_resubmits=max_resubmits,
-            rank_offset=rank_offset,
-            update_timeout_s=update_timeout_s,
-            api_key=api_key,
-        )
+        super().__init__(url, **options)
         self.pause_mode: PauseMode = pause_mode
         self.group_name = group_name
         self.server_info: dict[str, Any] = {}

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
-from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, sampling_fields
 from actors.engines._types import GenerationRequest
 
 __all__ = ["VLLMEngine"]
@@ -60,27 +60,10 @@ class VLLMEngine(HTTPEngine):
         url: str,
         *,
         model: str | None = None,
-        timeout_s: float = 300.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        max_resubmits: int = 16,
         pause_mode: PauseMode = "keep",
-        rank_offset: int = 1,
-        update_timeout_s: float = 600.0,
-        api_key: str | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        super().__init__(
-            url,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            retries=retries,
-            backoff_s=backoff_s,
-            max_resubmits=max_resubmits,
-            rank_offset=rank_offset,
-            update_timeout_s=update_timeout_s,
-            api_key=api_key,
-        )
+        super().__init__(url, **options)
         self.model = model
         self.pause_mode: PauseMode = pause_mode
 
@@ -114,28 +97,17 @@ class VLLMEngine(HTTPEngine):
     # ---- generation ------------------------------------------------------------------------------
 
     def _payload(self, request: GenerationRequest, prefix: list[int]) -> dict[str, Any]:
-        p = request.params
-        payload: dict[str, Any] = {
+        return {
             "model": self.model,
             "prompt": list(request.prompt_ids) + prefix,
-            "max_tokens": p.max_new_tokens - len(prefix),
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "top_k": p.top_k if p.top_k > 0 else -1,
-            "ignore_eos": p.ignore_eos,
+            "max_tokens": request.params.max_new_tokens - len(prefix),
+            **sampling_fields(request.params, seed_key="seed"),
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "include_stop_str_in_output": True,
             "skip_special_tokens": False,
         }
-        if p.stop:
-            payload["stop"] = list(p.stop)
-        if p.stop_token_ids:
-            payload["stop_token_ids"] = list(p.stop_token_ids)
-        if p.seed is not None:
-            payload["seed"] = p.seed
-        return payload
 
     async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
         version = self._version

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,20 +167,31 @@ class GateActor(Actor[GateConfig]):
         finally:
             await release(self.ctx.bus, self.ctx.run_dir, held)
 
+    async def _promote(
+        self,
+        candidate: WeightManifest,
+        held: WeightManifest,
+        reason: str,
+        figures: dict[str, Any],
+        *,
+        keep: Iterable[int],
+        becomes_best: bool,
+    ) -> dict[str, Any]:
+        """Serve ``held`` (the pinned copy of ``candidate``); remember it as the best version when it becomes one."""
+        entry = await promote(
+            self.ctx.bus, self.ctx.run_dir, held, by=self.ctx.replica_id, reason=reason, figures=figures, keep=keep
+        )
+        if becomes_best:
+            self.best = _Best(candidate.version, WeightManifest.from_json(orjson.dumps(entry["manifest"])))
+        return entry
+
     async def _decide(self, candidate: WeightManifest, held: WeightManifest) -> dict[str, Any]:
         serving = await serving_manifest(self.ctx.bus)
         who = self.ctx.replica_id
         if serving is None:
             decision = decide(None, None, has_serving=False, threshold=self.config.threshold, samples=0, min_samples=1)
-            entry = await promote(
-                self.ctx.bus,
-                self.ctx.run_dir,
-                held,
-                by=who,
-                reason=decision.reason,
-                figures={"best_version": candidate.version},
-            )
-            self.best = _Best(candidate.version, WeightManifest.from_json(orjson.dumps(entry["manifest"])))
+            first: dict[str, Any] = {"best_version": candidate.version}
+            entry = await self._promote(candidate, held, decision.reason, first, keep=(), becomes_best=True)
             self._counted(entry)
             return entry
         figures = await self._compare(held, serving)
@@ -199,17 +211,8 @@ class GateActor(Actor[GateConfig]):
                 figures["candidate_mean_reward"], figures.get("best_mean_reward")
             )
             figures["best_version"] = candidate.version if becomes_best or self.best is None else self.best.version
-            entry = await promote(
-                self.ctx.bus,
-                self.ctx.run_dir,
-                held,
-                by=who,
-                reason=decision.reason,
-                figures=figures,
-                keep={self.best.version} if self.best is not None else set(),
-            )
-            if becomes_best:
-                self.best = _Best(candidate.version, WeightManifest.from_json(orjson.dumps(entry["manifest"])))
+            keep = {self.best.version} if self.best is not None else set()
+            entry = await self._promote(candidate, held, decision.reason, figures, keep=keep, becomes_best=becomes_best)
         else:
             entry = record(
                 self.ctx.run_dir,

@@ -48,7 +48,7 @@ SURFACES: dict[str, set[str]] = {
         "ResolvedWeights", "rollback", "serving_manifest", "WeightsNotFound", "write_report",
     },
     "actors.testing": {
-        "AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port",
+        "actor_context", "AppServer", "FakeSGLangServer", "FakeVLLMServer", "free_port", "running_actor",
     },
     "actors.recorder": {
         "ChannelWriter", "parse_range", "partition_of",

@@ -379,6 +379,8 @@ class Bus:
 
 
 class EphemeralMessage(pydantic.BaseModel):
+    """One core-NATS message: its subject after ``fw.<topology>.eph.`` and its decoded JSON payload."""
+
     subject_suffix: str
     payload: dict[str, Any]
 

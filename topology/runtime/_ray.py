@@ -37,17 +37,16 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import anyio.to_thread
 import structlog
 
-from topology.runtime._actor import ActorContext, ActorState
-from topology.runtime._runtime import RunResult, RuntimeBase
+from topology.runtime._actor import ActorContext
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
 from topology.runtime._session import Session, open_session
-from topology.runtime._status import ReplicaStatus, put_status, read_status
-from topology.runtime._supervisor import log_tail
+from topology.runtime._status import ReplicaStatus, read_status
 from topology.runtime._threads import thread_env
 
 if TYPE_CHECKING:
@@ -151,10 +150,10 @@ class ReplicaHost:
         return os.getpid()
 
     def _redirect_output(self, restarts: int) -> None:
-        logs = self.run_dir / "logs"
+        log = replica_log(self.run_dir, self.actor, self.replica)
         try:
-            logs.mkdir(parents=True, exist_ok=True)
-            fd = os.open(logs / f"{self.actor}-{self.replica}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError:  # a node without the run dir: Ray's own worker logs keep the output
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -181,16 +180,11 @@ class RayRuntime(RuntimeBase):
         self,
         spec: Spec,
         *,
-        run_root: Path | None = None,
-        drain_timeout_s: float = 10.0,
-        handle_signals: bool = True,
         address: str | None = None,
         ray_init: Mapping[str, Any] | None = None,
-        resume: Path | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
-        )
+        super().__init__(spec, **options)
         self.address = address if address is not None else spec.runtime.address
         self.ray_init = dict(ray_init or {})
         self.handles: dict[tuple[str, int], Any] = {}
@@ -217,11 +211,7 @@ class RayRuntime(RuntimeBase):
                 )
                 try:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self.keep_bus_up, session)
-                        if self.handle_signals:
-                            tg.start_soon(self.watch_signals)
-                        if duration_s is not None:
-                            tg.start_soon(self.stop_after, duration_s)
+                        self.start_watchers(tg, session, duration_s)
                         problem = self._check_cluster(ray) or await self._place(ray)
                         if problem:
                             self.fail(problem)
@@ -376,21 +366,12 @@ class RayRuntime(RuntimeBase):
                 last = await self._last_status(session, key)
                 if code is not None and last is not None and last.error:
                     how = f"crashed: {last.error}"
-                delay = self.policy.on_crash(key)
-                state = ActorState.FAILED if delay is None else ActorState.RESTARTING
                 pid = last.pid if last is not None else 0
-                await self._put(session, key, state, pid, restarts + (delay is not None), started, how)
-                if delay is None:
-                    log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
-                    tail = "\n".join(f"  | {line}" for line in log_tail(log_path))
-                    self.fail(
-                        f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
-                        f"{self.policy.window_s:g}s (last: {how}); stopping the topology.\n"
-                        f"Last lines of {log_path}:\n{tail}"
-                    )
+                log = replica_log(session.run_dir, actor, replica)
+                if not await self.after_crash(
+                    session, key, pid=pid, restarts=restarts, started_at=started, how=how, log=log
+                ):
                     return
-                _log.warning("replica crashed", actor=actor, replica=replica, how=how, restart_in_s=round(delay, 2))
-                await anyio.sleep(delay)
                 restarts += 1
                 if process_deaths > self.spec.runtime.restart.max_restarts:  # Ray gave up on this actor for good
                     ray.kill(handle, no_restart=True)
@@ -405,33 +386,6 @@ class RayRuntime(RuntimeBase):
         except Exception:
             return None
         return found[0] if found else None
-
-    async def _put(
-        self,
-        session: Session,
-        key: tuple[str, int],
-        state: ActorState,
-        pid: int,
-        restarts: int,
-        started_at: float,
-        error: str,
-    ) -> None:
-        actor, replica = key
-        record = ReplicaStatus(
-            actor=actor,
-            replica=replica,
-            kind=self.spec.actors[actor].kind,
-            state=state.value,
-            pid=pid,
-            restarts=restarts,
-            started_at=started_at,
-            ts=time.time(),
-            error=error,
-        )
-        try:
-            await put_status(session.bus, self.spec.name, record)
-        except Exception as exc:
-            _log.warning("could not record replica status", error=f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ stop
     async def _shutdown(self, ray: Any) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Hashable
 
 
 class RestartPolicy:
+    """Backoff and crash budget per replica (any hashable key); see the module docstring."""
+
     def __init__(self, *, max_restarts: int, window_s: float, backoff_s: float, backoff_max_s: float) -> None:
         self.max_restarts = max_restarts
         self.window_s = window_s

@@ -174,6 +174,7 @@ def write_run_info(run_dir: Path, info: RunInfo) -> None:
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
+    """The ``run.json`` of ``run_dir`` (``FileNotFoundError`` when it has none)."""
     return RunInfo.from_json((run_dir / RUN_JSON).read_bytes())
 
 

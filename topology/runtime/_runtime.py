@@ -12,23 +12,44 @@ Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` 
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import anyio
 import structlog
 
+from topology.runtime._actor import ActorState
 from topology.runtime._restart import RestartPolicy
 from topology.runtime._session import Session
-from topology.runtime._status import ReplicaStatus, read_status
+from topology.runtime._status import ReplicaStatus, put_status, read_status
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from topology._spec import Spec
 
 _log = structlog.get_logger("flywheel.runtime")
+_LOG_TAIL_LINES = 12
+
+
+def replica_log(run_dir: Path, actor: str, replica: int) -> Path:
+    """Where a replica's stdout and stderr go (on the node it runs on)."""
+    return run_dir / "logs" / f"{actor}-{replica}.log"
+
+
+def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,8 @@ class RunResult:
 
 
 class Runtime(Protocol):
+    """What ``flywheel up`` and a test drive, whichever runtime runs the topology; see the module docstring."""
+
     started: anyio.Event
 
     @property
@@ -60,8 +83,17 @@ class Runtime(Protocol):
     async def statuses(self) -> list[ReplicaStatus]: ...
 
 
+class RuntimeOptions(TypedDict, total=False):
+    """The keyword arguments every runtime takes (their defaults are :class:`RuntimeBase`'s)."""
+
+    run_root: Path | None
+    drain_timeout_s: float
+    handle_signals: bool
+    resume: Path | None
+
+
 class RuntimeBase:
-    """Stop bookkeeping shared by :class:`LocalRuntime` and :class:`SingleProcessRuntime`."""
+    """What the runtimes share: stop bookkeeping, the watchers beside the replicas, crash accounting."""
 
     def __init__(
         self,
@@ -133,6 +165,76 @@ class RuntimeBase:
                     self._hurry.set()
                 else:
                     self.request_stop(f"{name} received")
+
+    def start_watchers(self, tg: TaskGroup, session: Session, duration_s: float | None) -> None:
+        """Start what runs beside the replicas: the bus's supervision, the signal handler, the duration timer."""
+        tg.start_soon(self.keep_bus_up, session)
+        if self.handle_signals:
+            tg.start_soon(self.watch_signals)
+        if duration_s is not None:
+            tg.start_soon(self.stop_after, duration_s)
+
+    async def after_crash(
+        self,
+        session: Session,
+        key: tuple[str, int],
+        *,
+        pid: int,
+        restarts: int,
+        started_at: float,
+        how: str | None,
+        log: Path | None,
+    ) -> bool:
+        """Count a crash against the restart policy, record it, and wait the backoff: True to restart the replica.
+
+        False when the replica crashed too often: the topology is failed with a message quoting ``log``'s last
+        lines (when the replica has a log of its own).
+        """
+        actor, replica = key
+        delay = self.policy.on_crash(key)
+        state = ActorState.FAILED if delay is None else ActorState.RESTARTING
+        await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, how)
+        if delay is None:
+            message = (
+                f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
+                f"{self.policy.window_s:g}s (last: {how}); stopping the topology."
+            )
+            if log is not None:
+                tail = "\n".join(f"  | {line}" for line in log_tail(log))
+                message += f"\nLast lines of {log}:\n{tail}"
+            self.fail(message)
+            return False
+        _log.warning("replica crashed", actor=actor, replica=replica, how=how, restart_in_s=round(delay, 2))
+        await anyio.sleep(delay)
+        return True
+
+    async def put_status(
+        self,
+        session: Session,
+        key: tuple[str, int],
+        state: ActorState,
+        pid: int,
+        restarts: int,
+        started_at: float,
+        error: str | None,
+    ) -> None:
+        """Record a replica's state on its behalf (it is not running to beat); a bus that is away is only logged."""
+        actor, replica = key
+        record = ReplicaStatus(
+            actor=actor,
+            replica=replica,
+            kind=self.spec.actors[actor].kind,
+            state=state.value,
+            pid=pid,
+            restarts=restarts,
+            started_at=started_at,
+            ts=time.time(),
+            error=error,
+        )
+        try:
+            await put_status(session.bus, self.spec.name, record)
+        except Exception as exc:
+            _log.warning("could not record replica status", error=f"{type(exc).__name__}: {exc}")
 
     async def keep_bus_up(self, session: Session) -> None:
         """Supervise the embedded nats-server (:meth:`Session.keep_bus_up`) with this runtime's restart policy."""

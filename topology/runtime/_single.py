@@ -12,17 +12,15 @@ and a hard crash (segfault, ``os._exit``) takes the whole topology down.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import anyio
 import structlog
 
-from topology.runtime._actor import ActorContext, ActorState
+from topology.runtime._actor import ActorContext
 from topology.runtime._lifecycle import Replica
 from topology.runtime._runtime import RunResult, RuntimeBase
 from topology.runtime._session import Session, open_session
-from topology.runtime._status import ReplicaStatus, put_status
 
 _log = structlog.get_logger("flywheel.runtime")
 
@@ -40,11 +38,7 @@ class SingleProcessRuntime(RuntimeBase):
             self.session = session
             _log.info("topology up (single process)", topology=self.spec.name, run_dir=str(session.run_dir))
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.keep_bus_up, session)
-                if self.handle_signals:
-                    tg.start_soon(self.watch_signals)
-                if duration_s is not None:
-                    tg.start_soon(self.stop_after, duration_s)
+                self.start_watchers(tg, session, duration_s)
                 async with anyio.create_task_group() as replicas:
                     for key in self.replica_keys():
                         replicas.start_soon(self._supervise, session, key, factories[key[0]])
@@ -84,28 +78,16 @@ class SingleProcessRuntime(RuntimeBase):
             if ok:
                 self.replica_finished(key)
                 break
-            delay = self.policy.on_crash(key)
-            state = ActorState.FAILED if delay is None else ActorState.RESTARTING
-            record = ReplicaStatus(
-                actor=actor,
-                replica=replica,
-                kind=actor_spec.kind,
-                state=state.value,
+            if not await self.after_crash(
+                session,
+                key,
                 pid=os.getpid(),
-                restarts=restarts + (delay is not None),
+                restarts=restarts,
                 started_at=runner.started_at,
-                ts=time.time(),
-                error=runner.error,
-            )
-            await put_status(session.bus, self.spec.name, record)
-            if delay is None:
-                self.fail(
-                    f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
-                    f"{self.policy.window_s:g}s (last: {runner.error}); stopping the topology."
-                )
+                how=runner.error,
+                log=None,
+            ):
                 break
-            _log.warning("replica crashed", actor=actor, replica=replica, error=runner.error, restart_in_s=delay)
-            await anyio.sleep(delay)
             restarts += 1
         self._contexts.pop(key, None)
         if not self._contexts and self.stopping:

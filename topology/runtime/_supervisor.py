@@ -27,16 +27,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import structlog
 
-from topology.runtime._actor import ActorState
-from topology.runtime._runtime import RunResult, RuntimeBase
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
 from topology.runtime._session import Session, open_session
-from topology.runtime._status import ReplicaStatus, put_status
 from topology.runtime._threads import thread_env
 
 if TYPE_CHECKING:
@@ -45,7 +42,6 @@ if TYPE_CHECKING:
 _log = structlog.get_logger("flywheel.runtime")
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
-_LOG_TAIL_LINES = 12
 
 _prctl: Any
 try:
@@ -59,17 +55,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if line.strip()][-lines:]
-
-
 class LocalRuntime(RuntimeBase):
     """Runs each replica as its own supervised OS process. See the module docstring."""
 
@@ -77,15 +62,10 @@ class LocalRuntime(RuntimeBase):
         self,
         spec: Spec,
         *,
-        run_root: Path | None = None,
-        drain_timeout_s: float = 10.0,
-        handle_signals: bool = True,
         python: Sequence[str] = (sys.executable,),
-        resume: Path | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec, run_root=run_root, drain_timeout_s=drain_timeout_s, handle_signals=handle_signals, resume=resume
-        )
+        super().__init__(spec, **options)
         self.python = tuple(python)
         self.procs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
 
@@ -95,11 +75,7 @@ class LocalRuntime(RuntimeBase):
             _log.info("topology up", topology=self.spec.name, run_dir=str(session.run_dir), bus=session.bus_url)
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self.keep_bus_up, session)
-                    if self.handle_signals:
-                        tg.start_soon(self.watch_signals)
-                    if duration_s is not None:
-                        tg.start_soon(self.stop_after, duration_s)
+                    self.start_watchers(tg, session, duration_s)
                     for key in self.replica_keys():
                         tg.start_soon(self._supervise, session, key)
                     self.started.set()
@@ -112,7 +88,7 @@ class LocalRuntime(RuntimeBase):
 
     def _spawn(self, session: Session, key: tuple[str, int], restarts: int) -> subprocess.Popen[bytes]:
         actor, replica = key
-        log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
+        log_path = replica_log(session.run_dir, actor, replica)
         cmd = [
             *self.python,
             "-m",
@@ -167,48 +143,12 @@ class LocalRuntime(RuntimeBase):
                 self.replica_finished(key)
                 return
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-            log_path = session.run_dir / "logs" / f"{actor}-{replica}.log"
-            delay = self.policy.on_crash(key)
-            state = ActorState.FAILED if delay is None else ActorState.RESTARTING
-            await self._put(session, key, state, proc.pid, restarts + (delay is not None), started, how)
-            if delay is None:
-                tail = "\n".join(f"  | {line}" for line in log_tail(log_path))
-                self.fail(
-                    f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
-                    f"{self.policy.window_s:g}s (last: {how}); stopping the topology.\n"
-                    f"Last lines of {log_path}:\n{tail}"
-                )
+            log = replica_log(session.run_dir, actor, replica)
+            if not await self.after_crash(
+                session, key, pid=proc.pid, restarts=restarts, started_at=started, how=how, log=log
+            ):
                 return
-            _log.warning("replica crashed", actor=actor, replica=replica, how=how, restart_in_s=round(delay, 2))
-            await anyio.sleep(delay)
             restarts += 1
-
-    async def _put(
-        self,
-        session: Session,
-        key: tuple[str, int],
-        state: ActorState,
-        pid: int,
-        restarts: int,
-        started_at: float,
-        error: str,
-    ) -> None:
-        actor, replica = key
-        record = ReplicaStatus(
-            actor=actor,
-            replica=replica,
-            kind=self.spec.actors[actor].kind,
-            state=state.value,
-            pid=pid,
-            restarts=restarts,
-            started_at=started_at,
-            ts=time.time(),
-            error=error,
-        )
-        try:
-            await put_status(session.bus, self.spec.name, record)
-        except Exception as exc:
-            _log.warning("could not record replica status", error=f"{type(exc).__name__}: {exc}")
 
     async def _shutdown(self) -> None:
         live = {key: p for key, p in self.procs.items() if p.poll() is None}

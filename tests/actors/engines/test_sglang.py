@@ -10,57 +10,16 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from actors.engines import EngineHTTPError, GenerationRequest, SamplingParams, SGLangEngine, TorchEngine
-from actors.policy import GPTConfig, Policy
+from actors.engines import EngineHTTPError, SGLangEngine, TorchEngine
 from actors.testing import FakeSGLangServer, free_port
-
-PROMPT = (23, 17, 23, 35)
-
-
-def make_engine(**kwargs: object) -> TorchEngine:
-    policy = Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=256), seed=0)
-    return TorchEngine(policy, **kwargs)  # type: ignore[arg-type]
-
-
-def perturbed(engine: TorchEngine, scale: float = 0.5, seed: int = 1) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        n: (t + scale * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
-    }
-
-
-def write_dir(path: Path, tensors: dict[str, torch.Tensor]) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    return str(path)
-
-
-def request(rid: str = "r", *, tokens: int = 12, seed: int = 7) -> GenerationRequest:
-    return GenerationRequest(
-        rid, PROMPT, SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=seed, ignore_eos=True)
-    )
+from tests.actors.engines._rig import PROMPT, perturbed, request, run_against, write_dir
 
 
 def run(
-    scenario: Callable[[TorchEngine, FakeSGLangServer, SGLangEngine], Awaitable[None]],
-    **engine_kwargs: object,
+    scenario: Callable[[TorchEngine, FakeSGLangServer, SGLangEngine], Awaitable[None]], **engine_kwargs: object
 ) -> None:
-    async def main() -> None:
-        engine = make_engine(**engine_kwargs)
-        try:
-            async with FakeSGLangServer(engine) as server:
-                client = SGLangEngine(server.url, timeout_s=30)
-                await client.start(health_timeout_s=10)
-                try:
-                    await scenario(engine, server, client)
-                finally:
-                    await client.close()
-        finally:
-            await engine.close()
-
-    asyncio.run(main())
+    run_against(FakeSGLangServer, SGLangEngine, scenario, **engine_kwargs)
 
 
 def test_generate_matches_the_engine_token_for_token() -> None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from actors.engines import Completion, EngineClosedError, GenerationRequest, SamplingParams, TorchEngine
-from actors.policy import GPTConfig, Policy
+from actors.policy import Policy
+from tests.actors.engines._rig import scrambled_policy
 
 T = TypeVar("T")
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
@@ -17,20 +18,6 @@ PROMPTS = ["12+7=", "the quick brown fox", "x", "def f(a, b):\n    return"]
 
 def run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(asyncio.wait_for(make(), timeout=30))
-
-
-def scrambled_policy(seed: int = 0) -> Policy:
-    """A 2-layer tiny GPT with large random weights, so that its continuations vary (a freshly initialised
-    model mostly repeats the last character, which would make equality tests weak)."""
-    policy = Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))
-    gen = torch.Generator().manual_seed(seed)
-    policy.load_state_dict(
-        {
-            k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone()
-            for k, v in policy.state_dict().items()
-        }
-    )
-    return policy
 
 
 @pytest.fixture(scope="module")

@@ -8,21 +8,10 @@ import torch
 from safetensors.torch import save_file
 
 from actors.engines import GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
-from actors.policy import GPTConfig, Policy
+from actors.policy import Policy
+from tests.actors.engines._rig import scrambled_policy
 
 PARAMS = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
-
-
-def make_policy(seed: int) -> Policy:
-    policy = Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))
-    gen = torch.Generator().manual_seed(seed)
-    policy.load_state_dict(
-        {
-            k: torch.randn(v.shape, generator=gen) * 0.3 if v.dim() == 2 else v.clone()
-            for k, v in policy.state_dict().items()
-        }
-    )
-    return policy
 
 
 def request(policy: Policy, text: str = "12+7=") -> GenerationRequest:
@@ -37,7 +26,7 @@ def fresh_logprobs(policy: Policy, prompt: tuple[int, ...], tokens: tuple[int, .
 
 @pytest.mark.parametrize(("swap_after", "recompute"), [(1, True), (4, True), (4, False)])
 def test_swap_mid_generation_changes_version_at_the_right_token(swap_after: int, recompute: bool) -> None:
-    old, new = make_policy(0), make_policy(1)
+    old, new = scrambled_policy(0), scrambled_policy(1)
     new_weights = {k: v.clone() for k, v in new.state_dict().items()}
 
     async def scenario() -> None:
@@ -45,7 +34,7 @@ def test_swap_mid_generation_changes_version_at_the_right_token(swap_after: int,
             if step == swap_after:
                 await engine.update_weights(1, new_weights)
 
-        engine = TorchEngine(make_policy(0), step_hook=hook, recompute_cache_on_update=recompute)
+        engine = TorchEngine(scrambled_policy(0), step_hook=hook, recompute_cache_on_update=recompute)
         try:
             (completion,) = await engine.generate([request(old)])
         finally:
@@ -101,13 +90,13 @@ def _bad(policy: Policy, case: str) -> dict[str, torch.Tensor]:
     ],
 )
 def test_bad_payload_is_rejected_and_the_old_version_keeps_serving(case: str, message: str) -> None:
-    policy = make_policy(0)
+    policy = scrambled_policy(0)
 
     async def scenario() -> None:
         engine = TorchEngine(policy)
         (before,) = await engine.generate([request(policy)])
         with pytest.raises(WeightUpdateError, match=f"version 1 rejected, still serving 0: .*{message}"):
-            await engine.update_weights(1, _bad(make_policy(1), case))
+            await engine.update_weights(1, _bad(scrambled_policy(1), case))
         (after,) = await engine.generate([request(policy)])
         stats = engine.stats()
         await engine.close()
@@ -119,8 +108,8 @@ def test_bad_payload_is_rejected_and_the_old_version_keeps_serving(case: str, me
 
 
 def test_versions_must_increase_and_files_are_accepted(tmp_path: Path) -> None:
-    policy = make_policy(0)
-    new = make_policy(1)
+    policy = scrambled_policy(0)
+    new = scrambled_policy(1)
     save_file({k: v.contiguous() for k, v in new.state_dict().items()}, str(tmp_path / "model.safetensors"))
 
     async def scenario() -> None:
@@ -141,8 +130,8 @@ def test_versions_must_increase_and_files_are_accepted(tmp_path: Path) -> None:
 
 
 def test_a_cpu_swap_exchanges_storage_and_a_fill_into_the_standby_copies_nothing() -> None:
-    policy = make_policy(0)
-    new = [{k: v.clone() for k, v in make_policy(seed).state_dict().items()} for seed in (1, 2)]
+    policy = scrambled_policy(0)
+    new = [{k: v.clone() for k, v in scrambled_policy(seed).state_dict().items()} for seed in (1, 2)]
 
     async def scenario() -> None:
         engine = TorchEngine(policy)
@@ -171,7 +160,7 @@ def test_a_cpu_swap_exchanges_storage_and_a_fill_into_the_standby_copies_nothing
 
 
 def test_a_rejected_fill_leaves_the_live_weights_untouched() -> None:
-    policy = make_policy(0)
+    policy = scrambled_policy(0)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
 
     async def scenario() -> None:

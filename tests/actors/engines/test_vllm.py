@@ -15,50 +15,16 @@ from safetensors.torch import save_file
 from actors.engines import (
     DistributedWeights,
     EngineHTTPError,
-    GenerationRequest,
-    SamplingParams,
     TorchEngine,
     VLLMEngine,
     WeightBroadcaster,
 )
-from actors.policy import GPTConfig, Policy
 from actors.testing import FakeVLLMServer, free_port
-
-PROMPT = (23, 17, 23, 35)
-
-
-def make_engine() -> TorchEngine:
-    return TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=256), seed=0))
-
-
-def perturbed(engine: TorchEngine, seed: int = 1) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
-    }
-
-
-def request(rid: str = "r", tokens: int = 12) -> GenerationRequest:
-    return GenerationRequest(
-        rid, PROMPT, SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=7, ignore_eos=True)
-    )
+from tests.actors.engines._rig import perturbed, request, run_against
 
 
 def run(scenario: Callable[[TorchEngine, FakeVLLMServer, VLLMEngine], Awaitable[None]]) -> None:
-    async def main() -> None:
-        engine = make_engine()
-        try:
-            async with FakeVLLMServer(engine) as server:
-                client = VLLMEngine(server.url, timeout_s=30)
-                await client.start(health_timeout_s=10)
-                try:
-                    await scenario(engine, server, client)
-                finally:
-                    await client.close()
-        finally:
-            await engine.close()
-
-    asyncio.run(main())
+    run_against(FakeVLLMServer, VLLMEngine, scenario)
 
 
 def test_generate_matches_the_engine_token_for_token() -> None:

@@ -10,22 +10,10 @@ import textwrap
 import pytest
 import torch
 
-from actors.engines import EngineHTTPError, GenerationRequest, SamplingParams, SGLangEngine, TorchEngine
+from actors.engines import EngineHTTPError, GenerationRequest, SamplingParams, SGLangEngine
 from actors.engines._group import DistributedWeights, WeightBroadcaster, describe, parse_dtype
-from actors.policy import GPTConfig, Policy
 from actors.testing import FakeSGLangServer, free_port
-
-
-def make_engine() -> TorchEngine:
-    return TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=256), seed=0))
-
-
-def perturbed(engine: TorchEngine, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        n: (t + 0.5 * torch.randn(t.shape, generator=gen)).contiguous() for n, t in engine.policy.state_dict().items()
-    }
-
+from tests.actors.engines._rig import make_engine, perturbed
 
 REQUEST = GenerationRequest(
     "r", (23, 17, 23, 35), SamplingParams(max_new_tokens=10, temperature=1.0, seed=3, ignore_eos=True)

@@ -18,6 +18,7 @@ from actors.gate._config import GateConfig
 from actors.protocol import rows_of
 from actors.recorder import ChannelWriter
 from actors.replay import Replayer, ReplayItem
+from actors.testing import actor_context
 from actors.weights import SafetensorsDirTransport, WeightManifest, WeightPublisher
 from tests.actors.replay._support import POLICY, PROMPTS, _ids
 from topology import Spec, load_spec
@@ -112,9 +113,7 @@ async def gate_rig(spec: Spec, url: str, run_dir: Path, *, run: bool = False) ->
     async with await Bus.connect(url, topology=spec.name, name="gate-test") as bus:
         store = SafetensorsDirTransport(run_dir / "weights")
         publisher = WeightPublisher(bus, spec.name, store)
-        ctx = ActorContext(
-            topology=spec.name, actor="gate", replica=0, kind="gate", spec=spec, bus=bus, run_dir=run_dir
-        )
+        ctx = actor_context(spec, "gate", bus, run_dir)
         config = spec.actors["gate"].config
         assert isinstance(config, GateConfig)
         gate = GateActor(ctx, config)

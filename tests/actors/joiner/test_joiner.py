@@ -13,12 +13,11 @@ import pytest
 
 from actors.joiner import selected_for_review
 from actors.joiner._actor import JoinerActor
-from actors.joiner._config import JoinerConfig
 from actors.protocol import ScoredMsg, TrafficMsg
+from actors.testing import running_actor
 from tests.actors.recorder._support import feedback, traffic
 from topology import BusSpec, Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
-from topology.runtime import ActorContext
 
 pytestmark = pytest.mark.anyio
 
@@ -40,21 +39,11 @@ def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> 
 @asynccontextmanager
 async def running_joiner(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[JoinerActor]:
     settings = BusSpec(ack_wait_s=2.0, max_deliver=10)
-    async with await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="joiner", replica=0, kind="joiner", spec=spec, bus=bus, run_dir=run_dir
-        )
-        config = spec.actors["joiner"].config
-        assert isinstance(config, JoinerConfig)
-        actor = JoinerActor(ctx, config)
-        await actor.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(actor.run)
-            try:
-                yield actor
-            finally:
-                ctx.stopping.set()
-        await actor.stop()
+    async with (
+        await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus,
+        running_actor(JoinerActor, spec, "joiner", bus, run_dir) as actor,
+    ):
+        yield actor
 
 
 async def until(actor: JoinerActor, counter: str, value: float, timeout_s: float = 10.0) -> None:

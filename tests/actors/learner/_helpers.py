@@ -15,9 +15,9 @@ from actors.learner import LearnerConfig
 from actors.learner._actor import LearnerActor
 from actors.policy import CharTokenizer, encode_prompt
 from actors.protocol import ScoredMsg
+from actors.testing import actor_context
 from topology import BusSpec, Spec, load_spec
 from topology.bus import Bus
-from topology.runtime import ActorContext
 
 TINY = "{preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
 
@@ -113,9 +113,7 @@ async def running_learner(
     async with await Bus.connect(url, topology=spec.name, name="learner", settings=settings) as bus:
         for channel in spec.channels.values():
             await bus.ensure_channel(channel.name)
-        ctx = ActorContext(
-            topology=spec.name, actor="learner", replica=0, kind="learner", spec=spec, bus=bus, run_dir=run_dir
-        )
+        ctx = actor_context(spec, "learner", bus, run_dir)
         actor = LearnerActor(ctx, learner_config(spec))
         await actor.start()
         async with anyio.create_task_group() as tg:

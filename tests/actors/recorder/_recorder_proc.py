@@ -13,18 +13,16 @@ import anyio
 
 from actors.recorder._actor import RecorderActor
 from actors.recorder._config import RecorderConfig
+from actors.testing import actor_context
 from topology import BusSpec, load_spec
 from topology.bus import Bus
-from topology.runtime import ActorContext
 
 
 async def main(spec_path: str, url: str, run_dir: str) -> None:
     spec = load_spec(spec_path)
     settings = BusSpec(ack_wait_s=1.0, max_deliver=1000)
     async with await Bus.connect(url, topology=spec.name, name="recorder", settings=settings) as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=Path(run_dir)
-        )
+        ctx = actor_context(spec, "recorder", bus, Path(run_dir))
         config = spec.actors["recorder"].config
         assert isinstance(config, RecorderConfig)
         actor = RecorderActor(ctx, config)

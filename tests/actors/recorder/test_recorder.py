@@ -16,12 +16,11 @@ import pytest
 from actors.protocol import read_recordings, schema
 from actors.recorder import ChannelWriter
 from actors.recorder._actor import RecorderActor
-from actors.recorder._config import RecorderConfig
 from actors.recorder._writer import RecordingsMismatch, StreamIdentity
+from actors.testing import running_actor
 from tests.actors.recorder._support import feedback, recorder_spec, scored, traffic
 from topology import BusSpec, Spec
 from topology.bus import Bus, Delivery, EmbeddedNats
-from topology.runtime import ActorContext
 
 pytestmark = pytest.mark.anyio
 
@@ -31,22 +30,11 @@ async def running_recorder(
     spec: Spec, server: EmbeddedNats, run_dir: Path, *, ack_wait_s: float = 1.0
 ) -> AsyncIterator[RecorderActor]:
     settings = BusSpec(ack_wait_s=ack_wait_s, max_deliver=50)
-    async with await Bus.connect(server.url, topology=spec.name, name="recorder", settings=settings) as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="recorder", replica=0, kind="recorder", spec=spec, bus=bus, run_dir=run_dir
-        )
-        config = spec.actors["recorder"].config
-        assert isinstance(config, RecorderConfig)
-        actor = RecorderActor(ctx, config)
-        await actor.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(actor.run)
-            try:
-                yield actor
-            finally:
-                ctx.stopping.set()
-        await actor.drain()
-        await actor.stop()
+    async with (
+        await Bus.connect(server.url, topology=spec.name, name="recorder", settings=settings) as bus,
+        running_actor(RecorderActor, spec, "recorder", bus, run_dir) as actor,
+    ):
+        yield actor
 
 
 async def wait_rows(run_dir: Path, channel: str, n: int, timeout_s: float = 10.0) -> pl.DataFrame:

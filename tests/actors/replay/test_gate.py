@@ -17,11 +17,11 @@ from actors.gate._actor import GateActor
 from actors.gate._config import GateConfig
 from actors.policy import read_safetensors
 from actors.replay import decide, read_decisions, serving_manifest
+from actors.testing import actor_context
 from actors.weights import SafetensorsDirTransport, WeightPublisher
 from tests.actors.replay._support import other_weights, record_run, replay_spec
 from topology.bus import Bus, EmbeddedNats
 from topology.cli import main
-from topology.runtime import ActorContext
 from topology.runtime._rundir import RunInfo, write_run_info
 
 pytestmark = pytest.mark.anyio
@@ -60,9 +60,7 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
     bad = load_file(str(other_weights(tmp_path / "bad.safetensors")))
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gate") as bus:
         publisher = WeightPublisher(bus, spec.name, SafetensorsDirTransport(run_dir / "weights"))
-        ctx = ActorContext(
-            topology=spec.name, actor="gate", replica=0, kind="gate", spec=spec, bus=bus, run_dir=run_dir
-        )
+        ctx = actor_context(spec, "gate", bus, run_dir)
         config = spec.actors["gate"].config
         assert isinstance(config, GateConfig)
         gate = GateActor(ctx, config)

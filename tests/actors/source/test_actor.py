@@ -17,10 +17,11 @@ from actors.domains import DomainSampler, SourceError, domains_from_spec
 from actors.protocol import PromptMsg
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
+from actors.testing import actor_context, running_actor
 from tests.actors.source._helpers import drawn_task_ids, wait_for
 from topology import Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
-from topology.runtime import ActorContext
+from topology.runtime._status import ReplicaStatus, put_status
 
 pytestmark = pytest.mark.anyio
 
@@ -45,26 +46,19 @@ def write_spec(tmp_path: Path, actor: str = "{max_pending: 10, seed: 3}", domain
 async def running_source(spec: Spec, server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[SourceActor, Bus]]:
     async with await Bus.connect(server.url, topology=spec.name, name="test") as bus:
         await bus.ensure_channel("prompts")
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
-        config = spec.actors["source"].config
-        assert isinstance(config, SourceConfig)
-        actor = SourceActor(ctx, config)
-        await actor.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(actor.run)
-            try:
-                yield actor, bus
-            finally:
-                ctx.stopping.set()
-        await actor.drain()
-        await actor.stop()
+        async with running_actor(SourceActor, spec, "source", bus, tmp_path) as actor:
+            yield actor, bus
 
 
 async def stream_messages(bus: Bus) -> int:
     info = await bus.nc.jetstream().stream_info(bus.stream("prompts"))
     return int(info.state.messages)
+
+
+async def learner_reports(bus: Bus, spec: Spec, counters: dict[str, int]) -> None:
+    """The status record the learner's heartbeat would put, carrying ``counters`` (what the source steers by)."""
+    record = ReplicaStatus("learner", 0, "learner", "running", 1, 0, 0.0, 0.0, counters=dict(counters))
+    await put_status(bus, spec.name, record)
 
 
 async def test_publishes_valid_training_prompts_up_to_max_pending(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
@@ -147,9 +141,7 @@ async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: Embedd
     # the spec check opens the file too; it goes bad after that, between `plan` and the source's start
     (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "anwser": "4"}\n')
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
+        ctx = actor_context(spec, "source", bus, tmp_path)
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         with pytest.raises(SourceError, match=r"^domains\.mine: .*mine\.jsonl:2: unknown key 'anwser'"):
@@ -193,7 +185,6 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
     """End-to-end backpressure: groups waiting anywhere before the learner applies them hold the source back."""
-    from topology.runtime._status import ReplicaStatus, put_status
 
     spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
@@ -231,42 +222,14 @@ async def test_max_in_flight_counts_every_stage_down_to_the_learner(
         await move("rollouts", "verify", "scored", 6)
         await settle(6)  # scored, not yet delivered to the learner
         # the learner takes the 6 groups (delivered, acked) but 4 of them wait un-applied in its buffer
-        await put_status(
-            bus,
-            spec.name,
-            ReplicaStatus(
-                actor="learner",
-                replica=0,
-                kind="learner",
-                state="running",
-                pid=1,
-                restarts=0,
-                started_at=0.0,
-                ts=0.0,
-                counters={"buffered_groups": 4},
-            ),
-        )
+        await learner_reports(bus, spec, {"buffered_groups": 4})
         await move("scored", "learner", None, 6)
         await settle(8)  # room for 2
         assert actor.report()["in_flight"] >= 4
         # the learner's own held-out prompts wait in `prompts` too; its heartbeat says how many are out
         for i in range(5):
             await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
-        await put_status(
-            bus,
-            spec.name,
-            ReplicaStatus(
-                actor="learner",
-                replica=0,
-                kind="learner",
-                state="running",
-                pid=1,
-                restarts=0,
-                started_at=0.0,
-                ts=0.0,
-                counters={"buffered_groups": 4, "eval_out": 5},
-            ),
-        )
+        await learner_reports(bus, spec, {"buffered_groups": 4, "eval_out": 5})
         await anyio.sleep(0.4)
         assert actor.report()["published"] == 8 and actor.report()["in_flight"] == 6  # 2 + 4: not the 5 held-out
         await move("prompts", "generator", "rollouts", 2)  # 2 training groups generated: still in flight
@@ -282,25 +245,18 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
     publishes a held-out round and reports it (eval_out) after the source counted the stages but before it read the
     learner's heartbeat. Subtracting eval_out then removed prompts that were never counted, and the source drew
     that many groups past max_in_flight. In flight must never be under the training groups really out."""
-    from topology.runtime._status import ReplicaStatus, put_status
 
     spec = write_spec(tmp_path, actor=PIPELINE_ACTORS)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
         for channel in ("prompts", "rollouts", "scored"):
             await bus.ensure_channel(channel)
-        ctx = ActorContext(
-            topology=spec.name, actor="source", replica=0, kind="source", spec=spec, bus=bus, run_dir=tmp_path
-        )
+        ctx = actor_context(spec, "source", bus, tmp_path)
         config = spec.actors["source"].config
         assert isinstance(config, SourceConfig)
         source = SourceActor(ctx, config)
         await source.start()  # not run: this test takes the steps of one look itself, in the bad order
 
-        async def learner_reports(counters: dict[str, int]) -> None:
-            record = ReplicaStatus("learner", 0, "learner", "running", 1, 0, 0.0, 0.0, counters=dict(counters))
-            await put_status(bus, spec.name, record)
-
-        await learner_reports({"buffered_groups": 4})
+        await learner_reports(bus, spec, {"buffered_groups": 4})
         await source.publish_batch(2)  # 2 training groups waiting for the generator, 4 in the learner: 6 out
         for group in ("generator", "verify", "learner"):
             await bus.ensure_consumer(
@@ -310,7 +266,7 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
         counted = await source.consumer_groups()
         for i in range(5):  # the held-out round lands now, after the counts
             await bus.publish("prompts", "prompt", {"n": i}, id=f"eval-1-t{i}")
-        await learner_reports({"buffered_groups": 4, "eval_out": 5})
+        await learner_reports(bus, spec, {"buffered_groups": 4, "eval_out": 5})
         assert await source.in_flight(counted, before) >= 6
         # the next look counts the round and subtracts it: exactly the training groups
         assert await source.in_flight(await source.consumer_groups(), await source.learner_statuses()) == 6

@@ -10,11 +10,11 @@ import anyio
 import pytest
 
 from actors.protocol import RolloutMsg, ScoredMsg
+from actors.testing import actor_context
 from actors.verify._actor import VerifyActor
 from actors.verify._config import SandboxConfig, VerifyConfig
 from topology import Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
-from topology.runtime import ActorContext
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -43,9 +43,7 @@ async def test_the_isolation_in_force_is_counted_and_in_every_verdict(
     sandbox = "{workers: 1}" if level == "bwrap" else "{workers: 1, isolation: rlimits, min_isolation: rlimits}"
     spec = verify_spec(tmp_path, sandbox)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify") as bus:
-        ctx = ActorContext(
-            topology=spec.name, actor="verify", replica=0, kind="verify", spec=spec, bus=bus, run_dir=tmp_path
-        )
+        ctx = actor_context(spec, "verify", bus, tmp_path)
         config = spec.actors["verify"].config
         assert isinstance(config, VerifyConfig)
         actor = VerifyActor(ctx, config)

@@ -4,38 +4,7 @@ from typing import Any
 import pytest
 import structlog
 
-import topology.runtime
 from topology.runtime import Actor, ActorContext, Counters
-
-
-def test_exported_members() -> None:
-    assert set(topology.runtime.__all__) == {
-        "BUS_TOKEN_ENV",
-        "Actor",
-        "ActorContext",
-        "ActorState",
-        "Counters",
-        "LocalRuntime",
-        "RayRuntime",
-        "RayUnavailable",
-        "ReplicaStatus",
-        "RestartPolicy",
-        "RunInfo",
-        "RunLocked",
-        "RunNotFound",
-        "RunResult",
-        "RunStatus",
-        "Runtime",
-        "SingleProcessRuntime",
-        "bus_token",
-        "connect_run",
-        "find_run",
-        "iterate_until",
-        "read_run_info",
-        "read_run_status",
-        "read_status",
-        "status_bucket",
-    }
 
 
 def test_counters_inc_set_snapshot() -> None:
