@@ -59,7 +59,8 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
     good = read_safetensors(run_dir / "weights" / "v1" / "model.safetensors")
     bad = load_file(str(other_weights(tmp_path / "bad.safetensors")))
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gate") as bus:
-        publisher = WeightPublisher(bus, spec.name, SafetensorsDirTransport(run_dir / "weights"))
+        store = SafetensorsDirTransport(run_dir / "weights")
+        publisher = WeightPublisher(bus, spec.name, store)
         ctx = actor_context(spec, "gate", bus, run_dir)
         config = spec.actors["gate"].config
         assert isinstance(config, GateConfig)
@@ -74,6 +75,9 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
                 await wait_decisions(run_dir, 2)
                 await publisher.publish(4, good)
                 entries = await wait_decisions(run_dir, 3)
+                # the store prunes v2 a quarter second after v4's publish, in a thread: the rollback below
+                #   asserts that it is gone
+                await anyio.to_thread.run_sync(store.wait_tidy, 10.0)
                 ctx.stopping.set()
         finally:
             await gate.stop()
