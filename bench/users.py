@@ -24,8 +24,10 @@ Variants (same warm-started checkpoint: the embedded default's warm start on the
 Measured per variant: accuracy of the served answers over wall-clock (the ledger, by the verifier), accuracy of
 every promoted version on the held-out production prompts (replayed after the run, sampled like users are served),
 the feedback-to-serving latency (feedback accepted by the gateway → the first promoted version whose training
-applied it, p50/p95), promotions and rollbacks, and whether the three ledgers agree: every acknowledged request
-recorded once in the recorder's parquet, every accepted feedback applied once in the learner's applied ledger.
+applied it, p50/p95), promotions and rollbacks (with the replay scores each gate decision weighed), the learner's
+drift from the policy that sampled its data over wall-clock (``behavior_kl``, importance weights, staleness), and
+whether the three ledgers agree: every acknowledged request recorded once in the recorder's parquet, every accepted
+feedback applied once in the learner's applied ledger.
 
     python bench/users.py --quick                     # ≤ 90 s: the production variant, 30 s of users
     python bench/users.py --duration 600              # both variants, 10 minutes of users each
@@ -525,6 +527,43 @@ def served_curve(pop: Population, started: float, bucket_s: float) -> list[dict[
     return [{"t_s": (b + 0.5) * bucket_s, "accuracy": sum(v) / len(v), "n": len(v)} for b, v in sorted(buckets.items())]
 
 
+_GATE_FIGURES = ("candidate_mean_reward", "serving_mean_reward", "best_mean_reward")  # what each decision weighed
+_DRIFT = ("behavior_kl", "iw_mean", "iw_truncated_frac", "staleness_mean")  # how far the learner is off its data
+
+
+def learner_curve(run_dir: Path, started: float, bucket_s: float) -> list[dict[str, float]]:
+    """The learner's drift from the policy that sampled its data, per bucket of wall-clock: mean ``behavior_kl``
+    (nats per token, k3 KL(behavior ‖ proximal)), importance weights and staleness of its steps, and the steps."""
+    from actors.learner import read_metrics
+
+    steps = read_metrics(run_dir, "step")
+    if steps.is_empty():
+        return []
+    buckets: dict[int, list[dict[str, Any]]] = {}
+    for row in steps.select("ts", *(c for c in _DRIFT if c in steps.columns)).iter_rows(named=True):
+        buckets.setdefault(int((row["ts"] - started) // bucket_s), []).append(row)
+    curve = []
+    for b, rows in sorted(buckets.items()):
+        point: dict[str, float] = {"t_s": (b + 0.5) * bucket_s, "steps": len(rows)}
+        for column in _DRIFT:
+            values = [r[column] for r in rows if r.get(column) is not None]
+            if values:
+                point[column] = round(sum(values) / len(values), 4)
+        curve.append(point)
+    return curve
+
+
+def learner_window(run_dir: Path, lo: float, hi: float) -> float | None:
+    """Mean ``behavior_kl`` of the learner's steps in ``[lo, hi)`` (wall clock)."""
+    from actors.learner import read_metrics
+
+    steps = read_metrics(run_dir, "step")
+    if steps.is_empty() or "behavior_kl" not in steps.columns:
+        return None
+    values = steps.filter((steps["ts"] >= lo) & (steps["ts"] < hi))["behavior_kl"].drop_nulls().to_list()
+    return round(sum(values) / len(values), 4) if values else None
+
+
 def window_accuracy(pop: Population, lo: float, hi: float) -> tuple[float | None, int]:
     values = [int(r.correct) for r in pop.requests if lo <= r.answered < hi]
     return (sum(values) / len(values) if values else None), len(values)
@@ -723,9 +762,12 @@ def run_variant(name: str, opts: argparse.Namespace, checkpoint: Path, folder: P
         "rejections": sum(e.get("action") == "reject" for e in decisions),
         "holds": sum(e.get("action") == "hold" for e in decisions),
         "decisions": [
-            {k: e.get(k) for k in ("ts", "action", "version", "reason")} | {"t_s": round(float(e["ts"]) - started, 1)}
+            {k: e.get(k) for k in ("ts", "action", "version", "reason", *_GATE_FIGURES)}
+            | {"t_s": round(float(e["ts"]) - started, 1)}
             for e in decisions
         ],
+        "learner_curve": learner_curve(service.run_dir, started, opts.bucket),
+        "behavior_kl_last": learner_window(service.run_dir, ended - edge, ended + 1),
         "kills": [k | {"t_s": round(k["ts"] - started, 1)} for k in kills],
         "ledgers": ledgers(service.run_dir, pop),
     }
@@ -747,7 +789,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
     for name, r in results.items():
         curve = r["served_curve"]
         line = axes[0].plot([p["t_s"] for p in curve], [p["accuracy"] for p in curve], label=name)[0]
@@ -767,6 +809,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         for d in r["decisions"]:
             if d["action"] == "rollback":
                 axes[1].axvline(d["t_s"], color="red", alpha=0.3)
+        drift = [p for p in r.get("learner_curve", []) if "behavior_kl" in p]
+        axes[3].plot([p["t_s"] for p in drift], [max(p["behavior_kl"], 1e-4) for p in drift], label=name)
         lat = r["latency"]
         if lat.get("n"):
             axes[2].bar(name, lat["p50_s"], label=f"{name} p50")
@@ -776,10 +820,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     )
     axes[1].set(title="held-out production prompts, per promoted version", xlabel="promoted at (s)", ylabel="accuracy")
     axes[2].set(title="feedback → serving latency (p50, p95)", ylabel="seconds")
+    axes[3].set(
+        title="learner's drift from its data: k3 KL(behavior ‖ proximal)",
+        xlabel="seconds of users",
+        ylabel="nats per token",
+        yscale="log",
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend()
-    axes[1].legend()
+    for ax in (axes[0], axes[1], axes[3]):
+        ax.legend()
     agree = ", ".join(f"{n}: {'agree' if r['ledgers']['agree'] else 'DISAGREE'}" for n, r in results.items())
     fig.suptitle(f"bench/users.py — ledgers (client, recorder, learner): {agree}")
     fig.tight_layout()
@@ -804,6 +854,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 _pts(r["heldout_gain_points"]),
                 f"{lat.get('p50_s', float('nan')):.0f} / {lat.get('p95_s', float('nan')):.0f}",
                 f"{r['promotions']} / {r['rejections']} / {r['rollbacks']}",
+                "—" if r.get("behavior_kl_last") is None else f"{r['behavior_kl_last']:.3g}",
                 "yes" if ledger["agree"] else "NO",
             ]
         )
@@ -818,6 +869,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         "Δ held-out",
         "feedback→serving p50/p95 s",
         "promote/reject/rollback",
+        "behavior_kl late",
         "ledgers agree",
     ]
     return markdown_table(headers, rows)

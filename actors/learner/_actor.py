@@ -162,6 +162,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 clip_high=config.clip_high,
                 iw_cap=config.iw_cap,
                 kl_coef=config.kl_beta,
+                behavior_kl_coef=config.behavior_kl_coef,
                 aggregate=config.loss_aggregation,
             ),
             ppo_epochs=config.ppo_epochs,

@@ -55,6 +55,11 @@ class LearnerConfig(SpecModel):
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
     kl_beta: float = Field(default=0.0, ge=0)  # weight of the k3 KL to the post-warm-start policy; 0 = off
+    # weight of a trust region around the behavior policy: the k3 KL(behavior ‖ learner) on every sampled token,
+    #   0 (value and gradient) on-policy; it keeps the learner near what the gate serves when the gate holds a version
+    #   and every sample comes from it (without it the learner drifts off and its candidates fail the gate) — see
+    #   _loss.py `behavior_anchor`; 0 = off
+    behavior_kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(default=1.0, gt=0)  # max global gradient norm
     loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # token-mean: every token weighs the same;
     #   seq-mean: every completion does (domains of very different lengths share the gradient) — see _loss.py

@@ -16,8 +16,22 @@ very different lengths in one batch it hands the gradient to the longest domain:
 weighs 3 against a 20-token extraction's 20. Seq-mean gives every completion — every domain's sample — the same
 say.
 
-plus, optionally, ``β · mean(kl_t)`` with the k3 estimator against a frozen reference policy. All tensors are
-``[batch, time]`` with a float ``mask`` marking completion tokens (prompt and padding are 0).
+plus, optionally, ``β · mean(kl_t)`` with the k3 estimator against a frozen reference policy, and, optionally, a
+trust region around the behavior policy, added to every sampled token's loss:
+
+```
+log_r_t   = log π_θ,t − log μ_t
+anchor_t  = β_μ · (exp(log_r_t) − 1 − log_r_t)            # k3 estimate of KL(μ ‖ π_θ) on μ's own samples
+```
+
+Its value and gradient ``β_μ · (π_θ/μ − 1) · ∇ log π_θ`` are exactly 0 on a token the learner still gives the
+behavior probability, so on-policy (and a few versions stale) it costs nothing. It matters when every sample comes
+from one version the gate keeps serving while the learner moves on: the importance weight ``min(π_prox/μ, C)`` then
+goes to 0 on the tokens the learner has made unlikely, so the policy-gradient term stops pulling on them, while the
+anchor pulls them back with a force that tends to ``β_μ`` (and pushes down, in proportion to ``π_θ/μ``, the tokens
+the learner has made far likelier than μ). Reference answers (NaN behavior) have no μ and no anchor.
+
+All tensors are ``[batch, time]`` with a float ``mask`` marking completion tokens (prompt and padding are 0).
 
 What this module does not do: it computes no logprobs (the policy does) and it does not filter stale samples
 (the batcher does, before any forward pass, so stale samples cost no compute).
@@ -25,6 +39,7 @@ What this module does not do: it computes no logprobs (the policy does) and it d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +54,7 @@ class PPOConfig:
     clip_high: float = 0.28  # ε_high: "clip-higher" leaves room for unlikely tokens to grow
     iw_cap: float = 3.0  # C: truncation of the behavior→proximal importance weight
     kl_coef: float = 0.0  # β: weight of the k3 KL to the reference policy; 0 disables it
+    behavior_kl_coef: float = 0.0  # β_μ: weight of the k3 KL(behavior ‖ π_θ) on sampled tokens; 0 disables it
     aggregate: Literal["token-mean", "seq-mean"] = "token-mean"  # how token losses become one number
 
     def __post_init__(self) -> None:
@@ -50,6 +66,8 @@ class PPOConfig:
             raise ValueError(f"iw_cap: expected a number >= 1, got {self.iw_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef: expected a number >= 0, got {self.kl_coef}")
+        if not (self.behavior_kl_coef >= 0 and math.isfinite(self.behavior_kl_coef)):
+            raise ValueError(f"behavior_kl_coef: expected a finite number >= 0, got {self.behavior_kl_coef}")
         if self.aggregate not in ("token-mean", "seq-mean"):
             raise ValueError(f"aggregate: expected token-mean or seq-mean, got {self.aggregate!r}")
 
@@ -83,6 +101,17 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref − θ) − (ref − θ) − 1`` (always ≥ 0)."""
     delta = ref_logprobs - logprobs
     return torch.exp(delta) - delta - 1.0
+
+
+def behavior_anchor(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(μ ‖ π_θ) on tokens sampled from μ: ``r − 1 − log r`` with ``r = π_θ / μ``
+    (always ≥ 0; 0 with a 0 gradient where ``π_θ = μ``). A NaN behavior logprob (a reference answer) gives 0 with
+    a finite gradient: the NaN is replaced before the arithmetic, since a NaN in the branch ``torch.where`` drops
+    still poisons the gradient."""
+    sampled = ~torch.isnan(behavior_logprobs)
+    behavior = torch.where(sampled, behavior_logprobs, logprobs.detach())
+    log_r = logprobs - behavior
+    return torch.exp(log_r) - 1.0 - log_r
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -121,6 +150,8 @@ def decoupled_ppo_loss(
     clipped_obj = clipped * advantages
     objective = torch.minimum(unclipped_obj, clipped_obj)
     per_token = -iw * objective
+    if config.behavior_kl_coef > 0:
+        per_token = per_token + config.behavior_kl_coef * behavior_anchor(logprobs, behavior_logprobs)
     loss = aggregate(per_token, mask, config.aggregate)
 
     kl_value = 0.0

@@ -9,7 +9,8 @@ Contract:
   at the right end; the loss mask covers exactly them.
 - RL step (:meth:`Trainer.rl_step`): ``ppo_epochs`` passes over ``minibatches`` slices, each an optimizer step
   on the decoupled PPO loss (``_loss.decoupled_ppo_loss``, plus the k3 KL to the frozen reference when
-  ``kl_beta > 0``), with global gradient-norm clipping. Proximal logprobs are the policy's before the step's first
+  ``kl_beta > 0`` and the trust region around each sample's behavior policy when ``behavior_kl_coef > 0``), with
+  global gradient-norm clipping. Proximal logprobs are the policy's before the step's first
   update:
   for the first minibatch they are the detached logprobs of its own first forward (the weights have not moved yet;
   the same numbers, one forward pass fewer per step), for later minibatches one forward pass without grad at the

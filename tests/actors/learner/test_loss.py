@@ -140,3 +140,72 @@ def test_behavior_kl_measures_the_drift_since_sampling_untruncated_and_ignores_r
     assert stats.behavior_kl == pytest.approx((0.0 + (10 - 1 - math.log(10))) / 2)
     _, same = decoupled_ppo_loss(prox, prox, prox, torch.ones(2), mask, PPOConfig())
     assert same.behavior_kl == pytest.approx(0.0)
+
+
+def test_behavior_anchor_costs_nothing_on_policy_in_value_and_gradient() -> None:
+    """π_θ = μ on every sampled token: the loss and its gradient are those without the anchor."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, 6, (3, 4))
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    results = []
+    for coef in (0.0, 1.0):
+        logits.grad = None
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+        loss, _ = decoupled_ppo_loss(
+            logprobs, logprobs.detach(), logprobs.detach(), advantages, mask, PPOConfig(behavior_kl_coef=coef)
+        )
+        loss.backward()
+        assert logits.grad is not None
+        results.append((loss.item(), logits.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-12)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-12)
+
+
+def test_behavior_anchor_pulls_back_a_token_the_importance_weight_gave_up_on() -> None:
+    """μ sampled the token with p 0.5; the learner has drifted to 0.5·e⁻¹⁰. The importance weight is ~e⁻¹⁰, so the
+    policy-gradient term no longer moves the token; the anchor pulls it up with force β(1 − r) ≈ β."""
+    behavior = _t([math.log(0.5)])
+    drifted = math.log(0.5) - 10.0
+    grads = []
+    for coef in (0.0, 0.5):
+        logprobs = _t([drifted]).requires_grad_(True)
+        loss, stats = decoupled_ppo_loss(
+            logprobs,
+            logprobs.detach(),
+            behavior,
+            torch.tensor([-1.0], dtype=torch.float64),  # thumbs down: the policy gradient would push it further down
+            torch.ones(1, 1, dtype=torch.float64),
+            PPOConfig(behavior_kl_coef=coef),
+        )
+        loss.backward()
+        assert logprobs.grad is not None
+        grads.append(float(logprobs.grad[0, 0]))
+        assert stats.behavior_kl == pytest.approx(math.exp(-10) - 1 + 10)
+    r = math.exp(-10.0)
+    assert abs(grads[0]) < 1e-4  # without the anchor: nothing pulls it back
+    assert grads[1] == pytest.approx(grads[0] + 0.5 * (r - 1.0))  # gradient descent raises log π_θ by ~β
+    assert grads[1] < -0.49
+
+
+def test_behavior_anchor_value_by_hand_and_reference_rows_have_none() -> None:
+    """Row 0: r = 2 and r = 1/2 on two sampled tokens; row 1: a reference answer (NaN behavior), no anchor, and
+    a finite gradient (a NaN in the branch torch.where drops would still poison it)."""
+    logprobs = _t([-1.0, -1.0], [-0.7, -0.2]).requires_grad_(True)
+    behavior = _t([-1.0 - math.log(2.0), -1.0 + math.log(2.0)], [math.nan, math.nan])
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    zero = torch.zeros(2, dtype=torch.float64)  # no advantage: the loss is the anchor alone
+    loss, _ = decoupled_ppo_loss(logprobs, logprobs.detach(), behavior, zero, mask, PPOConfig(behavior_kl_coef=0.3))
+    k3 = (2.0 - 1.0 - math.log(2.0)) + (0.5 - 1.0 + math.log(2.0))
+    assert loss.item() == pytest.approx(0.3 * k3 / 4)
+    loss.backward()
+    assert logprobs.grad is not None and torch.isfinite(logprobs.grad).all()
+    assert logprobs.grad[1].abs().max() == 0.0
+    assert logprobs.grad[0].tolist() == pytest.approx([0.3 * (2.0 - 1.0) / 4, 0.3 * (0.5 - 1.0) / 4])
+
+
+@pytest.mark.parametrize("coef", [-0.1, math.nan, math.inf])
+def test_config_rejects_a_behavior_kl_coef_that_is_not_a_finite_number_at_least_zero(coef: float) -> None:
+    with pytest.raises(ValueError, match="behavior_kl_coef"):
+        PPOConfig(behavior_kl_coef=coef)

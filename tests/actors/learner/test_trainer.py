@@ -277,3 +277,19 @@ def test_fused_adamw_takes_the_default_implementations_step() -> None:
     assert fused is True  # torch has a fused CPU AdamW (2.4+): the trainer uses it
     for a, b in zip(fused_params, default_params, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_behavior_anchor_keeps_the_learner_near_a_held_behavior_policy() -> None:
+    """The gate holds the served version μ: every step trains on μ's samples again. Without the anchor the learner
+    walks away from μ step after step; with it, it stays near."""
+
+    def drift(coef: float) -> float:
+        policy = tiny()
+        samples = _mixed_length_samples(policy)  # μ: the policy before any step
+        trainer = Trainer(policy, lr=1e-2, ppo=PPOConfig(behavior_kl_coef=coef), grad_clip=1.0)
+        stats = [trainer.rl_step(samples) for _ in range(25)]
+        return stats[-1].behavior_kl  # k3 KL(μ ‖ learner) before the last step
+
+    free, anchored = drift(0.0), drift(1.0)
+    assert free > 0.3, free
+    assert anchored < free / 2, (anchored, free)
