@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import sys
 import time
@@ -71,7 +72,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from actors.engines import TorchEngine
-    from actors.learner import AdvantageEstimator, PPOConfig, Trainer, TrainSample
+    from actors.learner import AdvantageEstimator, Trainer, TrainSample
     from actors.policy import Policy, encode_prompt
     from actors.protocol import policy_of
     from topology import load_spec
@@ -120,13 +121,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
                 lr=settings.lr,
                 weight_decay=settings.weight_decay,
                 grad_clip=settings.grad_clip,
-                ppo=PPOConfig(
-                    clip_low=settings.clip_low,
-                    clip_high=settings.clip_high,
-                    iw_cap=settings.iw_cap,
-                    aggregate=settings.loss_aggregation,
-                    behavior_kl_coef=coef,
-                ),
+                ppo=dataclasses.replace(settings.ppo(), behavior_kl_coef=coef),
                 ppo_epochs=settings.ppo_epochs,
                 minibatches=settings.minibatches,
             )

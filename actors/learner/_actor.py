@@ -64,7 +64,6 @@ from actors.learner._checkpoint import Checkpointer, learner_state
 from actors.learner._config import LearnerConfig
 from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
 from actors.learner._ledger import AppliedLedger
-from actors.learner._loss import PPOConfig
 from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
@@ -157,14 +156,7 @@ class LearnerActor(Actor[LearnerConfig]):
             lr=config.lr,
             weight_decay=config.weight_decay,
             grad_clip=config.grad_clip,
-            ppo=PPOConfig(
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                iw_cap=config.iw_cap,
-                kl_coef=config.kl_beta,
-                behavior_kl_coef=config.behavior_kl_coef,
-                aggregate=config.loss_aggregation,
-            ),
+            ppo=config.ppo(),
             ppo_epochs=config.ppo_epochs,
             minibatches=config.minibatches,
             with_reference=config.kl_beta > 0,

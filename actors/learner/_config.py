@@ -13,11 +13,14 @@ version (see `actors.source._actor`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from topology import ActorKind, SpecModel, register_actor_kind
+
+if TYPE_CHECKING:
+    from actors.learner._loss import PPOConfig
 
 
 class LearnerConfig(SpecModel):
@@ -135,6 +138,19 @@ class LearnerConfig(SpecModel):
         """Completions per prompt of the post-warm-start round at the first decoding (``eval_baseline_samples``
         resolved)."""
         return self.eval_samples_at(self.eval_temperatures[0], baseline=True)
+
+    def ppo(self) -> PPOConfig:
+        """The loss's settings from this config (torch is imported here, not when a spec is read)."""
+        from actors.learner._loss import PPOConfig
+
+        return PPOConfig(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            iw_cap=self.iw_cap,
+            kl_coef=self.kl_beta,
+            behavior_kl_coef=self.behavior_kl_coef,
+            aggregate=self.loss_aggregation,
+        )
 
     def transport_name(self, runtime_kind: str) -> str:
         """The weight transport this learner publishes through: ``weight_transport``, with ``auto`` resolved by where
