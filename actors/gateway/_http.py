@@ -70,4 +70,17 @@ def http_protocol() -> Any:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             super().connection_made(_HeadWithBody(transport))  # type: ignore[arg-type]
 
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            # Free the connection now rather than later. uvicorn cancels its keep-alive timer only when the
+            # client closed cleanly: after a reset the timer (a bound method) kept the protocol, its transport
+            # and its last request for timeout_keep_alive seconds. And CPython before 3.12 (gh-100348) leaves a
+            # closed socket transport in a cycle with its own read callback, for the garbage collector to find.
+            timer, self.timeout_keep_alive_task = self.timeout_keep_alive_task, None
+            if timer is not None:
+                timer.cancel()
+            inner: Any = self.transport._transport if isinstance(self.transport, _HeadWithBody) else self.transport
+            if getattr(inner, "_read_ready_cb", None) is not None:
+                inner._read_ready_cb = None
+
     return CoalescingProtocol
