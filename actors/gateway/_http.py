@@ -7,7 +7,8 @@ back until the next write (the body, sent in the same event-loop iteration by ev
 the end of the current iteration, and sends both at once. Every other write (SSE chunks) goes out as it is
 written. Each connection also gets ``TCP_NODELAY`` whoever created the listening socket (asyncio sets it only
 on sockets whose proto says TCP): with Nagle on, a write that follows an unacknowledged one waits for the
-client's delayed ACK, up to 40 ms on Linux.
+client's delayed ACK, up to 40 ms on Linux. A connection that ends (closed or reset by the client) is freed at
+once: its keep-alive timer is cancelled and its transport leaves no reference cycle behind.
 
 Non-goals: buffering beyond the head (Nagle-like delays), other protocols than httptools' (without httptools
 installed, uvicorn's default protocol is used unchanged).
