@@ -7,7 +7,8 @@ back until the next write (the body, sent in the same event-loop iteration by ev
 the end of the current iteration, and sends both at once. Every other write (SSE chunks) goes out as it is
 written. Each connection also gets ``TCP_NODELAY`` whoever created the listening socket (asyncio sets it only
 on sockets whose proto says TCP): with Nagle on, a write that follows an unacknowledged one waits for the
-client's delayed ACK, up to 40 ms on Linux.
+client's delayed ACK, up to 40 ms on Linux. A connection that ends (closed or reset by the client) is freed at
+once: its keep-alive timer is cancelled and its transport leaves no reference cycle behind.
 
 Non-goals: buffering beyond the head (Nagle-like delays), other protocols than httptools' (without httptools
 installed, uvicorn's default protocol is used unchanged).
@@ -69,5 +70,18 @@ def http_protocol() -> Any:
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             super().connection_made(_HeadWithBody(transport))  # type: ignore[arg-type]
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            # Free the connection now rather than later. uvicorn cancels its keep-alive timer only when the
+            # client closed cleanly: after a reset the timer (a bound method) kept the protocol, its transport
+            # and its last request for timeout_keep_alive seconds. And CPython before 3.12 (gh-100348) leaves a
+            # closed socket transport in a cycle with its own read callback, for the garbage collector to find.
+            timer, self.timeout_keep_alive_task = self.timeout_keep_alive_task, None
+            if timer is not None:
+                timer.cancel()
+            inner: Any = self.transport._transport if isinstance(self.transport, _HeadWithBody) else self.transport
+            if getattr(inner, "_read_ready_cb", None) is not None:
+                inner._read_ready_cb = None
 
     return CoalescingProtocol

@@ -1,11 +1,15 @@
-"""A response's head goes out in one send with the body written after it; every other write as it comes; and
-the protocol inside a real uvicorn keeps HTTP/1.1 whole (keep-alive, 100-continue, streams) with Nagle off."""
+"""A response's head goes out in one send with the body written after it; every other write as it comes; the
+protocol inside a real uvicorn keeps HTTP/1.1 whole (keep-alive, 100-continue, streams) with Nagle off; and a
+connection that ends, closed or reset by the client, is freed at once, not left to a timer or the garbage
+collector."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -175,3 +179,30 @@ async def test_stream_chunks_arrive_while_the_stream_is_open(served: Served) -> 
     RELEASE.set()
     assert (await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)).startswith(b"6\r\nsecond\r\n")
     writer.close()
+
+
+async def test_a_connection_that_ends_is_freed_without_the_garbage_collector(served: Served) -> None:
+    state = served.server.server_state
+    ended: list[weakref.ref[Any]] = []
+    gc.disable()  # only reference counting frees anything until the end: a transport in a cycle would stay
+    try:
+        for n in range(20):
+            reader, writer = await served.connect()
+            writer.write(_post("/plain", b"x"))
+            await _response(reader)
+            (connection,) = state.connections
+            ended.append(weakref.ref(connection.transport._transport))  # type: ignore[attr-defined]
+            del connection
+            if n % 2:  # a reset instead of a close (SO_LINGER 0), as a load balancer may end an idle connection
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            writer.close()
+            for _ in range(500):  # at most 5 s
+                if not state.connections:
+                    break
+                await asyncio.sleep(0.01)
+            assert not state.connections, "the server did not notice the client leaving within 5 s"
+        await asyncio.sleep(0)
+        alive = sum(ref() is not None for ref in ended)
+    finally:
+        gc.enable()
+    assert alive == 0, f"{alive} of {len(ended)} ended connections wait for the garbage collector"
