@@ -154,7 +154,9 @@ class RuntimeBase:
     async def statuses(self) -> list[ReplicaStatus]:
         if self.session is None:
             return []
-        return await read_status(self.session.bus, self.spec.name, self.replica_keys())
+        return await read_status(
+            self.session.bus, self.spec.name, self.replica_keys(), since=self.session.info.started_at
+        )
 
     async def watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

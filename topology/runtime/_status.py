@@ -128,14 +128,20 @@ async def heartbeat_loop(
             await requests.wait(interval_s - floor)
 
 
-async def read_status(bus: Bus, topology: str, replicas: Iterable[tuple[str, int]]) -> list[ReplicaStatus]:
-    """Latest records of the given ``(actor, replica)`` pairs; replicas that never reported are left out."""
+async def read_status(
+    bus: Bus, topology: str, replicas: Iterable[tuple[str, int]], *, since: float | None = None
+) -> list[ReplicaStatus]:
+    """Latest records of the given ``(actor, replica)`` pairs; replicas that never reported are left out, and so
+    are records last written before ``since`` (a resumed run's start: the bus store keeps what the killed life's
+    replicas last said, "running" at the step they reached, until the new replicas report)."""
     found: list[ReplicaStatus] = []
     bucket = status_bucket(topology)
     for actor, replica in replicas:
         data = await bus.kv_get(bucket, status_key(actor, replica))
         if data is not None:
-            found.append(ReplicaStatus.decode(data))
+            record = ReplicaStatus.decode(data)
+            if since is None or record.ts >= since:
+                found.append(record)
     return found
 
 
@@ -189,7 +195,7 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
         with anyio.fail_after(timeout_s):
             bus = await connect_run(run_dir, name="flywheel-status", info=info)
             try:
-                records = await read_status(bus, info.topology, info.replica_keys())
+                records = await read_status(bus, info.topology, info.replica_keys(), since=info.started_at)
             finally:
                 await bus.close()
     except Exception as exc:

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from topology.bus import Bus
-from topology.runtime._status import MIN_BEAT_S, BeatRequests, ReplicaStatus, heartbeat_loop, read_status
+from topology.runtime._status import MIN_BEAT_S, BeatRequests, ReplicaStatus, heartbeat_loop, put_status, read_status
 
 pytestmark = pytest.mark.anyio
 
@@ -61,3 +61,15 @@ async def test_requested_beats_come_at_once_and_no_faster_than_the_floor(bus: Bu
         elapsed = time.monotonic() - started
         assert puts[0] <= 2 + elapsed / MIN_BEAT_S + 1
         tg.cancel_scope.cancel()
+
+
+async def test_a_record_from_before_a_resumed_runs_start_is_not_reported(bus: Bus) -> None:
+    """After a resume the bus store still holds what the killed life's replicas last said ("running", their
+    counters); until the new replica reports, status readers must not take that for the new life."""
+    await put_status(bus, bus.topology, _status([0]))
+    resumed_at = time.time()
+    assert await read_status(bus, bus.topology, [("learner", 0)]) != []  # without a start: every record
+    assert await read_status(bus, bus.topology, [("learner", 0)], since=resumed_at) == []
+    await put_status(bus, bus.topology, _status([1]))
+    (record,) = await read_status(bus, bus.topology, [("learner", 0)], since=resumed_at)
+    assert record.counters["buffered_groups"] == 2
