@@ -531,12 +531,10 @@ _GATE_FIGURES = ("candidate_mean_reward", "serving_mean_reward", "best_mean_rewa
 _DRIFT = ("behavior_kl", "iw_mean", "iw_truncated_frac", "staleness_mean")  # how far the learner is off its data
 
 
-def learner_curve(run_dir: Path, started: float, bucket_s: float) -> list[dict[str, float]]:
+def learner_curve(steps: Any, started: float, bucket_s: float) -> list[dict[str, float]]:
     """The learner's drift from the policy that sampled its data, per bucket of wall-clock: mean ``behavior_kl``
-    (nats per token, k3 KL(behavior ‖ proximal)), importance weights and staleness of its steps, and the steps."""
-    from actors.learner import read_metrics
-
-    steps = read_metrics(run_dir, "step")
+    (nats per token, k3 KL(behavior ‖ proximal)), importance weights and staleness of its ``step`` metrics rows, and
+    the steps."""
     if steps.is_empty():
         return []
     buckets: dict[int, list[dict[str, Any]]] = {}
@@ -553,11 +551,8 @@ def learner_curve(run_dir: Path, started: float, bucket_s: float) -> list[dict[s
     return curve
 
 
-def learner_window(run_dir: Path, lo: float, hi: float) -> float | None:
-    """Mean ``behavior_kl`` of the learner's steps in ``[lo, hi)`` (wall clock)."""
-    from actors.learner import read_metrics
-
-    steps = read_metrics(run_dir, "step")
+def learner_window(steps: Any, lo: float, hi: float) -> float | None:
+    """Mean ``behavior_kl`` of the learner's ``step`` metrics rows in ``[lo, hi)`` (wall clock)."""
     if steps.is_empty() or "behavior_kl" not in steps.columns:
         return None
     values = steps.filter((steps["ts"] >= lo) & (steps["ts"] < hi))["behavior_kl"].drop_nulls().to_list()
@@ -718,9 +713,11 @@ def run_variant(name: str, opts: argparse.Namespace, checkpoint: Path, folder: P
     with open(ledger_path, "w") as out:
         for request in pop.requests:
             out.write(json.dumps(asdict(request)) + "\n")
+    from actors.learner import read_metrics
     from actors.replay import read_decisions
 
     decisions = read_decisions(service.run_dir)
+    steps = read_metrics(service.run_dir, "step")
     promotions = [e for e in decisions if e.get("action") == "promote"]
     serving_first = min((float(e["ts"]) for e in promotions), default=started)
     version_files = thin({int(p.stem[1:]): p for p in versions_dir.glob("v*.safetensors")}, opts.heldout_versions)
@@ -766,8 +763,8 @@ def run_variant(name: str, opts: argparse.Namespace, checkpoint: Path, folder: P
             | {"t_s": round(float(e["ts"]) - started, 1)}
             for e in decisions
         ],
-        "learner_curve": learner_curve(service.run_dir, started, opts.bucket),
-        "behavior_kl_last": learner_window(service.run_dir, ended - edge, ended + 1),
+        "learner_curve": learner_curve(steps, started, opts.bucket),
+        "behavior_kl_last": learner_window(steps, ended - edge, ended + 1),
         "kills": [k | {"t_s": round(k["ts"] - started, 1)} for k in kills],
         "ledgers": ledgers(service.run_dir, pop),
     }
