@@ -1,7 +1,7 @@
 """One 'generator' process of bench/weights.py: real engines, a real WeightSubscriber per model size.
 
 It builds a TorchEngine for every size the bench asks for, watches each size's weights key through the
-real subscriber (object store or disk transports), and reports every swap with a wall-clock timestamp on
+real subscriber (object store, disk or shared-memory transports), and reports every swap with a wall-clock timestamp on
 an ephemeral subject. For the broadcast transport it joins the bench's gloo group as rank ``--rank`` and
 receives when told to. Started and stopped by bench/weights.py; not meant to be run by hand.
 """
@@ -18,7 +18,7 @@ import torch
 from actors.engines import TorchEngine, WeightGroup, receive_weights
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.protocol import weights_bucket
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightSubscriber
+from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, SharedMemoryTransport, WeightSubscriber
 from topology.bus import Bus
 
 
@@ -51,6 +51,7 @@ async def main(args: argparse.Namespace) -> None:
         transports = {
             "object-store": ObjectStoreTransport(bus, weights_bucket(topology)),
             "disk": SafetensorsDirTransport(args.disk_root),
+            "shm": SharedMemoryTransport(args.disk_root),  # a reader: the manifest names the slot
         }
         subscriber = WeightSubscriber(bus, topology, engines[size], transports, on_event=reporter(size))
         tasks.append(asyncio.create_task(subscriber.run()))

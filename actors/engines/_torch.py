@@ -31,10 +31,13 @@ Contract:
   (and its values checked, tensor by tensor while fresh in the cache) into a second set of weights the engine
   keeps, outside the lock; the swap under the lock then exchanges the two sets' storage, so decoding waits
   microseconds, not a copy of the model (the price: the weights' memory twice). ``update_weights_from(version,
-  fill)`` lets a transport read the new version straight into that second set (no copy at all). On other
-  devices the validated payload is copied in place under the lock. By default the first step after a
-  swap re-prefills the running rows (prompt + tokens so far) so their KV cache comes from the new weights
-  too — each token is then exactly what its tagged version gives for its prefix (as in AReaL); with
+  fill)`` lets a transport read the new version straight into that second set (no copy at all), or hand over
+  tensors that are ``shared`` (views of a shared-memory slot, values checked by their writer: ``actors.weights``'
+  ``shm`` transport), which a CPU engine makes its live weights as they are — no copy, no second set used; the
+  engine's own set it replaced becomes the standby set, and the views of a version it replaced are let go (which
+  releases their slot). On other devices the validated payload is copied in place under the lock. By default the
+  first step after a swap re-prefills the running rows (prompt + tokens so far) so their KV cache comes from the
+  new weights too — each token is then exactly what its tagged version gives for its prefix (as in AReaL); with
   ``recompute_cache_on_update=False`` the old cache is kept (cheaper; post-swap tokens then come from new
   weights over old keys/values, still with exact behavior logprobs). A rejected payload raises
   :class:`WeightUpdateError` and the old version keeps serving. Versions must increase.
@@ -163,6 +166,7 @@ class TorchEngine:
         self._lock = asyncio.Lock()
         self._updating = asyncio.Lock()  # one weight update at a time (they share the standby set)
         self._spare: dict[str, Tensor] | None = None  # CPU: the standby set of weights, allocated at the first update
+        self._live_shared = False  # the live weights are views of a shared slot (never written, never standby)
         self._wake = asyncio.Event()
         self._running = asyncio.Event()
         self._running.set()
@@ -266,30 +270,48 @@ class TorchEngine:
         — then nothing is copied; ``None`` on other devices. ``fill`` is awaited with no other update under way."""
         self._check_newer(version)
         async with self._updating:
-            standby = self._standby() if self._device.type == "cpu" else None
+            on_cpu = self._device.type == "cpu"
             try:
-                given = await fill(standby)
+                given = await fill(self._standby() if on_cpu else None)
                 checked = bool(getattr(given, "values_checked", False))  # e.g. checked as they were read
+                adopt = on_cpu and bool(getattr(given, "shared", False))  # views to serve from as they are
                 state = dict(given)
-                if standby is not None:  # validate while copying into the standby set, all outside the lock
+                del given
+                if adopt:
+                    self.policy.validate_state_dict(state, values=not checked)
+                    standby = None
+                elif on_cpu:  # validate while copying into the standby set, all outside the lock
+                    standby = self._standby()
                     await asyncio.to_thread(self._stage, state, standby, checked)
                 else:
+                    standby = None
                     await asyncio.to_thread(self.policy.validate_state_dict, state)
             except StateDictError as exc:
                 self._counts["weight_updates_rejected"] += 1
                 raise WeightUpdateError(f"version {version} rejected, still serving {self._version}: {exc}") from None
             # shielded: a caller's timeout must not release the lock while a copy into the live weights runs
-            await asyncio.shield(self._swap(version, state, standby))
+            await asyncio.shield(self._swap(version, state, standby, adopt))
 
-    async def _swap(self, version: int, state: dict[str, Any], standby: dict[str, Tensor] | None) -> None:
+    async def _swap(
+        self, version: int, state: dict[str, Any], standby: dict[str, Tensor] | None, adopt: bool = False
+    ) -> None:
         async with self._lock:
             self._check_newer(version)
-            if standby is not None:
+            if adopt:
+                replaced = dict(state)
+                self.policy.exchange_weights(replaced)  # pointers only; ``replaced`` now holds the previous set
+                if not self._live_shared:
+                    self._spare = replaced  # the engine's own set: the standby for a later copying update
+                self._live_shared = True
+            elif standby is not None:
                 self.policy.exchange_weights(standby)  # pointers only: the decode loop waits microseconds
+                if self._live_shared:  # the standby set now holds a slot's views: let them go
+                    self._spare, self._live_shared = None, False
             else:
                 await asyncio.to_thread(self.policy.load_state_dict, state, validate=False)
             self._version = version
             self._counts["weight_updates"] += 1
+        state.clear()  # nothing here keeps a replaced version's views (their slot is released with the last one)
 
     def _check_newer(self, version: int) -> None:
         if version <= self._version:

@@ -30,7 +30,7 @@ class GeneratorConfig(SpecModel):
     top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
     top_k: int = Field(default=0, ge=0)  # top-k sampling; 0 = off
     serve: bool = False  # also answer the gateway's requests (over core NATS request/reply)
-    weight_sync: Literal["object-store", "disk", "distributed"] = "object-store"  # how new weights arrive
+    weight_sync: Literal["object-store", "disk", "shm", "distributed"] = "object-store"  # how new weights arrive
     follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
     #   serving: only versions the promotion gate promoted (for generators that answer users)
     request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request

@@ -30,9 +30,10 @@ Requirements: one replica (the ledger is per process; a sibling would receive un
 after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
 
 Weights go out through the transport named by ``weight_transport`` — the same set the generators receive from
-(:func:`actors.weights.weight_transports`): the object store, a safetensors directory, or a
+(:func:`actors.weights.weight_transports`): the object store, a safetensors directory, shared-memory slots, or a
 torch.distributed broadcast to the generators configured with ``weight_sync: distributed``; ``auto`` (the default)
-is the directory on the local runtime and the object store on Ray.
+is the shared-memory slots on the local runtime (the directory where an engine is SGLang or vLLM) and the object
+store on Ray.
 
 Why one file of ~650 lines: the lifecycle, consumption, training loop, publishing and checkpointing are one state
 machine over one set of fields (step, version, buffer, ledger); what is pure lives in its own module (advantages,
@@ -165,7 +166,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
         self.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
-        transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind)]
+        transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind, ctx.spec)]
         self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
 
         latest = self.checkpointer.latest()
@@ -207,7 +208,7 @@ class LearnerActor(Actor[LearnerConfig]):
             mode=config.mode,
             normalize=config.normalize,
             max_staleness=self.max_staleness,
-            weight_transport=config.transport_name(ctx.spec.runtime.kind),
+            weight_transport=config.transport_name(ctx.spec.runtime.kind, ctx.spec),
         )
 
     def _state(self) -> dict[str, Any]:
@@ -301,6 +302,9 @@ class LearnerActor(Actor[LearnerConfig]):
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.flush()
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            publisher.close()  # the shared-memory slots; a resumed run publishes again from its checkpoint
 
     def report(self) -> dict[str, Any]:
         counters: dict[str, Any] = dict(self.ctx.counters.snapshot())

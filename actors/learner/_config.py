@@ -13,10 +13,11 @@ version (see `actors.source._actor`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from actors.protocol import only_torch_engines
 from topology import ActorKind, SpecModel, register_actor_kind
 
 if TYPE_CHECKING:
@@ -79,9 +80,10 @@ class LearnerConfig(SpecModel):
     # reaches a version in bounded time); null: always wait for batch_size
     partial_batch_after_s: float | None = Field(default=None, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
-    weight_transport: Literal["auto", "object-store", "disk", "distributed"] = "auto"  # how generators get weights;
-    #   auto: disk on the local runtime (every replica shares the run dir: no bus round trip), the bus's object store
-    #   on ray (nodes need not share a filesystem) — see `transport_name`
+    weight_transport: Literal["auto", "object-store", "disk", "shm", "distributed"] = "auto"  # how generators get
+    #   weights; auto: on the local runtime, shm (shared-memory slots the torch engine serves from without a copy)
+    #   when every engine is torch, else disk (directories SGLang and vLLM load); the bus's object store on ray
+    #   (nodes need not share a filesystem) — see `transport_name`
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
@@ -152,12 +154,16 @@ class LearnerConfig(SpecModel):
             aggregate=self.loss_aggregation,
         )
 
-    def transport_name(self, runtime_kind: str) -> str:
+    def transport_name(self, runtime_kind: str, spec: Any = None) -> str:
         """The weight transport this learner publishes through: ``weight_transport``, with ``auto`` resolved by where
-        the replicas run (``disk`` when they share the run dir, i.e. the local runtime; else ``object-store``)."""
+        the replicas run and what serves from the weights: on the local runtime ``shm`` when every engine of
+        ``spec`` is the torch engine, ``disk`` when one is an HTTP engine (or no spec is given); elsewhere
+        ``object-store`` (nodes need not share a filesystem)."""
         if self.weight_transport != "auto":
             return self.weight_transport
-        return "disk" if runtime_kind == "local" else "object-store"
+        if runtime_kind != "local":
+            return "object-store"
+        return "shm" if spec is not None and only_torch_engines(spec) else "disk"
 
 
 def _channels(config: LearnerConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -30,6 +30,7 @@ from actors.protocol._roles import HasDevice as HasDevice
 from actors.protocol._roles import HasEngine as HasEngine
 from actors.protocol._roles import ServesUsers as ServesUsers
 from actors.protocol._roles import SyncsWeights as SyncsWeights
+from actors.protocol._roles import only_torch_engines as only_torch_engines
 from actors.protocol._roles import runs_on_cpu as runs_on_cpu
 from actors.protocol._roles import serving_replicas as serving_replicas
 from actors.protocol._roles import weight_receivers as weight_receivers
@@ -92,6 +93,7 @@ __all__ = [
     "domains_of",
     "frame",
     "join_bucket",
+    "only_torch_engines",
     "ping_subject",
     "policy_of",
     "read_recordings",

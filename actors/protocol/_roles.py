@@ -17,6 +17,7 @@ __all__ = [
     "HasEngine",
     "ServesUsers",
     "SyncsWeights",
+    "only_torch_engines",
     "runs_on_cpu",
     "serving_replicas",
     "weight_receivers",
@@ -68,6 +69,12 @@ def weight_receivers(spec: Any) -> list[tuple[str, int]]:
             continue
         members.extend((name, i) for i in range(actor.replicas))
     return members
+
+
+def only_torch_engines(spec: Any) -> bool:
+    """Whether every actor of ``spec`` that generates with an engine runs the builtin torch engine (which can serve
+    from views of shared memory; SGLang and vLLM load weights from a directory)."""
+    return all(a.config.engine == "torch" for a in spec.actors.values() if isinstance(a.config, HasEngine))
 
 
 def runs_on_cpu(config: object) -> bool:

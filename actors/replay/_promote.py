@@ -8,10 +8,11 @@ Contract:
   down: every promoted version is within ``threshold`` of the best one served so far); with fewer than
   ``min_samples`` scored samples the candidate is *held* (``without_evidence: hold``) or promoted (``promote``).
 - ``hold(…)`` gives the gate its own copy of a candidate (``gate-vN``: hard links on disk, a copy in the object
-  store) before it reads it, so the learner's stores pruning ``vN`` cannot pull it from under an evaluation;
-  ``release(…)`` drops that copy. A version pruned before it could be held raises ``WeightPayloadError``.
+  store, a directory written from a shared-memory slot) before it reads it, so the learner's stores pruning (or
+  rewriting) ``vN`` cannot pull it from under an evaluation; ``release(…)`` drops that copy. A version pruned
+  before it could be held raises ``WeightPayloadError``.
 - ``promote(…)`` pins the version's payload under a name the learner's stores never prune
-  (``serving-vN``: a copy in the object store, or ``<run_dir>/weights/serving-vN`` for disk), points
+  (``serving-vN``: a copy in the object store, or ``<run_dir>/weights/serving-vN`` for disk and shm), points
   ``serving`` at the pinned manifest (serving generators swap to it) and appends the decision to
   ``<run_dir>/gate/decisions.jsonl``. The newest ``KEEP_PINNED`` pinned versions, and those in ``keep`` (the
   gate's best), are kept for rollback.
@@ -32,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import orjson
+from safetensors.torch import save_file
 
 from actors.protocol import SERVING, weights_bucket
-from actors.weights import WeightManifest, WeightPayloadError
+from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
 from topology.bus import Bus, BusError
 
 __all__ = [
@@ -144,6 +147,14 @@ async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) ->
                 raise WeightPayloadError(f"v{manifest.version}: cannot copy {manifest.location}: {exc}") from exc
             os.rename(partial, final)
         location = str(final)
+    elif manifest.transport == "shm":  # a slot is rewritten soon: the copy is a directory (served through disk)
+        final = run_dir / "weights" / name
+        if not final.is_dir():
+            state = await SharedMemoryTransport(shm_root(run_dir)).get(manifest)
+            await anyio.to_thread.run_sync(_write_dir, run_dir / "weights", final, state, manifest.version)
+        return WeightManifest(
+            manifest.version, "disk", str(final), manifest.tensors, manifest.nbytes, "", manifest.published_at
+        )
     else:
         raise ValueError(f"cannot pin v{manifest.version}: transport {manifest.transport!r} keeps no copy")
     return WeightManifest(
@@ -155,6 +166,14 @@ async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) ->
         manifest.digest,
         manifest.published_at,
     )
+
+
+def _write_dir(parent: Path, final: Path, state: dict[str, Any], version: int) -> None:
+    partial = parent / f".{final.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt", "version": str(version)})
+    os.rename(partial, final)
 
 
 def _link_or_copy(source: str, target: str) -> None:

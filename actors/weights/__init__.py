@@ -9,6 +9,7 @@ from actors.weights._manifest import (
     check_state_dict,
     describe,
 )
+from actors.weights._shared import SharedMemoryTransport, SharedTensors, shm_root
 from actors.weights._transports import (
     CollectiveTransport,
     ObjectStoreTransport,
@@ -21,6 +22,8 @@ __all__ = [
     "DistributedTransport",
     "ObjectStoreTransport",
     "SafetensorsDirTransport",
+    "SharedMemoryTransport",
+    "SharedTensors",
     "TensorInfo",
     "WeightManifest",
     "WeightPayloadError",
@@ -30,5 +33,6 @@ __all__ = [
     "advertise_address",
     "check_state_dict",
     "describe",
+    "shm_root",
     "weight_transports",
 ]

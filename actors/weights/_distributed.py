@@ -48,6 +48,7 @@ import torch
 
 from actors.protocol import runs_on_cpu, weight_receivers, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError, describe
+from actors.weights._shared import SharedMemoryTransport, shm_root
 from actors.weights._transports import ObjectStoreTransport, SafetensorsDirTransport, WeightTransport
 
 if TYPE_CHECKING:
@@ -268,10 +269,11 @@ def _first_line(exc: BaseException) -> str:
 def weight_transports(ctx: ActorContext) -> dict[str, WeightTransport]:
     """Every transport of a topology by name — what a generator can receive from (the manifest says which one a
     version used) and what a learner or the gate can publish through: the bus's object store, safetensors
-    directories under ``<run_dir>/weights``, the torch.distributed broadcast. Built in one place so that every
-    side agrees on the bucket and the directory."""
+    directories under ``<run_dir>/weights``, the run's shared-memory slots, the torch.distributed broadcast. Built
+    in one place so that every side agrees on the bucket and the directories."""
     return {
         "object-store": ObjectStoreTransport(ctx.bus, weights_bucket(ctx.topology)),
         "disk": SafetensorsDirTransport(ctx.run_dir / "weights"),
+        "shm": SharedMemoryTransport(shm_root(ctx.run_dir), owner=ctx.run_dir),
         "distributed": DistributedTransport.for_context(ctx),
     }

@@ -62,6 +62,12 @@ class WeightPublisher:
         self.last_publish_s = time.perf_counter() - started
         return manifest
 
+    def close(self) -> None:
+        """Let the transport free what it keeps between publishes (the shared-memory slots), where it keeps any."""
+        close = getattr(self._transport, "close", None)
+        if close is not None:
+            close()
+
     async def _announce(self, manifest: WeightManifest) -> None:
         await self._bus.kv_put(self._bucket, self._key, manifest.to_json())
 

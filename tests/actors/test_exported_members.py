@@ -10,7 +10,8 @@ SURFACES: dict[str, set[str]] = {
     "actors.protocol": {
         "BUILTIN_MODELS", "cancel_subject", "CHANNEL_MODELS", "CompletionRecord", "CURRENT", "domains_of", "DomainSpec",
         "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "ping_subject",
-        "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg", "rows_of",
+        "only_torch_engines", "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg",
+        "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
         "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket", "HasDevice", "HasEngine",
         "ServesUsers", "SyncsWeights", "runs_on_cpu", "serving_replicas", "weight_receivers",
@@ -38,7 +39,8 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.weights": {
         "advertise_address", "check_state_dict", "CollectiveTransport", "describe", "DistributedTransport",
-        "ObjectStoreTransport", "SafetensorsDirTransport", "TensorInfo", "weight_transports",
+        "ObjectStoreTransport", "SafetensorsDirTransport", "SharedMemoryTransport", "SharedTensors", "shm_root",
+        "TensorInfo", "weight_transports",
         "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
     },
     "actors.replay": {

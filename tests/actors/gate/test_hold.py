@@ -10,7 +10,13 @@ import torch
 
 from actors.protocol import weights_bucket
 from actors.replay import hold, read_decisions, release
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, WeightTransport
+from actors.weights import (
+    ObjectStoreTransport,
+    SafetensorsDirTransport,
+    SharedMemoryTransport,
+    WeightPublisher,
+    WeightTransport,
+)
 from tests.actors.gate._support import gate_rig, gate_spec
 from tests.conftest import fresh_topology
 from topology.bus import Bus, EmbeddedNats
@@ -22,17 +28,18 @@ def weights(value: float) -> dict[str, torch.Tensor]:
     return {"w": torch.full((4, 4), value), "b": torch.full((4,), value)}
 
 
-@pytest.mark.parametrize("transport", ["disk", "object-store"])
+@pytest.mark.parametrize("transport", ["disk", "object-store", "shm"])
 async def test_a_held_version_survives_the_learner_pruning_it(
     embedded_nats: EmbeddedNats, tmp_path: Path, transport: str
 ) -> None:
     topology = fresh_topology()
     async with await Bus.connect(embedded_nats.url, topology=topology, name="hold") as bus:
-        store: WeightTransport = (
-            SafetensorsDirTransport(tmp_path / "weights", keep_versions=2)
-            if transport == "disk"
-            else ObjectStoreTransport(bus, weights_bucket(topology), keep_versions=2)
-        )
+        stores: dict[str, WeightTransport] = {
+            "disk": SafetensorsDirTransport(tmp_path / "weights", keep_versions=2),
+            "object-store": ObjectStoreTransport(bus, weights_bucket(topology), keep_versions=2),
+            "shm": SharedMemoryTransport(tmp_path / "slots", max_slots=2),  # v2's slot is rewritten by v4
+        }
+        store = stores[transport]
         publisher = WeightPublisher(bus, topology, store)
         v2 = await publisher.publish(2, weights(2.0))
         held = await hold(bus, tmp_path, v2)
@@ -42,11 +49,12 @@ async def test_a_held_version_survives_the_learner_pruning_it(
             store.wait_tidy(10.0)  # the disk store prunes a quarter second after a publish, in a thread
         with pytest.raises(Exception, match="v2"):
             await store.get(v2)  # the learner's own copy is gone...
-        got = await store.get(held)  # ...the gate's is not
+        assert held.transport == ("disk" if transport == "shm" else transport)  # a slot's copy is a directory
+        got = await stores[held.transport].get(held)  # ...the gate's is not
         assert torch.equal(got["w"], torch.full((4, 4), 2.0))
         await release(bus, tmp_path, held)
         with pytest.raises(Exception, match="v2"):
-            await store.get(held)
+            await stores[held.transport].get(held)
 
 
 async def test_a_version_pruned_before_it_was_held_is_skipped(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:

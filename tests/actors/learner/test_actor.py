@@ -106,14 +106,14 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
-    [("", "disk"), ("    weight_transport: object-store\n", "object-store")],
-    ids=["default", "object-store"],
+    [("", "shm"), ("    weight_transport: disk\n", "disk"), ("    weight_transport: object-store\n", "object-store")],
+    ids=["default", "disk", "object-store"],
 )
-async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
+async def test_weights_go_through_shared_memory_on_the_local_runtime_unless_told(
     embedded_nats: EmbeddedNats, tmp_path: Path, setting: str, expected: str
 ) -> None:
     from actors.protocol import CURRENT, weights_bucket
-    from actors.weights import WeightManifest
+    from actors.weights import WeightManifest, shm_root
 
     spec = write_spec(tmp_path, learner(extra=setting))
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (_actor, bus):
@@ -124,14 +124,32 @@ async def test_weights_go_through_the_run_dir_on_the_local_runtime_unless_told(
         if expected == "disk":
             assert Path(manifest.location).parent == tmp_path / "run" / "weights"
             assert any(Path(manifest.location).glob("*.safetensors"))
+        if expected == "shm":
+            assert Path(manifest.location).parent == shm_root(tmp_path / "run")
+    if expected == "shm":
+        assert not shm_root(tmp_path / "run").exists(), "the learner's stop leaves its slots behind"
 
 
 async def test_auto_transport_is_the_object_store_on_ray() -> None:
     from actors.learner import LearnerConfig
 
     assert LearnerConfig().transport_name("ray") == "object-store"
-    assert LearnerConfig().transport_name("local") == "disk"
+    assert LearnerConfig().transport_name("local") == "disk"  # nothing known of the engines: what all can load
     assert LearnerConfig(weight_transport="distributed").transport_name("local") == "distributed"
+
+
+def test_auto_transport_on_the_local_runtime_is_shared_memory_unless_an_http_engine_serves(tmp_path: Path) -> None:
+    from actors.learner import LearnerConfig
+    from topology import load_spec
+
+    root = Path(__file__).resolve().parents[3]
+    assert LearnerConfig().transport_name("local", load_spec(root / "specs" / "embedded.yaml")) == "shm"
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"include: {root / 'specs' / 'embedded.yaml'}\n"
+        "actors: {generator: {engine: sglang, url: 'http://127.0.0.1:1'}}\n"
+    )
+    assert LearnerConfig().transport_name("local", load_spec(path)) == "disk"
 
 
 @pytest.mark.parametrize(("floor_s", "versions"), [(0.0, 4), (60.0, 1)], ids=["every-step", "floor"])

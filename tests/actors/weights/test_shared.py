@@ -1,0 +1,181 @@
+"""The shared-memory weight slots: one copy by the learner, views for every generator, slots settled by flock.
+
+Real files on a real filesystem, a real TorchEngine, and a real second process for the lock that outlives (or
+dies with) its holder.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.policy import GPTConfig, Policy
+from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "wte.weight": torch.randn(32, 16, generator=gen),
+        "ln.bias": torch.randn(16, generator=gen),
+        "half": torch.randn(3, generator=gen).to(torch.float16),  # odd byte sizes: later offsets unaligned
+        "steps": torch.arange(5, dtype=torch.int64),
+    }
+
+
+def _slot(manifest: WeightManifest) -> str:
+    return Path(manifest.location).name
+
+
+async def test_round_trip_is_views_of_the_slot_and_a_held_version_is_never_rewritten(tmp_path: Path) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots")
+    v1 = await transport.put(1, _state(1))
+    got = await transport.get(WeightManifest.from_json(v1.to_json()))
+    assert got.shared and got.values_checked
+    assert all(torch.equal(_state(1)[k], got[k]) for k in got)
+    v2 = await transport.put(2, _state(2))
+    v3 = await transport.put(3, _state(3))  # v1 is still held (``got``), v2 is the newest: a third slot
+    assert len({_slot(v1), _slot(v2), _slot(v3)}) == 3
+    assert all(torch.equal(_state(1)[k], got[k]) for k in got), "a held version was rewritten"
+    del got
+    gc.collect()
+    v4 = await transport.put(4, _state(4))  # v1's slot is free again, and the oldest one
+    assert _slot(v4) == _slot(v1)
+    with pytest.raises(WeightPayloadError, match=r"v1: superseded \(its slot holds v4 now\)"):
+        await transport.get(v1)
+    again = await transport.get(v4)
+    assert all(torch.equal(_state(4)[k], again[k]) for k in again)
+
+
+def test_a_slot_held_by_another_process_is_free_once_that_process_is_killed(tmp_path: Path) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots")
+
+    def put(version: int) -> WeightManifest:
+        return anyio.run(transport.put, version, _state(version))
+
+    v1 = put(1)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import asyncio, sys, time
+                from actors.weights import SharedMemoryTransport, WeightManifest
+                manifest = WeightManifest.from_json({v1.to_json()!r})
+                held = asyncio.run(SharedMemoryTransport({str(tmp_path / "slots")!r}).get(manifest))
+                print(float(held["ln.bias"].sum()), flush=True)
+                time.sleep(600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert float(holder.stdout.readline()) == pytest.approx(float(_state(1)["ln.bias"].sum()))
+        v2 = put(2)
+        v3 = put(3)
+        assert _slot(v1) not in (_slot(v2), _slot(v3)), "rewrote the slot another process serves from"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    v4 = put(4)
+    assert _slot(v4) == _slot(v1)
+
+
+async def test_non_finite_values_are_not_published_and_the_newest_good_version_stays_readable(
+    tmp_path: Path,
+) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots")
+    good = await transport.put(1, _state(1))
+    bad = _state(2)
+    bad["wte.weight"][3, 4] = float("nan")
+    with pytest.raises(WeightPayloadError, match=r"wte\.weight: contains NaN or infinite values: not published"):
+        await transport.put(2, bad)
+    got = await transport.get(good)
+    assert torch.equal(got["wte.weight"], _state(1)["wte.weight"])
+    after = await transport.put(3, _state(3))
+    assert torch.equal((await transport.get(after))["ln.bias"], _state(3)["ln.bias"])
+
+
+async def test_when_every_slot_is_held_the_publish_waits_then_says_why(tmp_path: Path) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots", max_slots=2, wait_s=0.2)
+    held = [await transport.get(await transport.put(v, _state(v))) for v in (1, 2)]
+    with pytest.raises(WeightPayloadError, match="every one of the 2 shared-memory weight slots"):
+        await transport.put(3, _state(3))
+    del held
+    gc.collect()
+    assert _slot(await transport.put(3, _state(3))) == "slot-0"
+
+
+async def test_a_manifest_whose_slot_is_gone_or_mislabelled_is_rejected(tmp_path: Path) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots")
+    v1 = await transport.put(1, _state(1))
+    wrong = WeightManifest(1, "shm", v1.location, {"other": v1.tensors["ln.bias"]}, v1.nbytes)
+    with pytest.raises(WeightPayloadError, match=r"v1 rejected: missing other; unexpected half, ln\.bias"):
+        await transport.get(wrong)
+    transport.close()
+    with pytest.raises(WeightPayloadError, match=r"v1: shared-memory slot \S+ is gone"):
+        await transport.get(v1)
+
+
+async def test_slots_of_a_run_whose_run_dir_is_gone_are_removed(tmp_path: Path) -> None:
+    parent = tmp_path / "shm"
+    gone = SharedMemoryTransport(parent / "old", owner=tmp_path / "old-run")
+    (tmp_path / "old-run").mkdir()
+    await gone.put(1, _state(1))
+    alive = SharedMemoryTransport(parent / "alive", owner=tmp_path)
+    await alive.put(1, _state(1))
+    (tmp_path / "old-run").rmdir()
+    await SharedMemoryTransport(parent / "new", owner=tmp_path / "new-run").put(1, _state(1))
+    assert sorted(p.name for p in parent.iterdir()) == ["alive", "new"]
+    assert shm_root(tmp_path) == shm_root(tmp_path / "." / "")  # every replica of a run agrees on it
+
+
+async def test_a_cpu_engine_serves_from_the_slot_and_lets_a_replaced_version_go(tmp_path: Path) -> None:
+    policy = Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64), seed=0)
+    trained = [Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64), seed=s) for s in (1, 2, 3)]
+    engine = TorchEngine(policy, max_batch_size=4)
+    transport = SharedMemoryTransport(tmp_path / "slots", max_slots=2)
+    prompt = tuple(policy.tokenizer.encode("1+2="))
+    request = GenerationRequest("r", prompt, SamplingParams(max_new_tokens=6, temperature=0.0, seed=0))
+    try:
+        own = {name: t.data_ptr() for name, t in policy.state_dict().items()}
+        v1 = await transport.put(1, trained[0].state_dict())
+        await engine.update_weights_from(1, lambda into: transport.get(v1, into=into))
+        live = policy.state_dict()
+        assert all(torch.equal(live[k], trained[0].state_dict()[k]) for k in live)
+        assert not any(live[k].data_ptr() == own[k] for k in live), "copied instead of served from the slot"
+        assert (await engine.generate([request]))[0].versions[-1] == 1
+        del live
+        v2 = await transport.put(2, trained[1].state_dict())
+        await engine.update_weights_from(2, lambda into: transport.get(v2, into=into))
+        gc.collect()
+        v3 = await transport.put(3, trained[2].state_dict())  # two slots: v1's was let go by the engine
+        assert _slot(v3) == _slot(v1)
+        # a copying update after shared ones goes into the engine's own set, never into a slot
+        await engine.update_weights(4, trained[0].state_dict())
+        live = policy.state_dict()
+        assert all(torch.equal(live[k], trained[0].state_dict()[k]) for k in live)
+        assert all(live[k].data_ptr() in own.values() for k in live)
+        slot = await transport.get(v2)
+        assert all(torch.equal(slot[k], trained[1].state_dict()[k]) for k in slot), "wrote into a published slot"
+    finally:
+        await engine.close()
