@@ -100,6 +100,7 @@ async def main(args: argparse.Namespace) -> None:
                     command["shapes"],
                     expected,
                     into=into,
+                    packed=True,
                 )
 
             await engine.update_weights_from(command["version"], fill)

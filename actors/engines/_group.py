@@ -5,12 +5,15 @@ a TCPStore at ``master_address:master_port`` (rank 0 hosts it) and build the gro
 layout as SGLang's and vLLM's ``init_custom_process_group`` (prefix ``<group_name>`` then
 ``<group_name>/`` then ``<device>/`` per backend device), so a real server can join the trainer's group.
 Every update broadcasts the tensors one by one, in the order of the ``names`` list both sides agreed on
-(:func:`describe` sorts by name). The receiving side stages every declared tensor first, then validates
-names, shapes and dtypes against what the engine expects, and only then hands the whole set over — a bad
-payload is drained off the wire (so the trainer never hangs) and rejected without touching the engine.
+(:func:`describe` sorts by name) — what SGLang's and vLLM's receivers expect — or, between our own ends
+(``packed=True``: the ``distributed`` transport to torch engines), all of them in one buffer laid out by
+:mod:`actors.engines._packing`, which a CPU engine's standby set already is: one collective per version. The
+receiving side stages every declared tensor first, then validates names, shapes and dtypes against what the
+engine expects, and only then hands the whole set over — a bad payload is drained off the wire (so the trainer
+never hangs) and rejected without touching the engine.
 
-Non-goals: no tensor bucketing/packing, no multi-server fan-out in one group (one group per server), no
-fault tolerance inside a collective — a peer that dies mid-broadcast surfaces as a timeout.
+Non-goals: no buckets (a packed version is one buffer), no multi-server fan-out in one group (one group per
+server), no fault tolerance inside a collective — a peer that dies mid-broadcast surfaces as a timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed.distributed_c10d import BackendConfig
 
+from actors.engines._packing import packed_layout, packed_region, packed_views
 from actors.policy import all_finite
 
 __all__ = [
@@ -119,6 +123,7 @@ class WeightBroadcaster:
             raise ValueError(f"world_size must be >= 2 (the trainer plus >= 1 server rank), got {self.world_size}")
         self._group: WeightGroup | None = None
         self._lock = threading.Lock()
+        self._flat: torch.Tensor | None = None  # the packed buffer, reused by the next version of the same size
 
     @property
     def connected(self) -> bool:
@@ -137,15 +142,26 @@ class WeightBroadcaster:
                     timeout_s=self.timeout_s,
                 )
 
-    def broadcast(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        """Broadcast every tensor in :func:`describe` order; returns that order."""
+    def broadcast(self, tensors: Mapping[str, torch.Tensor], *, packed: bool = False) -> list[str]:
+        """Broadcast every tensor in :func:`describe` order (``packed``: copied into one buffer in that order,
+        which is sent at once; the receivers must pass ``packed=True`` too); returns that order."""
         if self._group is None:
             raise RuntimeError("WeightBroadcaster.broadcast() before connect()")
-        names, _, _ = describe(tensors)
+        names, _, shapes = describe(tensors)
         with self._lock, torch.no_grad():
-            for name in names:
-                tensor = tensors[name].detach().to(self._group.device).contiguous()
-                self._group.broadcast(tensor)
+            if not packed:
+                for name in names:
+                    tensor = tensors[name].detach().to(self._group.device).contiguous()
+                    self._group.broadcast(tensor)
+                return names
+            layout, total = packed_layout(names, [tensors[n].dtype for n in names], shapes)
+            flat = self._flat if self._flat is not None and self._flat.numel() == total else None
+            if flat is None or flat.device != self._group.device:
+                flat = self._flat = torch.empty(total, dtype=torch.uint8, device=self._group.device)
+            for name, (lo, hi) in layout.items():
+                if hi > lo:
+                    flat[lo:hi].copy_(tensors[name].detach().contiguous().reshape(-1).view(torch.uint8))
+            self._group.broadcast(flat)
         return names
 
     def close(self) -> None:
@@ -187,13 +203,16 @@ def receive_weights(
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
     *,
     into: Mapping[str, torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The receiving side of one update: stage every declared tensor, then validate against ``expected``.
 
     A tensor of ``into`` (an engine's standby weights) with the declared shape, dtype and the group's device is
     received into directly (no buffer of its own, no copy), and its values are left to ``into``'s owner to check
     (``TorchEngine.update_weights_from`` checks every value of its standby set); the others go into new buffers
-    and are checked here.
+    and are checked here. ``packed``: the sender sent one buffer (``WeightBroadcaster.broadcast(packed=True)``);
+    it is received straight into ``into`` where ``into`` is packed in the same layout (a CPU engine's standby
+    set), else into a buffer whose views are returned.
 
     Raises ValueError naming the first problem; by then the whole payload has been drained, so the trainer's
     broadcast completes either way. Parameters the payload omits keep their current values (partial updates
@@ -202,27 +221,48 @@ def receive_weights(
     """
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"names/dtypes/shapes have different lengths ({len(names)}/{len(dtypes)}/{len(shapes)})")
+    parsed: list[torch.dtype] = []
+    for name, dtype_name in zip(names, dtypes, strict=True):
+        try:
+            parsed.append(parse_dtype(dtype_name))
+        except ValueError as exc:
+            # Cannot size the buffer: the stream is now out of step, so stop here.
+            raise ValueError(f"{name}: {exc}") from None
     problems: list[str] = []
     staged: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, dtype_name, shape in zip(names, dtypes, shapes, strict=True):
-            try:
-                dtype = parse_dtype(dtype_name)
-            except ValueError as exc:
-                # Cannot size the buffer: the stream is now out of step, so stop here.
-                raise ValueError(f"{name}: {exc}") from None
-            target = (into or {}).get(name)
-            fits = (
-                target is not None
-                and tuple(target.shape) == tuple(shape)
-                and target.dtype == dtype
-                and target.device == group.device
-                and target.is_contiguous()
+        received: dict[str, tuple[torch.Tensor, bool]] = {}  # name -> (tensor, received into ``into``)
+        if packed:
+            layout, total = packed_layout(names, parsed, shapes)
+            flat = packed_region(into or {}, layout, total)
+            direct = (
+                flat is not None
+                and flat.device == group.device
+                and all((into or {})[n].dtype == d for n, d in zip(names, parsed, strict=True))
             )
-            buffer = (
-                target if fits and target is not None else torch.empty(tuple(shape), dtype=dtype, device=group.device)
-            )
-            group.broadcast(buffer)
+            if not direct or flat is None:
+                flat = torch.empty(total, dtype=torch.uint8, device=group.device)
+            group.broadcast(flat)
+            views = (into or {}) if direct else packed_views(flat, layout, parsed, shapes)
+            received = {name: (views[name], direct) for name in names}
+        for name, dtype, shape in zip(names, parsed, shapes, strict=True):
+            if packed:
+                buffer, fits = received[name]
+            else:
+                target = (into or {}).get(name)
+                fits = (
+                    target is not None
+                    and tuple(target.shape) == tuple(shape)
+                    and target.dtype == dtype
+                    and target.device == group.device
+                    and target.is_contiguous()
+                )
+                buffer = (
+                    target
+                    if fits and target is not None
+                    else torch.empty(tuple(shape), dtype=dtype, device=group.device)
+                )
+                group.broadcast(buffer)
             if name not in expected:
                 problems.append(f"unknown parameter {name!r}")
                 continue
@@ -230,7 +270,7 @@ def receive_weights(
             if tuple(shape) != want_shape:
                 problems.append(f"{name}: shape {list(shape)} does not match the model's {list(want_shape)}")
                 continue
-            if not (fits and target is not None) and buffer.is_floating_point() and not all_finite(buffer):
+            if not fits and buffer.is_floating_point() and not all_finite(buffer):
                 problems.append(f"{name}: contains NaN or inf")
                 continue
             staged[name] = buffer.to(want_dtype)

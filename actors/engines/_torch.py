@@ -71,6 +71,7 @@ import torch
 from torch import Tensor
 
 from actors.engines import _kv as kv
+from actors.engines._packing import allocate_packed, is_packed
 from actors.engines._sampling import sample
 from actors.engines._types import (
     Completion,
@@ -272,7 +273,7 @@ class TorchEngine:
         async with self._updating:
             on_cpu = self._device.type == "cpu"
             try:
-                given = await fill(self._standby() if on_cpu else None)
+                given = await fill(await self._standby() if on_cpu else None)
                 checked = bool(getattr(given, "values_checked", False))  # e.g. checked as they were read
                 adopt = on_cpu and bool(getattr(given, "shared", False))  # views to serve from as they are
                 state = dict(given)
@@ -281,7 +282,7 @@ class TorchEngine:
                     self.policy.validate_state_dict(state, values=not checked)
                     standby = None
                 elif on_cpu:  # validate while copying into the standby set, all outside the lock
-                    standby = self._standby()
+                    standby = await self._standby()
                     await asyncio.to_thread(self._stage, state, standby, checked)
                 else:
                     standby = None
@@ -318,9 +319,20 @@ class TorchEngine:
             self._counts["weight_updates_rejected"] += 1
             raise WeightUpdateError(f"version {version} rejected: engine already serves version {self._version}")
 
-    def _standby(self) -> dict[str, Tensor]:
+    async def _standby(self) -> dict[str, Tensor]:
+        """The standby set, allocated at the first update. Both sets are packed (``actors.engines._packing``) so
+        that a packed broadcast lands in either without a copy: the live set moves into a packed buffer of its own
+        then (one copy outside the decode lock, while no other update can change it; pointers exchanged under
+        it)."""
         if self._spare is None:
-            self._spare = {name: torch.empty_like(t) for name, t in self.policy.state_dict().items()}
+            live = self.policy.state_dict()
+            if not is_packed(live):
+                packed = allocate_packed(live)
+                await asyncio.to_thread(_copy_into, packed, live)
+                async with self._lock:
+                    self.policy.exchange_weights(packed)  # ``packed`` now holds the previous tensors: let go
+                    self._live_shared = False
+            self._spare = allocate_packed(live)
         return self._spare
 
     def _stage(self, state: Mapping[str, Any], standby: dict[str, Tensor], checked: bool = False) -> None:
@@ -619,3 +631,9 @@ class TorchEngine:
         if len(seq.request.prompt_ids) + len(seq.tokens) >= self.policy.max_context:
             return "length"
         return None
+
+
+def _copy_into(targets: Mapping[str, Tensor], sources: Mapping[str, Tensor]) -> None:
+    with torch.no_grad():
+        for name, target in targets.items():
+            target.copy_(sources[name])

@@ -168,7 +168,7 @@ class DistributedTransport:
         )
         try:
             broadcaster.connect()
-            broadcaster.broadcast(tensors)
+            broadcaster.broadcast(tensors, packed=True)  # every member is a torch engine: one collective
         finally:
             broadcaster.close()
 
@@ -253,7 +253,7 @@ class DistributedTransport:
                 f"{location['address']}:{location['port']}: {_first_line(exc)}"
             ) from exc
         try:
-            staged = receive_weights(group, names, dtypes, shapes, expected, into=into)
+            staged = receive_weights(group, names, dtypes, shapes, expected, into=into, packed=True)
         except Exception as exc:
             raise WeightPayloadError(f"v{manifest.version}: broadcast failed: {_first_line(exc)}") from exc
         finally:

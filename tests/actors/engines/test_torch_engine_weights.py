@@ -131,7 +131,7 @@ def test_versions_must_increase_and_files_are_accepted(tmp_path: Path) -> None:
 
 def test_a_cpu_swap_exchanges_storage_and_a_fill_into_the_standby_copies_nothing() -> None:
     policy = scrambled_policy(0)
-    new = [{k: v.clone() for k, v in scrambled_policy(seed).state_dict().items()} for seed in (1, 2)]
+    new = [{k: v.clone() for k, v in scrambled_policy(seed).state_dict().items()} for seed in (1, 2, 3)]
 
     async def scenario() -> None:
         engine = TorchEngine(policy)
@@ -144,17 +144,15 @@ def test_a_cpu_swap_exchanges_storage_and_a_fill_into_the_standby_copies_nothing
             filled.append({name: t.data_ptr() for name, t in standby.items()})
             return standby
 
-        lives: list[dict[str, int]] = []
-        for version in (1, 2):
-            lives.append({name: t.data_ptr() for name, t in policy.state_dict().items()})
+        for version in (1, 2, 3):
             await engine.update_weights_from(version, fill)
             live = policy.state_dict()
             # the very tensors the fill wrote are now live; the previous live ones became the next standby
             assert {name: t.data_ptr() for name, t in live.items()} == filled[-1]
             assert all(torch.equal(live[k], new[version - 1][k]) for k in live)
-        assert filled[1] == lives[0]
+        assert filled[2] == filled[0] != filled[1]  # two sets, exchanged at every swap
         await engine.close()
-        assert engine.version == 2
+        assert engine.version == 3
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=30))
 

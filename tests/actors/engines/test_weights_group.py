@@ -110,3 +110,78 @@ def test_parse_dtype_names_the_bad_string() -> None:
         parse_dtype("float33")
     with pytest.raises(ValueError, match="world_size"):
         WeightBroadcaster("127.0.0.1", 1, world_size=1)
+
+
+PACKED_RECEIVER = textwrap.dedent(
+    """
+    import sys, torch
+    from actors.engines._group import WeightGroup, receive_weights
+    from actors.engines._packing import allocate_packed
+    group = WeightGroup("127.0.0.1", int(sys.argv[1]), 2, 1, timeout_s=30)
+    names, dtypes, shapes = ["a.weight", "b.bias", "c.half"], ["bfloat16", "float32", "float16"], [[3, 4], [5], [3]]
+    expected = {n: (tuple(s), getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes)}
+    into = allocate_packed({n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(names, dtypes, shapes)})
+    direct = receive_weights(group, names, dtypes, shapes, expected, into=into, packed=True)
+    same = all(direct[n].data_ptr() == into[n].data_ptr() for n in names)
+    own = receive_weights(group, names, dtypes, shapes, expected, packed=True)
+    try:
+        wrong = {**expected, "a.weight": ((4, 3), torch.bfloat16)}
+        receive_weights(group, names, dtypes, shapes, wrong, packed=True)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    group.close()
+    sums = [{n: float(t.float().sum()) for n, t in sorted(got.items())} for got in (direct, own)]
+    print(repr((same, *sums, error)))
+    """
+)
+
+
+@pytest.mark.slow  # a second interpreter importing torch
+def test_a_packed_broadcast_lands_in_a_packed_standby_set_without_a_copy() -> None:
+    """One collective per version between our own ends: received straight into a packed set (the CPU engine's
+    standby), else into a buffer of its own; a payload the engine cannot take is still drained, then refused."""
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", PACKED_RECEIVER, str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    broadcaster = WeightBroadcaster("127.0.0.1", port, world_size=2, timeout_s=30)
+    try:
+        tensors = {
+            "b.bias": torch.arange(5.0),
+            "a.weight": torch.full((3, 4), 2.0, dtype=torch.bfloat16),
+            "c.half": torch.ones(3, dtype=torch.float16),  # 6 bytes: the next tensor would start unaligned
+        }
+        broadcaster.connect()
+        for _ in range(3):
+            assert broadcaster.broadcast(tensors, packed=True) == ["a.weight", "b.bias", "c.half"]
+        out, err = receiver.communicate(timeout=60)
+        assert receiver.returncode == 0, err
+        sums = {"a.weight": 24.0, "b.bias": 10.0, "c.half": 3.0}
+        expected = (True, sums, sums, "a.weight: shape [3, 4] does not match the model's [4, 3]")
+        assert out.strip() == repr(expected)
+    finally:
+        broadcaster.close()
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+
+
+def test_a_cpu_engine_keeps_both_weight_sets_packed_and_serves_the_same_values() -> None:
+    from actors.engines._packing import is_packed
+
+    async def main() -> None:
+        engine = make_engine()
+        try:
+            new = perturbed(engine, seed=1)
+            [before] = await engine.generate([REQUEST])
+            await engine.update_weights(1, new)
+            live = engine.policy.state_dict()
+            assert is_packed(live) and is_packed(engine._spare or {})
+            assert all(torch.equal(live[n], new[n]) for n in new)
+            [after] = await engine.generate([REQUEST])
+            assert after.versions == (1,) * 10 and after.logprobs != before.logprobs
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
