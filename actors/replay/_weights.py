@@ -3,7 +3,8 @@
 ``resolve_weights(ref, run_dir=…, bus=…)``:
 - ``initial`` / ``v0`` / ``0``: the policy exactly as the spec builds it (its checkpoint, or fresh init);
 - ``vN`` / ``N``: version N of the run — a pinned serving copy (``<run_dir>/weights/serving-vN``), the disk
-  transport's ``<run_dir>/weights/vN``, else (with a bus) the object store's ``serving-vN`` / ``vN``;
+  transport's ``<run_dir>/weights/vN``, a shared-memory slot of the run still holding it, else (with a bus) the
+  object store's ``serving-vN`` / ``vN``;
 - anything else: a path to a ``.safetensors`` file or a directory of them.
 
 Errors are one-line ``WeightsNotFound`` naming every place that was searched.
@@ -24,6 +25,7 @@ from safetensors.torch import load as st_load
 
 from actors.policy import StateDictError, read_safetensors
 from actors.protocol import weights_bucket
+from actors.weights import SharedMemoryTransport, WeightPayloadError, shm_root
 from topology.bus import Bus, BusError
 
 __all__ = ["ResolvedWeights", "WeightsNotFound", "resolve_weights"]
@@ -47,6 +49,17 @@ async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | N
     if found is not None:
         return found
     version = int(ref.removeprefix("v"))
+    if run_dir is not None:
+        slots = SharedMemoryTransport(shm_root(run_dir))
+        manifest = await anyio.to_thread.run_sync(slots.find, version)
+        if manifest is not None:
+            try:
+                views = await slots.get(manifest)
+            except WeightPayloadError:  # rewritten since it was found
+                pass
+            else:  # a copy: the slot is the learner's to rewrite
+                return ResolvedWeights(f"v{version}", version, {n: t.clone() for n, t in views.items()})
+        searched.append(f"the run's shared-memory slots ({slots.root})")
     if bus is not None:
         bucket = weights_bucket(bus.topology)
         for name in (f"serving-v{version}", f"v{version}"):

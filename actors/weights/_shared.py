@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from actors.policy import all_finite
-from actors.weights._manifest import WeightManifest, WeightPayloadError, check_state_dict, describe
+from actors.weights._manifest import TensorInfo, WeightManifest, WeightPayloadError, check_state_dict, describe
 from actors.weights._mmap import _MAX_HEADER, _Entry, _layout, _parse, _views
 
 __all__ = ["SharedMemoryTransport", "SharedTensors", "shm_root"]
@@ -211,6 +211,22 @@ class SharedMemoryTransport:
         self._slots.clear()
         self._newest = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def find(self, version: int) -> WeightManifest | None:
+        """The manifest of ``version`` where one of this run's slots still holds it (replay of a recent version)."""
+        for path in sorted(self.root.glob("slot-*")):
+            try:
+                with open(path, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    head = handle.read(8 + _MAX_HEADER)
+                _, entries, metadata = _parse(head, size, str(path))
+            except (OSError, ValueError):
+                continue
+            if metadata.get("version") == str(version):
+                tensors = {n: TensorInfo(e.shape, str(e.dtype).removeprefix("torch.")) for n, e in entries.items()}
+                nbytes = sum(e.end - e.begin for e in entries.values())
+                return WeightManifest(version, self.name, str(path), tensors, nbytes)
+        return None
 
     # -- a generator's side --------------------------------------------------------------------------------
     async def get(self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None) -> SharedTensors:

@@ -58,3 +58,25 @@ async def test_another_version_shows_its_difference_in_the_report(tmp_path: Path
     paths = write_report(report, tmp_path / "out")
     assert [p.name for p in paths] == ["report.json", "report.md", "report.png"]
     assert "| echo |" in paths[1].read_text() and paths[2].read_bytes()[:4] == b"\x89PNG"
+
+
+async def test_a_version_only_a_shared_memory_slot_still_holds_is_found_and_copied(tmp_path: Path) -> None:
+    import torch
+
+    from actors.replay import WeightsNotFound
+    from actors.weights import SharedMemoryTransport, shm_root
+
+    slots = SharedMemoryTransport(shm_root(tmp_path), owner=tmp_path, max_slots=2)
+    state = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(3, dtype=torch.bfloat16)}
+    try:
+        await slots.put(7, state)
+        found = await resolve_weights("v7", run_dir=tmp_path)
+        assert found.label == "v7" and found.state_dict is not None
+        assert all(torch.equal(found.state_dict[n], state[n]) for n in state)
+        for version in (8, 9):  # the learner goes on: v9 is written into v7's slot, the copy stays as it was
+            await slots.put(version, {n: t + version for n, t in state.items()})
+        assert torch.equal(found.state_dict["w"], state["w"])
+        with pytest.raises(WeightsNotFound, match=r"version 7 not found \(searched: .*shared-memory slots"):
+            await resolve_weights("v7", run_dir=tmp_path)
+    finally:
+        slots.close()
