@@ -196,9 +196,17 @@ class SharedMemoryTransport:
     def _writable(self, slot: _Slot, size: int) -> _Mapped:
         mapped = slot.mapped
         if mapped is None or mapped.size != size:
-            if mapped is not None:
-                mapped.map.close()
-            os.ftruncate(slot.fd, size)  # locked exclusively: nobody reads it; readers remap on a new size
+            slot.mapped = mapped = None  # the old mapping goes with its last view (closing it now would fail)
+            try:  # locked exclusively: nobody reads it (readers remap on a new size). The pages are taken now:
+                # a tmpfs out of room fails here, not with a SIGBUS in the middle of the copy
+                os.ftruncate(slot.fd, size)
+                os.posix_fallocate(slot.fd, 0, size)
+            except OSError as exc:
+                os.ftruncate(slot.fd, 0)
+                raise WeightPayloadError(
+                    f"no room for a {size / 1e6:.1f} MB weight slot in {self.root}: {exc.strerror} (free space in "
+                    "/dev/shm, or set the learner's weight_transport to disk)"
+                ) from None
             view = mmap.mmap(slot.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
             mapped = slot.mapped = _Mapped(os.fstat(slot.fd).st_ino, size, view, np.frombuffer(view, np.uint8))
         return mapped

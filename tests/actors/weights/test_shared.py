@@ -180,3 +180,39 @@ async def test_a_cpu_engine_serves_from_the_slot_and_lets_a_replaced_version_go(
         assert all(torch.equal(slot[k], trained[1].state_dict()[k]) for k in slot), "wrote into a published slot"
     finally:
         await engine.close()
+
+
+def test_a_slot_that_does_not_fit_fails_the_publish_with_a_message_not_a_crash(tmp_path: Path) -> None:
+    """A full tmpfs would fail the copy with a SIGBUS mid-write; the slot's pages are taken first, so it fails
+    there, with a message. (A file-size limit stands in for the full filesystem: the same failing call.)"""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, resource, signal, torch
+        from actors.weights import SharedMemoryTransport, WeightPayloadError
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+        try:
+            asyncio.run(SharedMemoryTransport({str(tmp_path / "slots")!r}).put(1, {{"w": torch.ones(1 << 16)}}))
+        except WeightPayloadError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("no room for a 0.3 MB weight slot in "), done.stdout
+    assert "set the learner's weight_transport to disk" in done.stdout
+
+
+async def test_a_slot_takes_a_version_of_another_size_and_readers_map_it_anew(tmp_path: Path) -> None:
+    transport = SharedMemoryTransport(tmp_path / "slots", max_slots=2)
+    reader = SharedMemoryTransport(tmp_path / "slots")
+    small = await transport.put(1, _state(1))
+    assert torch.equal((await reader.get(small))["ln.bias"], _state(1)["ln.bias"])
+    await transport.put(2, _state(2))
+    bigger = {**_state(3), "extra": torch.randn(4096)}  # into the first slot again, now larger
+    third = await transport.put(3, bigger)
+    assert _slot(third) == _slot(small)
+    got = await reader.get(third)  # the reader's cached mapping of the old size is replaced
+    assert all(torch.equal(got[k], bigger[k]) for k in bigger)
