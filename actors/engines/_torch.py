@@ -84,7 +84,6 @@ from actors.engines._types import (
 from actors.policy import KVCache, Policy, StateDictError, all_finite, positions_from_mask, read_safetensors
 
 StepHook = Callable[[int], Awaitable[None]]
-_STAGE_CHUNK = 1 << 15  # elements staged at a time: torch's grain size, below which an op runs on one thread
 # update_weights_from's source: given the engine's standby buffers (or None), the new weights (a mapping whose
 # ``values_checked`` attribute is True when its floating-point values were already checked finite)
 WeightFill = Callable[[dict[str, Tensor] | None], Awaitable[Mapping[str, Any]]]
@@ -339,24 +338,16 @@ class TorchEngine:
     def _stage(self, state: Mapping[str, Any], standby: dict[str, Tensor], checked: bool = False) -> None:
         """Names, shapes and dtypes first (nothing is written on a mismatch), then per tensor: copy it into the
         standby set unless it is already there, and check its values there while they are fresh in the cache —
-        unless the source says it checked them (``values_checked``) and they were read into the standby set.
-        In pieces below torch's parallel grain: staging runs on its own thread alone and leaves the other cores
-        to the decode loop (a copy on every core stalled decoding steps)."""
+        unless the source says it checked them (``values_checked``) and they were read into the standby set."""
         self.policy.validate_state_dict(state, values=False)
         with torch.no_grad():
             for name, target in standby.items():
                 value = state[name]
                 in_place = value.data_ptr() == target.data_ptr()
-                check = not (checked and in_place) and target.is_floating_point()
-                if in_place and not check:
-                    continue
-                flat, source = target.reshape(-1), value.reshape(-1)
-                for lo in range(0, flat.numel(), _STAGE_CHUNK):
-                    piece = flat[lo : lo + _STAGE_CHUNK]
-                    if not in_place:
-                        piece.copy_(source[lo : lo + _STAGE_CHUNK])
-                    if check and not all_finite(piece):
-                        raise StateDictError(f"{name}: contains NaN or infinite values")
+                if not in_place:
+                    target.copy_(value)
+                if not (checked and in_place) and target.is_floating_point() and not all_finite(target):
+                    raise StateDictError(f"{name}: contains NaN or infinite values")
 
     async def pause(self) -> None:
         self._running.clear()
