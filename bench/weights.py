@@ -10,7 +10,8 @@ Measures, in one run on this machine:
   apart in a run, so before each the bench waits for the transport's file allocated ahead (as a run's would be);
 - ``shm``: the shared-memory slots (the local runtime's default with torch engines): the learner copies into a
   slot, each generator's engine serves from views of its mapping (no copy on the generators' side);
-- every transport's first version is a warm-up (the generators' standby weights are allocated then), not timed;
+- every transport's first version is a warm-up (the generators' standby weights are allocated then), not timed,
+  and shm's first two (a run's slots are allocated and mapped by its first versions);
 - ``broadcast``: a gloo torch.distributed group, rank 0 here and one rank per generator process, each receiving
   into its engine's standby weights and swapping;
 - ``raw gloo``: the limit of that path: one bare gloo broadcast of the same number of bytes into a buffer each
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +107,20 @@ async def decode_stall_steps(
     """Decode a batch while an update lands the way a generator's subscriber applies one (a task of its own,
     concurrent with decoding), and express the longest step while it was under way, beyond the median step, in
     decode steps: the time decoding stood still for the swap (validation, copy, exchange; the cache is kept).
-    With ``slots`` the update comes from a shared-memory slot (written before: the learner's side)."""
+    The engine is in its steady state, as in a run after its first versions: two updates before the decoding
+    (its standby set exists; with ``slots``, the update comes from a shared-memory slot the engine has served
+    from before, written by the learner's side before the decoding starts)."""
     stamps: list[float] = []
     swap: dict[str, float] = {}
     swap_after = 8
-    manifest = await slots.put(1, state) if slots is not None else None  # the engine serves v0
+    engine = TorchEngine(policy, max_batch_size=8, step_hook=lambda step: hook(step), recompute_cache_on_update=False)
+    for version in (1, 2):
+        if slots is not None:
+            before = await slots.put(version, state)
+            await engine.update_weights_from(version, lambda into, m=before: slots.get(m, into=into))
+        else:
+            await engine.update_weights(version, state)
+    manifest = await slots.put(3, state) if slots is not None else None  # into the first slot: let go by v2
 
     async def hook(step: int) -> None:
         stamps.append(time.perf_counter())
@@ -121,10 +132,9 @@ async def decode_stall_steps(
         if slots is not None and manifest is not None:
             await engine.update_weights_from(manifest.version, lambda into: slots.get(manifest, into=into))
         else:
-            await engine.update_weights(engine.version + 1, state)
+            await engine.update_weights(3, state)
         swap["end"] = time.perf_counter()
 
-    engine = TorchEngine(policy, max_batch_size=8, step_hook=hook, recompute_cache_on_update=False)
     params = SamplingParams(max_new_tokens=48, temperature=1.0, ignore_eos=True, seed=1)
     await engine.generate([GenerationRequest(f"r{i}", (1, 5, 6, 7), params) for i in range(8)])
     await engine.close()
@@ -205,7 +215,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 version = 0
                 for name, transport in transports.items():
                     times = []
-                    for repeat in range(args.repeats + 1):  # the first is a warm-up: steady state is measured
+                    # the first publishes are warm-ups: steady state is measured (the shared-memory slots are
+                    # allocated and mapped by a run's first two versions; the standby weights by the first)
+                    warm = 2 if name == "shm" else 1
+                    for repeat in range(args.repeats + warm):
                         version += 1
                         state = perturbed(base, version)
                         if isinstance(transport, SafetensorsDirTransport):  # a run publishes seconds apart:
@@ -213,7 +226,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         started = time.time()
                         await WeightPublisher(bus, topology, transport).publish(version, state)
                         took = await wait_swaps(events, size, version, len(workers)) - started
-                        if repeat:
+                        if repeat >= warm:
                             times.append(took)
                     row[f"{name}_s"] = min(times)
                 times = []
@@ -234,7 +247,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 "shapes": shapes,
                             },
                         )
-                    await asyncio.to_thread(lambda: broadcaster.broadcast(state, packed=True))
+                    await asyncio.to_thread(partial(broadcaster.broadcast, state, packed=True))
                     times.append(await wait_swaps(events, size, version, len(workers)) - started)
                 row["broadcast_s"] = min(times)
                 # the limit of that path: one raw gloo broadcast of the same bytes into a buffer each rank reuses
