@@ -136,15 +136,19 @@ class SharedMemoryTransport:
         try:
             mapped = self._writable(slot, size)
             out = torch.from_numpy(mapped.array)
-            out[:base].copy_(torch.frombuffer(bytearray(struct.pack("<Q", len(padded)) + padded), dtype=torch.uint8))
+            # the header last: a writer killed mid-copy leaves a slot that names no version (its length is 0), not
+            # one that names a version it does not hold
+            out[:8].zero_()
             with torch.no_grad():
                 for name in sorted(tensors):
                     begin, end = header[name]["data_offsets"]
                     if end > begin:
                         _copy_checked(name, tensors[name], out[base + begin : base + end])
+            out[8:base].copy_(torch.frombuffer(bytearray(padded), dtype=torch.uint8))
+            out[:8].copy_(torch.frombuffer(bytearray(struct.pack("<Q", len(padded))), dtype=torch.uint8))
             slot.version, self._newest = version, slot.index
         except BaseException:
-            slot.version = 0  # half written: the header may already name this version
+            slot.version = 0
             with contextlib.suppress(OSError):
                 os.pwrite(slot.fd, b"\0" * 8, 0)
             raise

@@ -216,3 +216,34 @@ async def test_a_slot_takes_a_version_of_another_size_and_readers_map_it_anew(tm
     assert _slot(third) == _slot(small)
     got = await reader.get(third)  # the reader's cached mapping of the old size is replaced
     assert all(torch.equal(got[k], bigger[k]) for k in bigger)
+
+
+def test_a_writer_killed_mid_copy_leaves_a_slot_that_names_no_version(tmp_path: Path) -> None:
+    """SIGKILL between two tensors of v2 (the second copy kills its own process): no slot claims v2, v1 is
+    intact, and the next life of the learner writes v2 for real."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, torch
+        from actors.weights import _shared
+        from tests.actors.weights.test_shared import _state
+        transport = _shared.SharedMemoryTransport({str(tmp_path / "slots")!r})
+        asyncio.run(transport.put(1, _state(1)))
+        copy, calls = _shared._copy_checked, []
+        def dying(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            copy(*args)
+        _shared._copy_checked = dying
+        transport._newest = None  # rewrite v1's own slot: the worst place to die
+        asyncio.run(transport.put(2, _state(2)))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    again = SharedMemoryTransport(tmp_path / "slots")
+    assert again.find(2) is None and again.find(1) is None  # v1's slot was being rewritten: it names nothing
+    v2 = anyio.run(again.put, 2, _state(2))
+    assert torch.equal(anyio.run(again.get, v2)["wte.weight"], _state(2)["wte.weight"])
