@@ -119,7 +119,6 @@ class SharedMemoryTransport:
         self._slots: dict[int, _Slot] = {}  # the writer's: open, mapped read-write
         self._newest: int | None = None  # the slot of the newest version written: never rewritten next
         self._maps: dict[str, _Mapped] = {}  # a reader's: one read-only mapping per slot file, reused
-        self.waited_s = 0.0  # time publishes spent waiting for a free slot
 
     # -- the learner's side ------------------------------------------------------------------------------
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
@@ -172,7 +171,6 @@ class SharedMemoryTransport:
                     fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue
-                self.waited_s += time.monotonic() - started
                 return slot
             if len(self._slots) < self.max_slots:
                 index = next(i for i in range(len(self._slots) + 1) if i not in self._slots)
