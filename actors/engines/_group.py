@@ -143,8 +143,9 @@ class WeightBroadcaster:
                 )
 
     def broadcast(self, tensors: Mapping[str, torch.Tensor], *, packed: bool = False) -> list[str]:
-        """Broadcast every tensor in :func:`describe` order (``packed``: copied into one buffer in that order,
-        which is sent at once; the receivers must pass ``packed=True`` too); returns that order."""
+        """Broadcast every tensor in :func:`describe` order (``packed``: copied into one buffer in that order, its
+        values checked finite on the way — a version with a NaN is not sent, ValueError — and sent at once; the
+        receivers must pass ``packed=True`` too and need not check the values again); returns that order."""
         if self._group is None:
             raise RuntimeError("WeightBroadcaster.broadcast() before connect()")
         names, _, shapes = describe(tensors)
@@ -160,7 +161,10 @@ class WeightBroadcaster:
                 flat = self._flat = torch.empty(total, dtype=torch.uint8, device=self._group.device)
             for name, (lo, hi) in layout.items():
                 if hi > lo:
-                    flat[lo:hi].copy_(tensors[name].detach().contiguous().reshape(-1).view(torch.uint8))
+                    source = tensors[name].detach().contiguous().reshape(-1)
+                    flat[lo:hi].copy_(source.view(torch.uint8))
+                    if source.is_floating_point() and not all_finite(source):  # while it is in the cache
+                        raise ValueError(f"{name}: contains NaN or infinite values: not sent")
             self._group.broadcast(flat)
         return names
 
@@ -210,9 +214,10 @@ def receive_weights(
     A tensor of ``into`` (an engine's standby weights) with the declared shape, dtype and the group's device is
     received into directly (no buffer of its own, no copy), and its values are left to ``into``'s owner to check
     (``TorchEngine.update_weights_from`` checks every value of its standby set); the others go into new buffers
-    and are checked here. ``packed``: the sender sent one buffer (``WeightBroadcaster.broadcast(packed=True)``);
-    it is received straight into ``into`` where ``into`` is packed in the same layout (a CPU engine's standby
-    set), else into a buffer whose views are returned.
+    and are checked here. ``packed``: the sender sent one buffer (``WeightBroadcaster.broadcast(packed=True)``,
+    which checked the values finite before sending: the result says so, ``values_checked``); it is received
+    straight into ``into`` where ``into`` is packed in the same layout (a CPU engine's standby set), else into a
+    buffer whose views are returned.
 
     Raises ValueError naming the first problem; by then the whole payload has been drained, so the trainer's
     broadcast completes either way. Parameters the payload omits keep their current values (partial updates
@@ -270,11 +275,17 @@ def receive_weights(
             if tuple(shape) != want_shape:
                 problems.append(f"{name}: shape {list(shape)} does not match the model's {list(want_shape)}")
                 continue
-            if not fits and buffer.is_floating_point() and not all_finite(buffer):
+            if not fits and not packed and buffer.is_floating_point() and not all_finite(buffer):
                 problems.append(f"{name}: contains NaN or inf")
                 continue
             staged[name] = buffer.to(want_dtype)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValueError(problems[0] + more)
-    return staged
+    return _SenderChecked(staged) if packed else staged
+
+
+class _SenderChecked(dict[str, torch.Tensor]):
+    """Tensors of a packed broadcast: their sender checked every value finite before sending."""
+
+    values_checked = True

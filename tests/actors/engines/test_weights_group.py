@@ -132,7 +132,7 @@ PACKED_RECEIVER = textwrap.dedent(
         error = str(exc)
     group.close()
     sums = [{n: float(t.float().sum()) for n, t in sorted(got.items())} for got in (direct, own)]
-    print(repr((same, *sums, error)))
+    print(repr((same, direct.values_checked, *sums, error)))
     """
 )
 
@@ -140,7 +140,8 @@ PACKED_RECEIVER = textwrap.dedent(
 @pytest.mark.slow  # a second interpreter importing torch
 def test_a_packed_broadcast_lands_in_a_packed_standby_set_without_a_copy() -> None:
     """One collective per version between our own ends: received straight into a packed set (the CPU engine's
-    standby), else into a buffer of its own; a payload the engine cannot take is still drained, then refused."""
+    standby), else into a buffer of its own; a payload the engine cannot take is still drained, then refused; the
+    sender checks the values (the receivers need not), and does not send a version with a NaN."""
     port = free_port()
     receiver = subprocess.Popen(
         [sys.executable, "-c", PACKED_RECEIVER, str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -158,8 +159,11 @@ def test_a_packed_broadcast_lands_in_a_packed_standby_set_without_a_copy() -> No
         out, err = receiver.communicate(timeout=60)
         assert receiver.returncode == 0, err
         sums = {"a.weight": 24.0, "b.bias": 10.0, "c.half": 3.0}
-        expected = (True, sums, sums, "a.weight: shape [3, 4] does not match the model's [4, 3]")
+        expected = (True, True, sums, sums, "a.weight: shape [3, 4] does not match the model's [4, 3]")
         assert out.strip() == repr(expected)
+        poisoned = {**tensors, "c.half": torch.tensor([1.0, float("nan"), 1.0], dtype=torch.float16)}
+        with pytest.raises(ValueError, match=r"c\.half: contains NaN or infinite values: not sent"):
+            broadcaster.broadcast(poisoned, packed=True)  # checked before the collective: nobody waits for it
     finally:
         broadcaster.close()
         if receiver.poll() is None:
