@@ -156,7 +156,7 @@ def map_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         if size < 8:
             raise MalformedSafetensors(f"{path}: {size} bytes is too short for a safetensors file")
         view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    base, entries, _ = _parse(view[: 8 + min(size - 8, _MAX_HEADER)], size, str(path))
+    base, entries, _ = _parse(view[:8] + bytes(_header(memoryview(view))), size, str(path))
     return _views(view, base, entries)
 
 

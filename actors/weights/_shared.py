@@ -36,7 +36,7 @@ import shutil
 import struct
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +228,7 @@ class SharedMemoryTransport:
             try:
                 with open(path, "rb") as handle:
                     size = os.fstat(handle.fileno()).st_size
-                    head = handle.read(8 + _MAX_HEADER)
+                    head = _head(handle.read(8), size, handle.read)
                 _, entries, metadata = _parse(head, size, str(path))
             except (OSError, ValueError):
                 continue
@@ -268,7 +268,7 @@ class SharedMemoryTransport:
                     raise WeightPayloadError(f"{what}: shared-memory slot {manifest.location} is empty")
                 mapped = _map_read_only(manifest.location, info)
                 self._maps[manifest.location] = mapped
-            head = mapped.map[: 8 + min(mapped.size - 8, _MAX_HEADER)]
+            head = _head(mapped.map[:8], mapped.size, lambda n: mapped.map[8 : 8 + n])
             try:
                 base, entries, metadata = _parse(head, mapped.size, manifest.location)
             except ValueError as exc:
@@ -279,6 +279,15 @@ class SharedMemoryTransport:
             os.close(fd)
             raise
         return fd, mapped.array, base, entries
+
+
+def _head(first: bytes, size: int, read: Callable[[int], bytes]) -> bytes:
+    """The length field and the header it announces (``read(n)``: the n bytes after the length field) — only
+    those: slicing more of a slot costs a copy of the weights."""
+    if len(first) < 8:
+        return first
+    (length,) = struct.unpack("<Q", first)
+    return first + read(min(length, _MAX_HEADER, max(0, size - 8)))
 
 
 def _map_read_only(path: str, info: os.stat_result) -> _Mapped:
