@@ -1,8 +1,8 @@
 """Shared-memory weight slots: the learner copies a version once, every generator on the machine maps it.
 
 The ``shm`` transport keeps a few *slots* (files on a tmpfs, ``/dev/shm`` where there is one), each holding one
-version in the safetensors layout. Publishing copies the learner's tensors into a free slot (one copy, checked
-finite chunk by chunk while it is in the cache), and the manifest names the slot. A generator maps the slot once
+version in the safetensors layout. Publishing copies the learner's tensors into a free slot (one copy, and a
+check that every value is finite), and the manifest names the slot. A generator maps the slot once
 (the mapping is kept for the next versions written there, so its page tables are built once) and its engine makes
 views of the mapping its live weights: a swap is a pointer exchange, with no copy on the generator's side however
 many generators there are.
@@ -51,7 +51,6 @@ from actors.weights._mmap import _MAX_HEADER, _Entry, _layout, _parse, _views
 __all__ = ["SharedMemoryTransport", "SharedTensors", "shm_root"]
 
 StateDict = Mapping[str, torch.Tensor]
-_CHUNK = 1 << 20  # bytes copied, then checked finite, at a time: they are still in the cache
 _RUN_FILE = "run"  # in a run's slot directory: the run dir it belongs to (stale ones are removed)
 
 
@@ -304,17 +303,12 @@ def _map_read_only(path: str, info: os.stat_result) -> _Mapped:
 
 
 def _copy_checked(name: str, source: torch.Tensor, target: torch.Tensor) -> None:
-    """Copy ``source``'s bytes into ``target`` (a uint8 range), checking floating-point values finite chunk by
-    chunk while they are in the cache."""
+    """Copy ``source``'s bytes into ``target`` (a uint8 range) in one op, then check ``source``'s floating-point
+    values finite. One op per tensor: pieces of it cost more than the second pass (bench/RESULTS.md)."""
     flat = source.reshape(-1)
-    raw = flat.view(torch.uint8)
-    size = source.element_size()
-    step = max(1, _CHUNK // size)
-    for lo in range(0, flat.numel(), step):
-        hi = min(lo + step, flat.numel())
-        target[lo * size : hi * size].copy_(raw[lo * size : hi * size])
-        if flat.is_floating_point() and not all_finite(flat[lo:hi]):
-            raise WeightPayloadError(f"{name}: contains NaN or infinite values: not published")
+    target.copy_(flat.view(torch.uint8))
+    if flat.is_floating_point() and not all_finite(flat):
+        raise WeightPayloadError(f"{name}: contains NaN or infinite values: not published")
 
 
 def _remove_stale(parent: Path, *, keep: Path) -> None:
