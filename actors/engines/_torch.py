@@ -279,7 +279,7 @@ class TorchEngine:
                 state = dict(given)
                 del given
                 if adopt:
-                    self.policy.validate_state_dict(state, values=not checked)
+                    await asyncio.to_thread(self.policy.validate_state_dict, state, values=not checked)
                     standby = None
                 elif on_cpu:  # validate while copying into the standby set, all outside the lock
                     standby = await self._standby()

@@ -241,12 +241,18 @@ class SharedMemoryTransport:
     async def get(self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None) -> SharedTensors:
         """Views of the version's slot, holding its shared lock while alive (``into`` is not needed: nothing is
         copied). ``WeightPayloadError`` when the slot is gone or was rewritten with a newer version."""
-        fd, array, base, entries = await asyncio.to_thread(self._map, manifest)
-        # the lease is made here, not in the thread: a finished executor future may outlive the call with its
-        # result, and a lease must live exactly as long as the tensors viewing it
-        tensors = _Lease(fd, array).tensors(base, entries)
-        check_state_dict(tensors, manifest.tensors, what=f"v{manifest.version}")
-        return tensors
+        out: list[SharedTensors] = []
+
+        def build() -> None:  # off the event loop (a decode loop may share it); the result comes back through
+            # ``out``, not as the thread's return value: a finished executor future may outlive the call with its
+            # result, and the lease must live exactly as long as the tensors viewing it
+            fd, array, base, entries = self._map(manifest)
+            tensors = _Lease(fd, array).tensors(base, entries)
+            check_state_dict(tensors, manifest.tensors, what=f"v{manifest.version}")
+            out.append(tensors)
+
+        await asyncio.to_thread(build)
+        return out.pop()
 
     def _map(self, manifest: WeightManifest) -> tuple[int, np.ndarray[Any, Any], int, dict[str, _Entry]]:
         """The slot's file descriptor (share-locked), its mapping and its layout, once it holds the version."""
