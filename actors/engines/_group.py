@@ -236,7 +236,7 @@ def receive_weights(
     problems: list[str] = []
     staged: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        received: dict[str, tuple[torch.Tensor, bool]] = {}  # name -> (tensor, received into ``into``)
+        views: Mapping[str, torch.Tensor] = {}
         if packed:
             layout, total = packed_layout(names, parsed, shapes)
             flat = packed_region(into or {}, layout, total)
@@ -249,10 +249,9 @@ def receive_weights(
                 flat = torch.empty(total, dtype=torch.uint8, device=group.device)
             group.broadcast(flat)
             views = (into or {}) if direct else packed_views(flat, layout, parsed, shapes)
-            received = {name: (views[name], direct) for name in names}
         for name, dtype, shape in zip(names, parsed, shapes, strict=True):
             if packed:
-                buffer, fits = received[name]
+                buffer, fits = views[name], True  # its values: checked by the sender
             else:
                 target = (into or {}).get(name)
                 fits = (
@@ -275,7 +274,7 @@ def receive_weights(
             if tuple(shape) != want_shape:
                 problems.append(f"{name}: shape {list(shape)} does not match the model's {list(want_shape)}")
                 continue
-            if not fits and not packed and buffer.is_floating_point() and not all_finite(buffer):
+            if not fits and buffer.is_floating_point() and not all_finite(buffer):
                 problems.append(f"{name}: contains NaN or inf")
                 continue
             staged[name] = buffer.to(want_dtype)
