@@ -51,7 +51,13 @@ from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.engines._group import WeightBroadcaster, describe
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.protocol import weights_bucket
-from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, SharedMemoryTransport, WeightPublisher
+from actors.weights import (
+    ObjectStoreTransport,
+    SafetensorsDirTransport,
+    SharedMemoryTransport,
+    WeightManifest,
+    WeightPublisher,
+)
 from bench._common import markdown_table, write_results
 from topology.bus import Bus, EmbeddedNats
 
@@ -113,14 +119,18 @@ async def decode_stall_steps(
     stamps: list[float] = []
     swap: dict[str, float] = {}
     swap_after = 8
-    engine = TorchEngine(policy, max_batch_size=8, step_hook=lambda step: hook(step), recompute_cache_on_update=False)
-    for version in (1, 2):
+    published: dict[int, WeightManifest] = {}
+
+    async def publish(version: int) -> None:  # the learner's side, never timed
         if slots is not None:
-            before = await slots.put(version, state)
-            await engine.update_weights_from(version, lambda into, m=before: slots.get(m, into=into))
-        else:
+            published[version] = await slots.put(version, state)
+
+    async def apply(version: int) -> None:
+        if slots is None:
             await engine.update_weights(version, state)
-    manifest = await slots.put(3, state) if slots is not None else None  # into the first slot: let go by v2
+        else:
+            manifest = published[version]
+            await engine.update_weights_from(version, lambda into: slots.get(manifest, into=into))
 
     async def hook(step: int) -> None:
         stamps.append(time.perf_counter())
@@ -129,12 +139,14 @@ async def decode_stall_steps(
 
     async def update() -> None:
         swap["start"] = time.perf_counter()
-        if slots is not None and manifest is not None:
-            await engine.update_weights_from(manifest.version, lambda into: slots.get(manifest, into=into))
-        else:
-            await engine.update_weights(3, state)
+        await apply(3)
         swap["end"] = time.perf_counter()
 
+    engine = TorchEngine(policy, max_batch_size=8, step_hook=hook, recompute_cache_on_update=False)
+    for version in (1, 2):
+        await publish(version)
+        await apply(version)
+    await publish(3)  # into the first slot: let go by v2
     params = SamplingParams(max_new_tokens=48, temperature=1.0, ignore_eos=True, seed=1)
     await engine.generate([GenerationRequest(f"r{i}", (1, 5, 6, 7), params) for i in range(8)])
     await engine.close()
