@@ -1,6 +1,7 @@
 """Weight flow benchmark: publish → every local generator swapped, per model size and transport.
 
-Measures, in one run on this machine:
+Measures, in one run on this machine (each version is the last one stepped in place, as a learner's optimizer
+writes its parameters):
 
 - ``memcpy``: one in-memory copy of the same number of bytes (``dst.copy_(src)``), the floor of any path;
 - ``object-store``: WeightPublisher → NATS JetStream object store → each generator process's real
@@ -78,7 +79,16 @@ def perturbed(state: dict[str, torch.Tensor], version: int) -> dict[str, torch.T
     return {name: t + 1e-3 * version for name, t in state.items()}
 
 
-def memcpy_s(nbytes: int, repeats: int = 3) -> float:
+def step_in_place(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The next version, written over the last one: a learner's optimizer step updates its parameters in place, so
+    what it publishes is the same memory every time (fresh tensors per version would cost the first copy out of
+    them page faults that no learner pays)."""
+    for t in state.values():
+        t.add_(1e-3)
+    return state
+
+
+def memcpy_s(nbytes: int, repeats: int = 10) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     best = float("inf")
@@ -210,6 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for size in sizes:
                 policy = Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0)
                 base = policy.state_dict()
+                live = {name: t.clone() for name, t in base.items()}  # the learner's parameters
                 nbytes = sum(t.numel() * t.element_size() for t in base.values())
                 row: dict[str, Any] = {
                     "size": size,
@@ -232,7 +243,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     warm = 2 if name == "shm" else 1
                     for repeat in range(args.repeats + warm):
                         version += 1
-                        state = perturbed(base, version)
+                        state = step_in_place(live)
                         if isinstance(transport, SafetensorsDirTransport):  # a run publishes seconds apart:
                             await asyncio.to_thread(transport.wait_tidy)  # the next version's file is allocated
                         started = time.time()
@@ -244,7 +255,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 times = []
                 for _ in range(args.repeats):
                     version += 1
-                    state = perturbed(base, version)
+                    state = step_in_place(live)
                     names, dtypes, shapes = describe(state)
                     started = time.time()
                     for rank in range(1, len(workers) + 1):

@@ -116,6 +116,27 @@ async def test_non_finite_values_are_not_published_and_the_newest_good_version_s
     assert torch.equal((await transport.get(after))["ln.bias"], _state(3)["ln.bias"])
 
 
+async def test_tensors_of_several_pieces_arrive_whole_and_a_bad_value_in_a_late_piece_is_caught(
+    tmp_path: Path,
+) -> None:
+    """The copy goes in pieces over several threads: a tensor of 2.5 pieces (odd byte offsets after the fp16
+    one, sorted last) round-trips bit for bit, so do finite values too large to sum, and an infinity in its last
+    piece fails the publish with its name."""
+    from actors.weights._shared import _PIECE
+
+    transport = SharedMemoryTransport(tmp_path / "slots")
+    state = _state(1)
+    state["zz.big"] = torch.randn(_PIECE * 5 // 2 // 4, generator=torch.Generator().manual_seed(7))
+    got = await transport.get(await transport.put(1, state))
+    assert all(torch.equal(got[k], state[k]) for k in state)
+    state["zz.big"].fill_(3e38)  # finite values whose sum is not: checked value by value, then published
+    got = await transport.get(await transport.put(2, state))
+    assert torch.equal(got["zz.big"], state["zz.big"])
+    state["zz.big"][-1] = float("inf")
+    with pytest.raises(WeightPayloadError, match=r"zz\.big: contains NaN or infinite values: not published"):
+        await transport.put(3, state)
+
+
 async def test_when_every_slot_is_held_the_publish_waits_then_says_why(tmp_path: Path) -> None:
     transport = SharedMemoryTransport(tmp_path / "slots", max_slots=2, wait_s=0.2)
     held = [await transport.get(await transport.put(v, _state(v))) for v in (1, 2)]
