@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import functools
 import hashlib
@@ -320,13 +321,22 @@ class _Piece(NamedTuple):
 
 @functools.cache
 def _copier() -> tuple[ThreadPoolExecutor, int]:
-    """Threads that copy pieces, one op at a time each (torch's own threads are off in them: a piece is too small
-    to split, and two teams of threads on the same cores slow each other down), and how many there are."""
+    """Threads that copy pieces, one op at a time each, and how many there are."""
     lanes = max(1, min(torch.get_num_threads(), 8))
-    pool = ThreadPoolExecutor(
-        lanes, thread_name_prefix="flywheel-shm-copy", initializer=torch.set_num_threads, initargs=(1,)
-    )
-    return pool, lanes
+    return ThreadPoolExecutor(lanes, thread_name_prefix="flywheel-shm-copy", initializer=_one_thread), lanes
+
+
+def _one_thread() -> None:
+    """Run this thread's torch ops on this thread alone: a piece is too small to split, and two teams of OpenMP
+    threads on the same cores slow each other down. Not ``torch.set_num_threads(1)``: that would also size the
+    pool of every thread started later (a learner's next training thread). Where the OpenMP runtime is not the
+    one found here, the pieces run on torch's pools as they are: slower, as correct."""
+    torch.get_num_threads()  # torch sizes a thread's pool when first asked (or at its first op): ours comes after
+    for library in ("libgomp.so.1", "libiomp5.so", "libomp.so"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(library, mode=os.RTLD_NOLOAD).omp_set_num_threads(1)  # only one torch loaded already
+            if torch.get_num_threads() == 1:
+                return
 
 
 def _copy_all(jobs: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:

@@ -137,6 +137,30 @@ async def test_tensors_of_several_pieces_arrive_whole_and_a_bad_value_in_a_late_
         await transport.put(3, state)
 
 
+def test_publishing_leaves_the_torch_threads_of_the_learner_alone(tmp_path: Path) -> None:
+    """The copier threads run torch on one thread each; the learner's threads, those started after a publish
+    included (its next training step's), keep the pool the process was given."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, threading, torch
+        from actors.weights import _shared
+        from tests.actors.weights.test_shared import _state
+        torch.set_num_threads(2)
+        asyncio.run(_shared.SharedMemoryTransport({str(tmp_path / "slots")!r}).put(1, _state(1)))
+        pool, lanes = _shared._copier()
+        seen = {{}}
+        later = threading.Thread(target=lambda: seen.update(later=torch.get_num_threads()))
+        later.start(); later.join()
+        print(torch.get_num_threads(), seen["later"], lanes, pool.submit(torch.get_num_threads).result())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "2", "2", "1"]
+
+
 async def test_when_every_slot_is_held_the_publish_waits_then_says_why(tmp_path: Path) -> None:
     transport = SharedMemoryTransport(tmp_path / "slots", max_slots=2, wait_s=0.2)
     held = [await transport.get(await transport.put(v, _state(v))) for v in (1, 2)]
