@@ -88,7 +88,7 @@ def step_in_place(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def memcpy_s(nbytes: int, repeats: int = 10) -> float:
+def memcpy_s(nbytes: int, repeats: int = 3) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     best = float("inf")
