@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import fcntl
-import functools
 import hashlib
 import mmap
 import os
@@ -40,14 +38,14 @@ import struct
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from actors.weights._copy import copy_checked
 from actors.weights._manifest import TensorInfo, WeightManifest, WeightPayloadError, check_state_dict, describe
 from actors.weights._mmap import _MAX_HEADER, _Entry, _layout, _parse, _views
 
@@ -142,7 +140,10 @@ class SharedMemoryTransport:
             out[:8].zero_()
             with torch.no_grad():
                 ranges = {name: header[name]["data_offsets"] for name in sorted(tensors)}
-                _copy_all([(name, tensors[name], out[base + b : base + e]) for name, (b, e) in ranges.items()])
+                jobs = [(name, tensors[name], out[base + b : base + e]) for name, (b, e) in ranges.items()]
+                bad = copy_checked(jobs, lanes=torch.get_num_threads())
+                if bad is not None:
+                    raise WeightPayloadError(f"{bad}: contains NaN or infinite values: not published")
             out[8:base].copy_(torch.frombuffer(bytearray(padded), dtype=torch.uint8))
             out[:8].copy_(torch.frombuffer(bytearray(struct.pack("<Q", len(padded))), dtype=torch.uint8))
             slot.version, self._newest = version, slot.index
@@ -307,84 +308,6 @@ def _map_read_only(path: str, info: os.stat_result) -> _Mapped:
     finally:
         os.close(fd)
     return _Mapped(info.st_ino, info.st_size, view, np.frombuffer(view, np.uint8))
-
-
-_PIECE = 8 << 20  # bytes copied, then summed, at a time: the piece is still in the cache when it is read again
-
-
-class _Piece(NamedTuple):
-    name: str
-    source: torch.Tensor  # uint8
-    target: torch.Tensor  # uint8, in the slot
-    values: torch.Tensor | None  # the source's floating-point values, to check
-
-
-@functools.cache
-def _copier() -> tuple[ThreadPoolExecutor, int]:
-    """Threads that copy pieces, one op at a time each, and how many there are."""
-    lanes = max(1, min(torch.get_num_threads(), 8))
-    return ThreadPoolExecutor(lanes, thread_name_prefix="flywheel-shm-copy", initializer=_one_thread), lanes
-
-
-def _one_thread() -> None:
-    """Run this thread's torch ops on this thread alone: a piece is too small to split, and two teams of OpenMP
-    threads on the same cores slow each other down. Not ``torch.set_num_threads(1)``: that would also size the
-    pool of every thread started later (a learner's next training thread). Where the OpenMP runtime is not the
-    one found here, the pieces run on torch's pools as they are: slower, as correct."""
-    torch.get_num_threads()  # torch sizes a thread's pool when first asked (or at its first op): ours comes after
-    for library in ("libgomp.so.1", "libiomp5.so", "libomp.so"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(library, mode=os.RTLD_NOLOAD).omp_set_num_threads(1)  # only one torch loaded already
-            if torch.get_num_threads() == 1:
-                return
-
-
-def _copy_all(jobs: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
-    """Copy each ``(name, source, target)`` (target: a uint8 range of the slot) and check the values finite, in one
-    pass: pieces of at most ``_PIECE`` bytes, each copied then summed while it is in the cache, spread over the
-    copier threads (bench/RESULTS.md: a copy per tensor on the caller's thread pool, then a second pass to check,
-    took up to twice as long)."""
-    pieces: list[_Piece] = []
-    for name, source, target in jobs:
-        flat = source.reshape(-1)
-        raw = flat.view(torch.uint8)
-        step = _PIECE // flat.element_size()
-        for first in range(0, flat.numel(), step):
-            begin = first * flat.element_size()
-            values = flat[first : first + step] if flat.is_floating_point() else None
-            pieces.append(_Piece(name, raw[begin : begin + _PIECE], target[begin : begin + _PIECE], values))
-    pool, lanes = _copier()
-    shares: list[list[_Piece]] = [[] for _ in range(lanes)]
-    loads = [0] * lanes
-    for piece in pieces:  # each to the lane with the fewest bytes so far: the lanes finish together
-        k = loads.index(min(loads))
-        shares[k].append(piece)
-        loads[k] += piece.source.numel()
-
-    def lane(mine: list[_Piece]) -> str | None:
-        """The name of a tensor with a non-finite value among these pieces, or None."""
-        sums = torch.zeros(len(mine))
-        for piece, total in zip(mine, sums, strict=True):
-            _copy_checked(piece, total)
-        # a NaN or an infinity makes its piece's sum non-finite; so can an overflow of large finite values
-        suspects: list[int] = torch.nonzero(~torch.isfinite(sums)).flatten().tolist()
-        for piece in (mine[j] for j in suspects):
-            if piece.values is not None and not bool(torch.isfinite(piece.values).all()):
-                return piece.name
-        return None
-
-    bad = [name for name in pool.map(lane, [share for share in shares if share]) if name is not None]
-    if bad:
-        raise WeightPayloadError(f"{bad[0]}: contains NaN or infinite values: not published")
-
-
-def _copy_checked(piece: _Piece, total: torch.Tensor) -> None:
-    """Copy one piece into the slot, then sum its floating-point values into ``total`` while they are in the cache
-    (read from the source: a slot's tensors need not start at a multiple of their item size). A float64 sum that
-    is not finite stays so in float32 (a huge finite one may not: the caller checks those value by value)."""
-    piece.target.copy_(piece.source)
-    if piece.values is not None:
-        total.copy_(piece.values.sum(dtype=torch.float32 if piece.values.element_size() < 4 else None))
 
 
 def _remove_stale(parent: Path, *, keep: Path) -> None:

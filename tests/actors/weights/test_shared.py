@@ -122,11 +122,11 @@ async def test_tensors_of_several_pieces_arrive_whole_and_a_bad_value_in_a_late_
     """The copy goes in pieces over several threads: a tensor of 2.5 pieces (odd byte offsets after the fp16
     one, sorted last) round-trips bit for bit, so do finite values too large to sum, and an infinity in its last
     piece fails the publish with its name."""
-    from actors.weights._shared import _PIECE
+    from actors.weights._copy import PIECE
 
     transport = SharedMemoryTransport(tmp_path / "slots")
     state = _state(1)
-    state["zz.big"] = torch.randn(_PIECE * 5 // 2 // 4, generator=torch.Generator().manual_seed(7))
+    state["zz.big"] = torch.randn(PIECE * 5 // 2 // 4, generator=torch.Generator().manual_seed(7))
     got = await transport.get(await transport.put(1, state))
     assert all(torch.equal(got[k], state[k]) for k in state)
     state["zz.big"].fill_(3e38)  # finite values whose sum is not: checked value by value, then published
@@ -143,22 +143,22 @@ def test_publishing_leaves_the_torch_threads_of_the_learner_alone(tmp_path: Path
     script = textwrap.dedent(
         f"""
         import asyncio, threading, torch
+        from actors.weights import _copy
         from actors.weights import _shared
         from tests.actors.weights.test_shared import _state
         torch.set_num_threads(2)
         asyncio.run(_shared.SharedMemoryTransport({str(tmp_path / "slots")!r}).put(1, _state(1)))
-        pool, lanes = _shared._copier()
         seen = {{}}
         later = threading.Thread(target=lambda: seen.update(later=torch.get_num_threads()))
         later.start(); later.join()
-        print(torch.get_num_threads(), seen["later"], lanes, pool.submit(torch.get_num_threads).result())
+        print(torch.get_num_threads(), seen["later"], _copy._pool().submit(torch.get_num_threads).result())
         """
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["2", "2", "2", "1"]
+    assert done.stdout.split() == ["2", "2", "1"]
 
 
 async def test_when_every_slot_is_held_the_publish_waits_then_says_why(tmp_path: Path) -> None:
@@ -273,13 +273,14 @@ def test_a_writer_killed_mid_copy_leaves_a_slot_that_names_no_version(tmp_path: 
         from tests.actors.weights.test_shared import _state
         transport = _shared.SharedMemoryTransport({str(tmp_path / "slots")!r})
         asyncio.run(transport.put(1, _state(1)))
-        copy, calls = _shared._copy_checked, []
+        from actors.weights import _copy
+        copy, calls = _copy._copy_piece, []
         def dying(*args):
             calls.append(1)
             if len(calls) == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
             copy(*args)
-        _shared._copy_checked = dying
+        _copy._copy_piece = dying
         transport._newest = None  # rewrite v1's own slot: the worst place to die
         asyncio.run(transport.put(2, _state(2)))
         """
