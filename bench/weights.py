@@ -19,7 +19,8 @@ writes its parameters):
   rank reuses, reported the same way (an ephemeral message per rank);
 - the decode stall: a TorchEngine decoding a batch while an update lands from a task of its own (as a subscriber
   applies one), the longest step meanwhile beyond the median, in decode steps: for a copying update (the object
-  store, disk) and for one from a shared-memory slot.
+  store, disk) and for one from a shared-memory slot; the median of ``--stall-repeats`` updates (each on a fresh
+  engine; the target applies to it) and the largest beside it.
 
 Targets (issue 27), at sizes ≥ 40 MB where bandwidth dominates: disk/shared memory ≤ 2× memcpy (both rows),
 object store ≤ 5× memcpy, gloo ≥ 50 % of the raw gloo broadcast's speed; the stall ≤ 1 step at every size.
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,23 @@ async def decode_stall_steps(
     }
 
 
+async def stall_once(size: str, base: dict[str, torch.Tensor], slots: Path | None = None) -> dict[str, float]:
+    """One update's stall on an engine of its own (a copying update, or one from shared-memory ``slots``)."""
+    policy = Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0)
+    transport = SharedMemoryTransport(slots) if slots is not None else None
+    return await decode_stall_steps(policy, perturbed(base, 1), transport)
+
+
+async def stalls(repeats: int, measure: Callable[[], Awaitable[dict[str, float]]]) -> dict[str, Any]:
+    """``repeats`` updates landing while a batch decodes, each on a fresh engine: the median of each figure, and
+    the largest stall beside it (one update's stall is a few milliseconds of one step: scheduling moves it)."""
+    samples = [await measure() for _ in range(repeats)]
+    out: dict[str, Any] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+    out["stall_steps_max"] = max(s["stall_steps"] for s in samples)
+    out["stall_samples"] = [round(s["stall_steps"], 3) for s in samples]
+    return out
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = args.sizes.split(",")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -286,12 +305,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.to_thread(broadcaster._group.broadcast, flat)  # type: ignore[union-attr]
                     times.append(await wait_swaps(events, size, version, len(workers)) - started)
                 row["raw_gloo_s"] = min(times[1:])
-                row.update(await decode_stall_steps(policy, perturbed(base, 1)))
-                shared = await decode_stall_steps(
-                    Policy.tiny_gpt(GPTConfig(**PRESETS[size]), seed=0),
-                    perturbed(base, 1),
-                    SharedMemoryTransport(Path(disk_root) / f"stall-{size}"),
-                )
+                row.update(await stalls(args.stall_repeats, partial(stall_once, size, base)))
+                slots = Path(disk_root) / f"stall-{size}"
+                shared = await stalls(args.stall_repeats, partial(stall_once, size, base, slots))
                 row.update({f"shm_{key}": value for key, value in shared.items()})
                 await bus.close()
                 rows.append(row)
@@ -331,6 +347,7 @@ def main() -> None:
     )
     parser.add_argument("--generators", type=int, default=2, help="generator processes that must all swap")
     parser.add_argument("--repeats", type=int, default=None, help="best of N per transport (default 1 quick, 3 full)")
+    parser.add_argument("--stall-repeats", type=int, default=5, help="updates per decode-stall figure (median, max)")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     results = asyncio.run(run(args))
@@ -345,7 +362,7 @@ def main() -> None:
         "gloo ms (raw gloo ms, raw/ours)",
         "decode step ms",
         "swap ms",
-        "stall (steps): copy / shm",
+        "stall (steps), median (max): copy / shm",
     ]
     table_rows = []
     checks: list[dict[str, Any]] = []
@@ -373,7 +390,8 @@ def main() -> None:
                 f"{row['ratios']['raw_gloo_over_ours']:.0%})",
                 f"{1000 * row['median_step_s']:.1f}",
                 f"{1000 * row['swap_s']:.1f}",
-                f"{row['stall_steps']:.2f} / {row['shm_stall_steps']:.2f}",
+                f"{row['stall_steps']:.2f} ({row['stall_steps_max']:.2f}) / "
+                f"{row['shm_stall_steps']:.2f} ({row['shm_stall_steps_max']:.2f})",
             ]
         )
         bandwidth = row["mbytes"] >= TARGETS["min_mbytes"]  # the size targets hold where bandwidth dominates
@@ -389,8 +407,10 @@ def main() -> None:
                 "raw_gloo_over_ours": [row["ratios"]["raw_gloo_over_ours"], TARGETS["raw_gloo_over_ours"]]
                 if bandwidth
                 else None,
-                "stall_steps": [row["stall_steps"], TARGETS["stall_steps"]],
+                "stall_steps": [row["stall_steps"], TARGETS["stall_steps"]],  # the median of the updates
                 "shm_stall_steps": [row["shm_stall_steps"], TARGETS["stall_steps"]],
+                "stall_steps_max": row["stall_steps_max"],  # the worst update, beside it
+                "shm_stall_steps_max": row["shm_stall_steps_max"],
             }
         )
     results["targets"] = TARGETS
