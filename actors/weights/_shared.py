@@ -138,12 +138,11 @@ class SharedMemoryTransport:
             # the header last: a writer killed mid-copy leaves a slot that names no version (its length is 0), not
             # one that names a version it does not hold
             out[:8].zero_()
-            with torch.no_grad():
-                ranges = {name: header[name]["data_offsets"] for name in sorted(tensors)}
-                jobs = [(name, tensors[name], out[base + b : base + e]) for name, (b, e) in ranges.items()]
-                bad = copy_checked(jobs, lanes=torch.get_num_threads())
-                if bad is not None:
-                    raise WeightPayloadError(f"{bad}: contains NaN or infinite values: not published")
+            ranges = {name: header[name]["data_offsets"] for name in sorted(tensors)}
+            jobs = [(name, tensors[name], out[base + b : base + e]) for name, (b, e) in ranges.items()]
+            bad = copy_checked(jobs, lanes=torch.get_num_threads())
+            if bad is not None:
+                raise WeightPayloadError(f"{bad}: contains NaN or infinite values: not published")
             out[8:base].copy_(torch.frombuffer(bytearray(padded), dtype=torch.uint8))
             out[:8].copy_(torch.frombuffer(bytearray(struct.pack("<Q", len(padded))), dtype=torch.uint8))
             slot.version, self._newest = version, slot.index
