@@ -14,6 +14,9 @@ Contract:
   ``PublishError`` with the first error JetStream answered (or "no responders": no stream on the subject), and
   ``TimeoutError`` when an answer is missing after ``timeout_s``. Messages of a failed batch may have been
   stored: the caller republishes with the same ids and dedupe keeps one copy.
+- :meth:`AckTracker.connection_lost` (called when the connection was re-made: a server restart) fails every batch
+  still waiting with :class:`AcksLost` at once: the answers to what the old server received died with it, and
+  would only have timed out. The caller sends the batch again.
 - Late answers of a batch that already failed or timed out are ignored.
 
 Non-goals: flow control beyond the batch (callers bound the batch size), retries.
@@ -30,7 +33,7 @@ import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-__all__ = ["AckTracker", "PublishError"]
+__all__ = ["AckTracker", "AcksLost", "PublishError"]
 
 _DUPLICATE = b'"duplicate"'  # then the JSON is read: the server writes `"duplicate": true`
 _ERROR = b'"error":{'  # a key, never inside a JSON string (its quotes would be escaped there)
@@ -39,6 +42,10 @@ _NO_RESPONDERS = "503"
 
 class PublishError(Exception):
     """JetStream refused a message (or nothing stores its subject)."""
+
+
+class AcksLost(TimeoutError):
+    """The connection was re-made while a batch waited: its missing answers will never come."""
 
 
 @dataclass(eq=False, slots=True)
@@ -92,6 +99,12 @@ class AckTracker:
                 waiting.pop(token, None)
             if not batch.done.done():
                 batch.done.cancel()
+
+    def connection_lost(self) -> None:
+        """Fail every batch still waiting for answers (see the module docstring)."""
+        for batch in set(self._waiting.values()):
+            if not batch.done.done():
+                batch.done.set_exception(AcksLost("the connection to the server was re-made while acks were due"))
 
     async def _on_reply(self, msg: Msg) -> None:
         batch = self._waiting.pop(msg.subject[len(self._prefix) :], None)

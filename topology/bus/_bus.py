@@ -4,8 +4,9 @@ Contract:
 - ``Bus.connect(url, topology=..., name=...)`` connects (a token, or a creds file for external clusters), retries
   for ``connect_timeout_s`` and then fails with a ``BusError`` naming the URL (and saying so when the server refused
   the credentials); once connected it reconnects forever (a running service rides out a NATS restart): publishes
-  wait up to their timeout for the server to come back, consumers re-issue their pulls and KV watches re-create
-  their watchers as soon as the connection is back (``bus.reconnects``, see ``_reconnect``).
+  wait up to their timeout for the server to come back (one whose ack died with the old server is sent again as
+  soon as the connection is back), consumers re-issue their pulls and KV watches re-create their watchers then
+  (``bus.reconnects``, see ``_reconnect``).
 - A channel is a JetStream stream ``FW_<TOPOLOGY>_<CHANNEL>`` on subject ``fw.<topology>.<channel>``
   (file storage, limits retention, ``duplicate_window = dedupe_window_s``); ``ensure_channel`` creates or
   updates it; publishing or consuming a channel not yet ensured creates it with defaults.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -38,7 +40,7 @@ from nats.js import api
 
 from topology._names import DEADLETTER, channel_subject, consumer_name, ephemeral_subject, stream_name
 from topology._spec import BusSpec
-from topology.bus._acks import AckTracker, PublishError
+from topology.bus._acks import AcksLost, AckTracker, PublishError
 from topology.bus._consumer import ChannelConsumer
 from topology.bus._envelope import Envelope, encode
 from topology.bus._errors import BusError
@@ -76,6 +78,7 @@ class Bus:
         self.stats = BusStats()
         self.reconnects = reconnects or Reconnects()  # bumped by nats-py's reconnect callback
         self._acks = AckTracker(nc)
+        self.reconnects.add_callback(self._acks.connection_lost)
         self._stores = Stores(self._js, self._acks, self.reconnects)
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
@@ -251,9 +254,16 @@ class Bus:
                 env = Envelope.new(type_, payload, id=id_, source=source)
                 ids.append(env.id)
                 messages.append((subj, encode(env), {"Nats-Msg-Id": env.id}))
-            duplicates = await self._acks.publish(messages, timeout_s=_PUBLISH_TIMEOUT_S)
+            deadline = time.monotonic() + _PUBLISH_TIMEOUT_S
+            while True:
+                try:
+                    duplicates = await self._acks.publish(messages, timeout_s=deadline - time.monotonic())
+                    break
+                except AcksLost:  # a server restart took the acks: send again (same ids: stored once)
+                    if time.monotonic() >= deadline:
+                        raise
         except (PublishError, js_errors.Error, nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"publish to channel {channel!r} failed: {exc or exc.__class__.__name__}") from None
+            raise BusError(f"publish to channel {channel!r} failed: {str(exc) or type(exc).__name__}") from None
         self.stats.published += len(ids)
         self.stats.duplicates += duplicates
         return ids

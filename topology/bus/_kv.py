@@ -4,9 +4,10 @@ Contract: buckets are created on first use (``history`` 1 unless ``ensure_kv`` s
 bytes; ``get`` of a missing or deleted key is ``None``; ``watch`` yields the current value (if any) and then
 every new value of the key — deletes are skipped — and rides out a server restart: on reconnect it re-creates its
 watcher and goes on from the last revision it yielded (a value is never yielded twice, one written while the
-server was away is not missed). Object store puts chunk large blobs (1 MiB chunks) and
-``get`` returns the whole blob, checked against the SHA-256 digest nats-py recorded at put time; passing
-``expect_digest`` (the digest ``object_put`` returned) also rejects an object that was replaced since.
+server was away is not missed); a ``put`` waiting for its answer when the server restarted is written again.
+Object store puts chunk large blobs (1 MiB chunks) and ``get`` returns the whole blob, checked against the SHA-256
+digest nats-py recorded at put time; passing ``expect_digest`` (the digest ``object_put`` returned) also rejects
+an object that was replaced since.
 
 Non-goals: typed values (callers encode), compare-and-set (use nats-py's ``KeyValue.update`` directly).
 """
@@ -74,11 +75,25 @@ class Stores:
         return kv
 
     async def put(self, bucket: str, key: str, value: bytes) -> int:
+        """Write ``value``; its revision. A put whose answer was due when the server restarted is written again
+        once the connection is back (the answer died with the old server): a key may then hold the value twice
+        over, never a value the caller did not write."""
         kv = await self.kv(bucket)
-        try:
-            return await kv.put(key, value)
-        except js_errors.InvalidKeyError:
-            raise BusError(f"invalid KV key {key!r} for bucket {bucket!r}") from None
+        while True:
+            generation = self._reconnects.count
+            put = asyncio.ensure_future(kv.put(key, value))
+            reconnected = asyncio.ensure_future(self._reconnects.wait(generation))
+            try:
+                await asyncio.wait([put, reconnected], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                reconnected.cancel()
+                if not put.done():
+                    put.cancel()  # reconnected first (or we were cancelled): its answer may never come
+            if put.done() and not put.cancelled():
+                try:
+                    return put.result()
+                except js_errors.InvalidKeyError:
+                    raise BusError(f"invalid KV key {key!r} for bucket {bucket!r}") from None
 
     async def get(self, bucket: str, key: str) -> bytes | None:
         kv = await self.kv(bucket)

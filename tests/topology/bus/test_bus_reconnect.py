@@ -91,3 +91,51 @@ async def test_kv_watch_sees_values_written_after_a_restart_exactly_once(server:
             await anyio.sleep(0.2)
             tg.cancel_scope.cancel()
         assert seen == [b"1", b"2", b"3"] or seen == [b"1", b"3"]  # never a value twice, never the old one again
+
+
+async def test_a_publish_whose_ack_died_with_the_server_is_sent_again_and_stored_once(server: EmbeddedNats) -> None:
+    """The server stops answering (SIGSTOP) with a publish on the wire, then dies and comes back on its port: the
+    ack that publish waited for died with the old server. It is sent again once the connection is back (the same
+    id: stored once), instead of waiting out its timeout and failing (an actor then crashed and was restarted)."""
+    async with await Bus.connect(server.url, topology="t", name="p") as bus:
+        await bus.ensure_channel("work")
+        await bus.publish("work", "x", {"n": 0}, id="m0")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        result: list[str] = []
+        async with anyio.create_task_group() as tg:
+
+            async def publish() -> None:
+                result.append(await bus.publish("work", "x", {"n": 1}, id="m1"))
+
+            tg.start_soon(publish)
+            await anyio.sleep(0.5)
+            assert not result  # on the wire, unanswered
+            await kill_and_restart(server)  # (SIGKILL ends a stopped process too)
+        assert result == ["m1"]
+        seen: list[str] = []
+        with anyio.move_on_after(2):  # everything the stream holds, read once
+            async for delivery in bus.consume("work", "audit", batch=8):
+                seen.append(delivery.envelope.id)
+                await delivery.ack()
+        assert sorted(seen) == ["m0", "m1"]
+
+
+async def test_a_kv_put_whose_answer_died_with_the_server_is_written_again(server: EmbeddedNats) -> None:
+    """The same for a KV put (how the learner announces weights): written once the connection is back."""
+    async with await Bus.connect(server.url, topology="t", name="p") as bus:
+        await bus.ensure_kv("fw_t_w")
+        await bus.kv_put("fw_t_w", "current", b"1")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        revisions: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def put() -> None:
+                revisions.append(await bus.kv_put("fw_t_w", "current", b"2"))
+
+            tg.start_soon(put)
+            await anyio.sleep(0.5)
+            assert not revisions  # on the wire, unanswered
+            await kill_and_restart(server)
+        assert revisions and await bus.kv_get("fw_t_w", "current") == b"2"
