@@ -26,7 +26,7 @@ import mmap
 import os
 import struct
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,15 +138,21 @@ def view_safetensors(blob: bytes | bytearray | memoryview, *, where: str = "payl
     """Tensors that are views of ``blob`` (which they keep alive); no bytes are copied. Views of a ``bytes`` blob
     must not be written to."""
     view = memoryview(blob)
-    base, entries, _ = _parse(bytes(view[:8]) + bytes(_header(view)), len(view), where)
+    base, entries, _ = _parse(_head_of(view), len(view), where)
     return _views(blob, base, entries)
 
 
-def _header(view: memoryview) -> memoryview:
-    if len(view) < 8:
-        return view[:0]
-    (header_len,) = struct.unpack("<Q", view[:8])
-    return view[8 : 8 + min(header_len, _MAX_HEADER)]
+def _head(first: bytes, size: int, read: Callable[[int], bytes]) -> bytes:
+    """A payload's length field (``first``, its first 8 bytes) and the header it announces (``read(n)``: the n bytes
+    after the length field) — only those: slicing more of a mapped payload costs a copy of the weights."""
+    if len(first) < 8:
+        return first
+    (length,) = struct.unpack("<Q", first)
+    return first + read(min(length, _MAX_HEADER, max(0, size - 8)))
+
+
+def _head_of(view: memoryview) -> bytes:
+    return _head(bytes(view[:8]), len(view), lambda n: bytes(view[8 : 8 + n]))
 
 
 def map_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -156,7 +162,7 @@ def map_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         if size < 8:
             raise MalformedSafetensors(f"{path}: {size} bytes is too short for a safetensors file")
         view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    base, entries, _ = _parse(view[:8] + bytes(_header(memoryview(view))), size, str(path))
+    base, entries, _ = _parse(_head_of(memoryview(view)), size, str(path))
     return _views(view, base, entries)
 
 

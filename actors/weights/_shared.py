@@ -37,7 +37,7 @@ import shutil
 import struct
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ import torch
 
 from actors.weights._copy import copy_checked
 from actors.weights._manifest import TensorInfo, WeightManifest, WeightPayloadError, check_state_dict, describe
-from actors.weights._mmap import _MAX_HEADER, _Entry, _layout, _parse, _views
+from actors.weights._mmap import _Entry, _head, _layout, _parse, _views
 
 __all__ = ["SharedMemoryTransport", "SharedTensors", "shm_root"]
 
@@ -285,15 +285,6 @@ class SharedMemoryTransport:
             os.close(fd)
             raise
         return fd, mapped.array, base, entries
-
-
-def _head(first: bytes, size: int, read: Callable[[int], bytes]) -> bytes:
-    """The length field and the header it announces (``read(n)``: the n bytes after the length field) — only
-    those: slicing more of a slot costs a copy of the weights."""
-    if len(first) < 8:
-        return first
-    (length,) = struct.unpack("<Q", first)
-    return first + read(min(length, _MAX_HEADER, max(0, size - 8)))
 
 
 def _map_read_only(path: str, info: os.stat_result) -> _Mapped:
