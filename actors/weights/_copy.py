@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from actors.policy import all_finite
+
 __all__ = ["PIECE", "copy_checked"]
 
 PIECE = 8 << 20  # bytes copied, then summed, at a time: the piece is still in the cache when it is read again
@@ -80,23 +82,14 @@ def copy_checked(jobs: Sequence[tuple[str, torch.Tensor, torch.Tensor]], *, lane
 
 
 def _lane(pieces: list[_Piece]) -> str | None:
-    """Copy these pieces one after the other; the name of a tensor with a non-finite value among them, or None."""
-    sums = torch.zeros(len(pieces))
-    with torch.no_grad():
-        for piece, total in zip(pieces, sums, strict=True):
-            _copy_piece(piece, total)
-    # a NaN or an infinity makes its piece's sum non-finite; so can an overflow of large finite values
-    suspects: list[int] = torch.nonzero(~torch.isfinite(sums)).flatten().tolist()
-    for piece in (pieces[j] for j in suspects):
-        if piece.values is not None and not bool(torch.isfinite(piece.values).all()):
-            return piece.name
+    """Copy these pieces one after the other, each checked right after its copy; the name of the first tensor with a
+    non-finite value among them (the lane stops there), or None."""
+    for piece in pieces:
+        _copy_piece(piece)
+        if piece.values is not None and not all_finite(piece.values):  # read from the source: a target need not
+            return piece.name  # start at a multiple of the item size
     return None
 
 
-def _copy_piece(piece: _Piece, total: torch.Tensor) -> None:
-    """Copy one piece, then sum its floating-point values into ``total`` while they are in the cache (read from the
-    source: a target need not start at a multiple of the item size). A float64 sum that is not finite stays so in
-    float32; a huge finite one may not: :func:`_lane` checks those value by value."""
+def _copy_piece(piece: _Piece) -> None:
     piece.target.copy_(piece.source)
-    if piece.values is not None:
-        total.copy_(piece.values.sum(dtype=torch.float32 if piece.values.element_size() < 4 else None))

@@ -264,7 +264,7 @@ async def test_a_slot_takes_a_version_of_another_size_and_readers_map_it_anew(tm
 
 
 def test_a_writer_killed_mid_copy_leaves_a_slot_that_names_no_version(tmp_path: Path) -> None:
-    """SIGKILL between two tensors of v2 (the second copy kills its own process): no slot claims v2, v1 is
+    """SIGKILL between two pieces of v2 (the second piece's copy kills its own process): no slot claims v2, v1 is
     intact, and the next life of the learner writes v2 for real."""
     script = textwrap.dedent(
         f"""
