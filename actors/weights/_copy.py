@@ -28,7 +28,7 @@ from actors.policy import all_finite
 
 __all__ = ["PIECE", "copy_checked"]
 
-PIECE = 8 << 20  # bytes copied, then summed, at a time: the piece is still in the cache when it is read again
+PIECE = 8 << 20  # bytes copied, then checked, at a time: the piece is still in the cache when it is read again
 _MAX_LANES = 8
 
 
@@ -57,8 +57,8 @@ def _one_thread() -> None:
 def copy_checked(jobs: Sequence[tuple[str, torch.Tensor, torch.Tensor]], *, lanes: int) -> str | None:
     """Copy each ``(name, source, target)`` — tensors of the same number of bytes, the target a contiguous CPU one
     (a uint8 range at any offset, say) — in pieces of at most :data:`PIECE` bytes on ``lanes`` threads (at most 8),
-    and sum each piece's floating-point values right after its copy. Returns the name of a tensor with a NaN or an
-    infinity (its copy may be partly done), or None when every value is finite."""
+    and check each piece's floating-point values finite right after its copy. Returns the name of a tensor with a
+    NaN or an infinity (its copy may be partly done), or None when every value is finite."""
     pieces: list[_Piece] = []
     for name, source, target in jobs:
         flat = source.detach().to("cpu").contiguous().reshape(-1)  # (no copy for a contiguous CPU tensor)
