@@ -20,6 +20,9 @@ verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_
 it
 (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
+The "learner drift" table gives, per ``DRIFT_WINDOW_S`` of a run's steps, the gradient's norm before clipping
+(median, 95th percentile, largest) and the mean behavior KL per token (how far the policy moved from the one that
+sampled the batch): a run whose gradients and moves grow while its held-out rounds start to swing shows it there.
 The "no signal" column is the share of a domain's groups the learner consumed without a step because all their
 rewards were equal (generated, verified and thrown away), and in brackets the shares that were all full marks
 (solved) and all zero (failed).
@@ -64,7 +67,7 @@ if str(ROOT) not in sys.path:
 
 from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from actors.protocol import policy_of  # noqa: E402
-from bench._common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from bench._common import RESULTS_DIR, markdown_table, percentile, write_results  # noqa: E402
 
 _STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1))}
 _QUICK = {"actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
@@ -155,6 +158,7 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
     }
 
 
+DRIFT_WINDOW_S = 100.0  # the learner-drift table's windows of step time
 SETTLED_S = 60.0  # rounds before this (seconds since the post-warm-start round) do not count in the spread
 
 
@@ -237,6 +241,7 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
         if "staleness_mean" in steps.columns:
             out["staleness_mean"] = statistics.fmean(float(v) for v in steps["staleness_mean"])
         out["rollout"] = rollout_accuracy(steps, applied)
+        out["drift"] = drift(steps)
     if len(applied) and "how" in applied.columns:
         # shares of a domain's groups: [trained, no signal, no signal with full marks, no signal with all zero]
         groups: dict[str, list[int]] = {}
@@ -252,6 +257,36 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
         if "reward" in applied.columns:
             out["no_signal_solved"] = {d: c[2] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
             out["no_signal_failed"] = {d: c[3] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
+    return out
+
+
+def drift(steps: Any, window_s: float = DRIFT_WINDOW_S) -> list[dict[str, float]]:
+    """Per ``window_s`` of step rows (from the first step): steps, the gradient norm before clipping (median, 95th
+    percentile, largest) and the mean behavior KL per token; windows without a step are left out."""
+    if not len(steps) or "grad_norm" not in steps.columns:
+        return []
+    t0 = float(steps["ts"].min())
+    kl_of = "behavior_kl" in steps.columns
+    windows: dict[int, list[tuple[float, float | None]]] = {}
+    for row in steps.iter_rows(named=True):
+        if row["grad_norm"] is None:
+            continue
+        kl = row["behavior_kl"] if kl_of else None
+        windows.setdefault(int((float(row["ts"]) - t0) // window_s), []).append((float(row["grad_norm"]), kl))
+    out = []
+    for index, rows in sorted(windows.items()):
+        norms = sorted(n for n, _ in rows)
+        kls = [float(k) for _, k in rows if k is not None]
+        out.append(
+            {
+                "t_s": index * window_s,
+                "steps": len(rows),
+                "grad_norm_median": statistics.median(norms),
+                "grad_norm_p95": percentile(norms, 95),
+                "grad_norm_max": norms[-1],
+                "behavior_kl": statistics.fmean(kls) if kls else float("nan"),
+            }
+        )
     return out
 
 
@@ -445,6 +480,7 @@ def main() -> None:
         "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)"
     )
     print_decodings(results)
+    print_drift(results)
     summary: dict[str, Any] = {}
     if "sync" in results and "async" in results:
         pipe = pipelining(results["sync"])
@@ -583,6 +619,27 @@ def print_decodings(results: dict[str, dict[str, Any]]) -> None:
                 spread_rows,
             )
         )
+
+
+def print_drift(results: dict[str, dict[str, Any]]) -> None:
+    rows = [
+        [
+            variant,
+            round(w["t_s"]),
+            w["steps"],
+            f"{w['grad_norm_median']:.2f}",
+            f"{w['grad_norm_p95']:.2f}",
+            f"{w['grad_norm_max']:.1f}",
+            f"{w['behavior_kl']:.4f}",
+        ]
+        for variant, res in results.items()
+        for w in res.get("drift", [])
+    ]
+    if rows:
+        print(
+            f"\nlearner drift per {DRIFT_WINDOW_S:.0f} s of steps: gradient norm before clipping, behavior KL per token"
+        )
+        print(markdown_table(["variant", "from s", "steps", "median", "p95", "max", "behavior KL"], rows))
 
 
 def _no_signal(res: dict[str, Any], domain: str) -> str:

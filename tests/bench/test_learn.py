@@ -39,3 +39,24 @@ def test_a_variant_spec_carries_small_learning_rates_as_numbers(tmp_path: Path) 
         ROOT / "specs" / "embedded.yaml", {"actors": {"learner": learner_overrides(["lr=5e-5"])}}, tmp_path, "async"
     )
     assert load_spec(spec).actors["learner"].config.lr == pytest.approx(5e-5)
+
+
+def test_drift_gives_gradient_norms_and_behavior_kl_per_window_of_steps() -> None:
+    import polars as pl
+
+    from bench.learn import drift
+
+    steps = pl.DataFrame(
+        {
+            "ts": [1000.0, 1010.0, 1020.0, 1150.0, 1160.0, 1400.0],
+            "grad_norm": [0.5, 1.5, 1.0, 3.0, 40.0, None],
+            "behavior_kl": [0.001, 0.001, 0.004, 0.002, 0.006, 0.1],
+        }
+    )
+    windows = drift(steps, window_s=100.0)
+    assert [w["t_s"] for w in windows] == [0.0, 100.0]  # a row without a norm is left out
+    first, second = windows
+    assert first["steps"] == 3 and first["grad_norm_median"] == 1.0 and first["grad_norm_max"] == 1.5
+    assert first["behavior_kl"] == pytest.approx(0.002)
+    assert second["steps"] == 2 and second["grad_norm_p95"] == 40.0 and second["behavior_kl"] == pytest.approx(0.004)
+    assert drift(steps.drop("grad_norm")) == []  # metrics of a learner that predates the column
