@@ -8,7 +8,13 @@ Lifecycle:
   restart, so generators drop weights the crash rolled back — and, after a warm start, publish a held-out
   evaluation round (the baseline).
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
-  greedy training samples are dropped, counted and acked); the train loop builds batches by domain weight
+  greedy training samples are dropped, counted and acked). In ``async`` mode a group's advantages are computed as
+  it arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted
+  like an applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal:
+  a learner that outruns its generators waits for signal instead of stepping on the few signal rows of a
+  mostly solved batch. (Consumed groups wait for a checkpoint to be acked; when they reach ``batch_size ×
+  checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's ack window never
+  fills.) The train loop builds batches by domain weight
   (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
   samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
   than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. The held-out prompts out
@@ -87,7 +93,8 @@ class _Held:
 
     delivery: Delivery[ScoredMsg]
     msg: ScoredMsg
-    size: int
+    size: int  # its completions
+    samples: list[TrainSample] | None = None  # computed on arrival (async mode), else when its batch is taken
 
 
 class LearnerActor(Actor[LearnerConfig]):
@@ -129,6 +136,7 @@ class LearnerActor(Actor[LearnerConfig]):
         )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet
         self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
+        self._unacked_limit = config.batch_size * config.checkpoint_every_steps  # then checkpoint early (see run)
         self._rewards: dict[str, deque[tuple[float, float]]] = {}
         self._staleness_last: list[int] = []
         self._feedback_staleness: deque[int] = deque(maxlen=_REWARD_WINDOW)  # of the latest production samples
@@ -389,8 +397,16 @@ class LearnerActor(Actor[LearnerConfig]):
             await self._drop_stale(delivery)
             return
         held = _Held(delivery, msg, len(msg.completions))
+        if self.config.mode == "async":  # sync: a batch is what one version's prompts gave, signal or not
+            held.samples = self._samples(msg)
+            if not held.samples:  # no signal (or every row too long): nothing to wait in the buffer for
+                if held.samples is None:
+                    self._count_no_signal(msg)
+                self._account([], [held])
+                self.ctx.report_soon()
+                return
         self._held[mid] = held
-        self.batcher.add(msg.domain, held, held.size)
+        self.batcher.add(msg.domain, held, held.size if held.samples is None else len(held.samples))
         self._arrived.set()
         self.ctx.report_soon()  # delivered (no longer pending on the bus) and buffered: max_in_flight counts it here
 
@@ -432,6 +448,8 @@ class LearnerActor(Actor[LearnerConfig]):
     async def _train_loop(self) -> None:
         while not self.ctx.stopping.is_set():
             if not self.batcher.ready():
+                if len(self._unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
+                    await self.checkpoint()
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
                 # time, stop requests)
                 with anyio.move_on_after(0.05):
@@ -456,7 +474,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 if self._is_stale(held.msg):
                     await self._drop_stale(held.delivery)
                     continue
-                group_samples = self._samples(held.msg)
+                group_samples = held.samples if held.samples is not None else self._samples(held.msg)
                 if group_samples is None:
                     consumed.append(held)
                     self._count_no_signal(held.msg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import polars as pl
 import pytest
 
 from actors.learner import read_metrics
@@ -216,3 +217,64 @@ async def test_batches_take_domains_in_the_proportion_the_source_draws_them(
         await wait_until(lambda: actor.step == 1, timeout_s=15.0)
     steps = read_metrics(tmp_path / "run", "step")
     assert steps["completions.arithmetic"].to_list() == [8] and steps["completions.extract"].to_list() == [4]
+
+
+async def test_groups_without_signal_are_consumed_on_arrival_and_a_step_waits_for_signal(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Three solved groups and one mixed group are 16 completions, but only 4 with signal: no step until a second
+    mixed group brings the batch's 8 (before, the learner stepped on the first 4 rows it had). The solved groups are
+    accounted as consumed and acked by the next checkpoint, like every group."""
+    spec = write_spec(tmp_path, learner(1, "    max_staleness: 100\n"))
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        for i in range(3):
+            await bus.publish("scored", "scored", scored("arithmetic", [1.0] * 4), id=f"solved{i}")
+        await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 1.0]), id="mixed0")
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 3)
+        await wait_until(lambda: actor.batcher.completions == 4)
+        await anyio.sleep(0.3)  # the train loop had its chances: 4 rows with signal are not a batch of 8
+        assert actor.step == 0
+        await bus.publish("scored", "scored", scored("arithmetic", [1.0, 0.0, 0.0, 0.0]), id="mixed1")
+        await wait_until(lambda: actor.step == 1)
+        await wait_until(lambda: actor.ctx.counters.get("last_checkpoint_step") == 1)
+        consumer = await bus.nc.jetstream().consumer_info(bus.stream("scored"), "learner")
+    assert consumer.num_ack_pending == 0  # the consumed groups were acked with the checkpoint
+    steps = read_metrics(run_dir, "step")
+    assert steps["samples"].to_list() == [8]
+    applied = read_metrics(run_dir, "applied").sort("message_id")
+    assert applied.select("message_id", "how").rows() == [
+        ("mixed0", "applied"),
+        ("mixed1", "applied"),
+        ("solved0", "consumed"),
+        ("solved1", "consumed"),
+        ("solved2", "consumed"),
+    ]
+
+
+async def test_consumed_groups_that_fill_the_ack_window_are_checkpointed_without_a_step(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """batch_size 8 × checkpoint_every_steps 2 = 16 groups may wait for a checkpoint: the 16th solved group in a
+    row triggers one although no step was taken, and every one of them is acked."""
+    spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        js = bus.nc.jetstream()
+
+        async def ack_pending() -> int:
+            return int((await js.consumer_info(bus.stream("scored"), "learner")).num_ack_pending)
+
+        async def all_acked() -> bool:
+            return await ack_pending() == 0
+
+        for i in range(15):
+            await bus.publish("scored", "scored", scored("arithmetic", [1.0] * 4), id=f"solved{i}")
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 15)
+        await anyio.sleep(0.3)  # the train loop had its chances: 15 are below the window's 16
+        assert await ack_pending() == 15
+        await bus.publish("scored", "scored", scored("arithmetic", [1.0] * 4), id="solved15")
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 16)
+        await wait_until(all_acked)
+        assert actor.step == 0
+    events = read_metrics(tmp_path / "run", "lifecycle").filter(pl.col("event") == "checkpoint")
+    assert events["step"].to_list() == [0, 0]  # the start's, and the one the consumed groups asked for
