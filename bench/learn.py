@@ -260,9 +260,10 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
     return out
 
 
-def drift(steps: Any, window_s: float = DRIFT_WINDOW_S) -> list[dict[str, float]]:
+def drift(steps: Any, window_s: float = DRIFT_WINDOW_S) -> list[dict[str, float | None]]:
     """Per ``window_s`` of step rows (from the first step): steps, the gradient norm before clipping (median, 95th
-    percentile, largest) and the mean behavior KL per token; windows without a step are left out."""
+    percentile, largest) and the mean behavior KL per token (None without the column); windows without a step are
+    left out."""
     if not len(steps) or "grad_norm" not in steps.columns:
         return []
     t0 = float(steps["ts"].min())
@@ -284,7 +285,7 @@ def drift(steps: Any, window_s: float = DRIFT_WINDOW_S) -> list[dict[str, float]
                 "grad_norm_median": statistics.median(norms),
                 "grad_norm_p95": percentile(norms, 95),
                 "grad_norm_max": norms[-1],
-                "behavior_kl": statistics.fmean(kls) if kls else float("nan"),
+                "behavior_kl": statistics.fmean(kls) if kls else None,  # (NaN is not JSON)
             }
         )
     return out
@@ -630,7 +631,7 @@ def print_drift(results: dict[str, dict[str, Any]]) -> None:
             f"{w['grad_norm_median']:.2f}",
             f"{w['grad_norm_p95']:.2f}",
             f"{w['grad_norm_max']:.1f}",
-            f"{w['behavior_kl']:.4f}",
+            "-" if w["behavior_kl"] is None else f"{w['behavior_kl']:.4f}",
         ]
         for variant, res in results.items()
         for w in res.get("drift", [])

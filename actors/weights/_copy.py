@@ -92,4 +92,5 @@ def _lane(pieces: list[_Piece]) -> str | None:
 
 
 def _copy_piece(piece: _Piece) -> None:
+    """One piece's copy, a function of its own so that a test can stop a writer in the middle of a publish."""
     piece.target.copy_(piece.source)

@@ -60,3 +60,4 @@ def test_drift_gives_gradient_norms_and_behavior_kl_per_window_of_steps() -> Non
     assert first["behavior_kl"] == pytest.approx(0.002)
     assert second["steps"] == 2 and second["grad_norm_p95"] == 40.0 and second["behavior_kl"] == pytest.approx(0.004)
     assert drift(steps.drop("grad_norm")) == []  # metrics of a learner that predates the column
+    assert [w["behavior_kl"] for w in drift(steps.drop("behavior_kl"))] == [None, None]  # JSON has no NaN
