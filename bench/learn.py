@@ -31,7 +31,9 @@ Held-out rounds are decoded greedy (what a served model answers) and sampled at 
 side (``--decodings both``, the default: the learner's ``eval_temperature`` becomes the spec's decoding plus the
 other; ``--decodings spec`` keeps the spec's alone). Per variant and domain the bench prints both curves round by
 round and, per decoding, the spread of consecutive rounds once past the first minute (the largest and the mean
-change between neighbours): a served model's quality should not swing from one version to the next. ``--learner
+change between neighbours): a served model's quality should not swing from one version to the next. For sampled
+rounds it also prints what sampling alone moves two rounds by (two standard deviations of the difference, from each
+round's completions) and how many pairs moved by more: the part of a swing that is the policy's. ``--learner
 KEY=VALUE`` overrides a learner setting in every variant (e.g. ``--learner lr=5e-5``), so a setting can be measured
 without editing the spec.
 
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -162,14 +165,37 @@ DRIFT_WINDOW_S = 100.0  # the learner-drift table's windows of step time
 SETTLED_S = 60.0  # rounds before this (seconds since the post-warm-start round) do not count in the spread
 
 
-def spread(curve: list[dict[str, Any]], settled_s: float = SETTLED_S) -> dict[str, float] | None:
+def spread(
+    curve: list[dict[str, Any]], settled_s: float = SETTLED_S, *, sampled: bool = False
+) -> dict[str, float] | None:
     """How much consecutive held-out rounds of one curve differ once past ``settled_s``: the largest and the mean
-    absolute change between neighbours (accuracy in [0, 1]), over how many pairs; None with fewer than 2 rounds."""
-    points = [p["accuracy"] for p in curve if p["t_s"] >= settled_s]
-    steps = [abs(b - a) for a, b in itertools.pairwise(points)]
-    if not steps:
+    absolute change between neighbours (accuracy in [0, 1]), over how many pairs, and the largest fall (a rise is
+    learning; a swing is a fall and the rise back); None with fewer than 2 rounds.
+
+    ``sampled`` (rounds of fresh samples, each point with its completion count ``n``): also what sampling alone
+    moves a pair by — ``noise``, the median over pairs of two standard deviations of the difference of two binomial
+    proportions, sqrt(p1(1-p1)/n1 + p2(1-p2)/n2) — and ``beyond``, how many pairs changed by more than their own two
+    standard deviations (a policy that did not move gives about one pair in twenty). Greedy rounds decode the same
+    prompts the same way, so their changes are all the policy's: no noise figure."""
+    points = [p for p in curve if p["t_s"] >= settled_s]
+    changes = [b["accuracy"] - a["accuracy"] for a, b in itertools.pairwise(points)]
+    if not changes:
         return None
-    return {"max": max(steps), "mean": sum(steps) / len(steps), "pairs": float(len(steps))}
+    steps = [abs(c) for c in changes]
+    out = {
+        "max": max(steps),
+        "mean": sum(steps) / len(steps),
+        "pairs": float(len(steps)),
+        "fall": max(0.0, -min(changes)),
+    }
+    if sampled and all(p.get("n") for p in points):
+        two_sd = [
+            2 * math.sqrt(sum(p["accuracy"] * (1 - p["accuracy"]) / p["n"] for p in pair))
+            for pair in itertools.pairwise(points)
+        ]
+        out["noise"] = statistics.median(two_sd)
+        out["beyond"] = float(sum(step > bound for step, bound in zip(steps, two_sd, strict=True)))
+    return out
 
 
 def decoding_name(temperature: float) -> str:
@@ -197,7 +223,12 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
             temperature = float(row["temperature"] or 0.0) if temperature_of else 0.0
             decoding = out["decodings"].setdefault(decoding_name(temperature), {"temperature": temperature})
             decoding.setdefault("curves", {}).setdefault(row["domain"], []).append(
-                {"t_s": round(float(row["ts"]) - t0, 2), "version": int(row["version"]), "accuracy": row["accuracy"]}
+                {
+                    "t_s": round(float(row["ts"]) - t0, 2),
+                    "version": int(row["version"]),
+                    "accuracy": row["accuracy"],
+                    "n": int(row["n"]) if row.get("n") is not None else None,
+                }
             )
         for decoding in out["decodings"].values():
             for domain, curve in decoding["curves"].items():
@@ -205,7 +236,7 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
                 tail = [p["accuracy"] for p in curve[-3:]]  # mean of the last three rounds: less eval noise
                 decoding.setdefault("final", {})[domain] = sum(tail) / len(tail)
                 decoding.setdefault("best", {})[domain] = max(p["accuracy"] for p in curve)
-                decoding.setdefault("spread", {})[domain] = spread(curve)
+                decoding.setdefault("spread", {})[domain] = spread(curve, sampled=decoding["temperature"] > 0)
         first = next(iter(out["decodings"]))
         key = first if headline is None else decoding_name(headline)
         main = out["decodings"].get(key, out["decodings"][first])
@@ -598,7 +629,10 @@ def print_decodings(results: dict[str, dict[str, Any]]) -> None:
                         _pct(decodings[name]["final"].get(domain)),
                         "-" if gap is None else _pct(gap["max"]),
                         "-" if gap is None else _pct(gap["mean"]),
+                        "-" if gap is None else _pct(gap["fall"]),
                         "-" if gap is None else int(gap["pairs"]),
+                        "-" if gap is None or "noise" not in gap else _pct(gap["noise"]),
+                        "-" if gap is None or "beyond" not in gap else int(gap["beyond"]),
                     ]
                 )
             if len(names) > 1:
@@ -616,9 +650,25 @@ def print_decodings(results: dict[str, dict[str, Any]]) -> None:
         print(f"\nspread of consecutive held-out rounds after the first {SETTLED_S:.0f} s (points)")
         print(
             markdown_table(
-                ["variant", "domain", "decoding", "post-warm-start %", "final % (last 3)", "max Δ", "mean Δ", "pairs"],
+                [
+                    "variant",
+                    "domain",
+                    "decoding",
+                    "post-warm-start %",
+                    "final % (last 3)",
+                    "max Δ",
+                    "mean Δ",
+                    "largest fall",
+                    "pairs",
+                    "sampling noise (2 sd)",
+                    "pairs beyond it",
+                ],
                 spread_rows,
             )
+        )
+        print(
+            "sampling noise: two standard deviations of the change between two rounds of a policy that did not move "
+            "(binomial, from each round's completions); greedy rounds have none"
         )
 
 

@@ -20,6 +20,7 @@ Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the l
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -149,8 +150,14 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
             label = domain if len(temperatures) == 1 else f"{domain}, {eval_mode(evals, temperature)}"
             seconds = [float(t) - t0 for t in rows["ts"].to_list()]
             style = ("-", "--", ":", "-.")[i % 4]
-            by_time.plot(seconds, rows["accuracy"].to_list(), style, marker="o", label=label)
-            by_version.plot(rows["version"].to_list(), rows["accuracy"].to_list(), style, marker="o", label=label)
+            accuracy = rows["accuracy"].to_list()
+            (line,) = by_time.plot(seconds, accuracy, style, marker="o", label=label)
+            by_version.plot(rows["version"].to_list(), accuracy, style, marker="o", label=label, color=line.get_color())
+            if temperature > 0 and "n" in rows.columns:  # sampled: a band of two standard deviations (binomial)
+                two_sd = [2 * math.sqrt(a * (1 - a) / max(int(n), 1)) for a, n in zip(accuracy, rows["n"], strict=True)]
+                low = [a - d for a, d in zip(accuracy, two_sd, strict=True)]
+                high = [a + d for a, d in zip(accuracy, two_sd, strict=True)]
+                by_time.fill_between(seconds, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
     by_time.set_xlabel("seconds since the first evaluation")
     by_version.set_xlabel("weights version")
     by_time.set_ylabel(f"held-out accuracy ({eval_mode(evals)})")
@@ -158,7 +165,8 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     by_time.legend(loc="best")
     for axis in (by_time, by_version):
         axis.grid(alpha=0.3)
-    fig.suptitle("held-out accuracy by domain")
+    band = " (shaded: ±2 sd of a sampled round's own sampling noise)" if any(t > 0 for t in temperatures) else ""
+    fig.suptitle(f"held-out accuracy by domain{band}")
     fig.tight_layout()
     tmp = out.with_name("." + out.name + ".tmp.png")
     fig.savefig(tmp, dpi=90)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,20 @@ def test_spread_is_the_change_between_neighbouring_rounds_after_the_first_minute
     gap = spread(curve)
     assert gap is not None
     assert gap["max"] == pytest.approx(0.2) and gap["mean"] == pytest.approx(0.15) and gap["pairs"] == 2
+    assert gap["fall"] == pytest.approx(0.2)  # 0.7 → 0.5; the rise 0.6 → 0.7 is not a fall
+    rising = spread([{"t_s": t, "accuracy": a} for t, a in [(60, 0.2), (90, 0.3), (120, 0.5)]])
+    assert rising is not None and rising["fall"] == 0.0 and rising["max"] == pytest.approx(0.2)
     assert spread(curve[:3]) is None  # one round past the first minute: no pair
+
+
+def test_sampled_rounds_report_the_change_sampling_alone_would_make() -> None:
+    # rounds of 400 completions at 50 %: two standard deviations of a difference are 2·sqrt(2·0.25/400) = 7.07 points
+    curve = [{"t_s": t, "accuracy": a, "n": 400} for t, a in [(60, 0.5), (90, 0.55), (120, 0.4), (150, 0.45)]]
+    gap = spread(curve, sampled=True)
+    assert gap is not None
+    assert gap["noise"] == pytest.approx(2 * math.sqrt(sum(a * (1 - a) / 400 for a in (0.55, 0.4))), rel=1e-9)
+    assert gap["beyond"] == 1  # 5 and 5 points are within it, the 15-point fall is not
+    assert "noise" not in (spread(curve) or {})  # greedy: the same prompts decoded the same way, no sampling noise
 
 
 def test_learner_overrides_parse_their_values_as_yaml() -> None:
