@@ -28,7 +28,7 @@ class LearnerConfig(SpecModel):
     """Fields of a `learner` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
     mode: Literal["async", "sync"] = "async"  # sync: one batch per version, max_staleness forced to 0 (baseline)
-    lr: float = Field(default=1e-4, gt=0)  # RL learning rate (bench/RESULTS.md has the sweeps behind the default)
+    lr: float = Field(default=2e-4, gt=0)  # RL learning rate (bench/RESULTS.md has the runs behind the default)
     weight_decay: float = Field(default=0.0, ge=0)  # AdamW weight decay of the RL optimizer
     batch_size: int = Field(default=64, ge=1)  # completions per optimizer step (async: only groups with signal count)
     ppo_epochs: int = Field(
