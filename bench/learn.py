@@ -189,9 +189,10 @@ def spread(
         "fall": max(0.0, -min(changes)),
     }
     if sampled and all(p.get("n") for p in points):
+        from actors.learner import sampling_sd
+
         two_sd = [
-            2 * math.sqrt(sum(p["accuracy"] * (1 - p["accuracy"]) / p["n"] for p in pair))
-            for pair in itertools.pairwise(points)
+            2 * math.hypot(*(sampling_sd(p["accuracy"], p["n"]) for p in pair)) for pair in itertools.pairwise(points)
         ]
         out["noise"] = statistics.median(two_sd)
         out["beyond"] = float(sum(step > bound for step, bound in zip(steps, two_sd, strict=True)))

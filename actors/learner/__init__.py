@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from actors.learner._metrics import effective_applied as effective_applied
     from actors.learner._metrics import plot_heldout as plot_heldout
     from actors.learner._metrics import read_metrics as read_metrics
+    from actors.learner._metrics import sampling_sd as sampling_sd
     from actors.learner._trainer import StepStats as StepStats
     from actors.learner._trainer import Trainer as Trainer
     from actors.learner._trainer import TrainSample as TrainSample
@@ -63,6 +64,7 @@ _EXPORTS = {
     "k3_kl": "_loss",
     "plot_heldout": "_metrics",
     "read_metrics": "_metrics",
+    "sampling_sd": "_metrics",
     "reference_pairs": "_warmstart",
     "staleness": "_advantages",
     "warm_start": "_warmstart",
@@ -94,6 +96,7 @@ __all__ = [
     "plot_heldout",
     "read_metrics",
     "reference_pairs",
+    "sampling_sd",
     "staleness",
     "warm_start",
 ]

@@ -13,7 +13,8 @@ Contract:
   each incarnation's rows up to the checkpoint the next one resumed from (later ones were rolled back with the
   weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
   applied twice.
-- :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg).
+- :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg),
+  sampled rounds with a band of ±2 :func:`sampling_sd`.
 
 Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the live counters).
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["MetricsWriter", "effective_applied", "plot_heldout", "read_metrics"]
+__all__ = ["MetricsWriter", "effective_applied", "plot_heldout", "read_metrics", "sampling_sd"]
 
 
 class MetricsWriter:
@@ -127,6 +128,11 @@ def eval_mode(evals: Any, temperature: float | None = None) -> str:
     return f"{label}, {usual} per prompt" + (f" ({first} in the post-warm-start round)" if first != usual else "")
 
 
+def sampling_sd(accuracy: float, completions: int) -> float:
+    """Standard deviation of a sampled held-out round's accuracy from sampling alone (binomial): sqrt(p(1-p)/n)."""
+    return math.sqrt(accuracy * (1 - accuracy) / max(completions, 1))
+
+
 def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet."""
     evals = read_metrics(run_dir, "eval")
@@ -154,7 +160,7 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
             (line,) = by_time.plot(seconds, accuracy, style, marker="o", label=label)
             by_version.plot(rows["version"].to_list(), accuracy, style, marker="o", label=label, color=line.get_color())
             if temperature > 0 and "n" in rows.columns:  # sampled: a band of two standard deviations (binomial)
-                two_sd = [2 * math.sqrt(a * (1 - a) / max(int(n), 1)) for a, n in zip(accuracy, rows["n"], strict=True)]
+                two_sd = [2 * sampling_sd(a, int(n)) for a, n in zip(accuracy, rows["n"], strict=True)]
                 low = [a - d for a, d in zip(accuracy, two_sd, strict=True)]
                 high = [a + d for a, d in zip(accuracy, two_sd, strict=True)]
                 by_time.fill_between(seconds, low, high, color=line.get_color(), alpha=0.12, linewidth=0)

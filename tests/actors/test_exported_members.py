@@ -63,8 +63,8 @@ SURFACES: dict[str, set[str]] = {
         "effective_applied", "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors",
         "importance_weights", "is_stale",
         "k3_kl", "LearnerConfig", "LossStats", "MetricsWriter", "plot_heldout", "PPOConfig", "read_metrics",
-        "reference_pairs", "RunningStats", "staleness", "StepStats", "Trainer", "TrainSample", "warm_start",
-        "WarmStartResult",
+        "reference_pairs", "RunningStats", "sampling_sd", "staleness", "StepStats", "Trainer", "TrainSample",
+        "warm_start", "WarmStartResult",
     },
     "actors.gateway": {
         "ApiError", "ApiKeys", "CallCancelled", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError",
