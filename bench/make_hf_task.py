@@ -5,7 +5,8 @@
     .venv/bin/python bench/trl_grpo.py /tmp/hf-task                 # the same model, task and reward under TRL
 
 The setup is the one an outside user would try (issue 24): a GPT-2 of about 0.8M parameters (4 layers, width 128;
-``--arch llama``: a Llama of the same depth and width, ~1M parameters, on transformers' forward) with a
+``--arch llama``: a Llama of the same depth and width, ~1M parameters, on transformers' forward; ``--layers`` and
+``--width`` make it larger) with a
 character-level ``PreTrainedTokenizerFast`` whose prompts start with ``<bos>``; two-operand addition with operands in
 [0, 10^digits), rows ``{"prompt": "37+58=", "answer": "95"}``, and a separate held-out file (500 rows by default).
 ``init/`` is the random initialisation; ``model/`` is it after ``--warm-steps`` supervised steps on the training
@@ -134,6 +135,8 @@ def main() -> None:
     parser.add_argument("--warm-lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0, help="seed of the task rows, the initialisation and the SFT")
     parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="model architecture")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--width", type=int, default=128, help="hidden size (heads of 32 dimensions each)")
     args = parser.parse_args()
 
     import torch
@@ -143,7 +146,16 @@ def main() -> None:
     torch.set_num_threads(2)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    shape = {"arch": args.arch, "n_layer": 4, "n_embd": 128, "n_head": 4, "max_positions": 64, "bos": True}
+    if args.width % 32:
+        parser.error(f"--width must be a multiple of 32 (heads of 32 dimensions), got {args.width}")
+    shape = {
+        "arch": args.arch,
+        "n_layer": args.layers,
+        "n_embd": args.width,
+        "n_head": args.width // 32,
+        "max_positions": 64,
+        "bos": True,
+    }
     write_tiny_hf_model(out / "init", seed=args.seed, **shape)
     every = rows(random.Random(args.seed), args.train + args.heldout, args.digits)
     train, heldout = every[: args.train], every[args.train :]

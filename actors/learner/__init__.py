@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from actors.learner._batcher import DomainBatcher as DomainBatcher
     from actors.learner._checkpoint import Checkpointer as Checkpointer
     from actors.learner._config import LearnerConfig as LearnerConfig
+    from actors.learner._config import auto_lr as auto_lr
     from actors.learner._eval import EvalResult as EvalResult
     from actors.learner._eval import EvalTracker as EvalTracker
     from actors.learner._eval import eval_message_id as eval_message_id
@@ -55,6 +56,7 @@ _EXPORTS = {
     "TrainSample": "_trainer",
     "Trainer": "_trainer",
     "WarmStartResult": "_warmstart",
+    "auto_lr": "_config",
     "decoupled_ppo_loss": "_loss",
     "effective_applied": "_metrics",
     "eval_message_id": "_eval",
@@ -86,6 +88,7 @@ __all__ = [
     "TrainSample",
     "Trainer",
     "WarmStartResult",
+    "auto_lr",
     "decoupled_ppo_loss",
     "effective_applied",
     "eval_message_id",

@@ -112,6 +112,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.version = 0
         self.phase = "init"
         self.max_staleness = config.effective_max_staleness
+        self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
         sync = config.mode == "sync"  # sync publishes after every step: the source waits for each version
         self.publish_every = 1 if sync else config.publish_every_steps
         self.publish_floor_s = 0.0 if sync else config.publish_min_interval_s
@@ -160,9 +161,10 @@ class LearnerActor(Actor[LearnerConfig]):
         torch.set_num_threads(ctx.threads)
         policy_spec = policy_of(ctx.spec)
         self.policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(policy_spec, device=config.device))
+        self.lr = config.resolved_lr(self.policy.num_parameters())
         self.trainer = Trainer(
             self.policy,
-            lr=config.lr,
+            lr=self.lr,
             weight_decay=config.weight_decay,
             grad_clip=config.grad_clip,
             ppo=config.ppo(),
@@ -211,6 +213,7 @@ class LearnerActor(Actor[LearnerConfig]):
             version=self.version,
             step=self.step,
             params=self.policy.num_parameters(),
+            lr=f"{self.lr:.3g}" + (" (auto)" if config.lr == "auto" else ""),
             device=str(self.policy.device),
             torch_threads=ctx.threads,
             mode=config.mode,

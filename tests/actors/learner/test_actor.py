@@ -3,6 +3,7 @@ held-out scores evaluated and never trained on, redelivered applied messages ski
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import anyio
@@ -137,6 +138,33 @@ async def test_auto_transport_is_the_object_store_on_ray() -> None:
     assert LearnerConfig().transport_name("ray") == "object-store"
     assert LearnerConfig().transport_name("local") == "disk"  # nothing known of the engines: what all can load
     assert LearnerConfig(weight_transport="distributed").transport_name("local") == "distributed"
+
+
+def test_auto_lr_scales_down_with_the_policy_and_keeps_its_anchors() -> None:
+    from actors.learner import LearnerConfig, auto_lr
+
+    assert auto_lr(400_000) == auto_lr(1_000_000) == 2e-4  # the tiny models it was measured on
+    assert auto_lr(500_000_000) == auto_lr(70_000_000_000) == 1e-6  # what RL of pretrained LLMs uses
+    sizes = [10**6, 3 * 10**6, 10**7, 10**8, 3 * 10**8, 5 * 10**8]
+    rates = [auto_lr(n) for n in sizes]
+    assert all(a > b for a, b in itertools.pairwise(rates))
+    assert 2.5e-5 < auto_lr(10**7) < 3.1e-5  # a straight line in log-log between the anchors
+    assert LearnerConfig().lr == "auto"
+    assert LearnerConfig().resolved_lr(10**7) == auto_lr(10**7)
+    assert LearnerConfig(lr=3e-4).resolved_lr(10**9) == 3e-4  # a number is taken as given
+
+
+@pytest.mark.parametrize("setting", ["", "    lr: 5.0e-5\n"], ids=["auto", "given"])
+async def test_the_optimizer_runs_at_the_resolved_learning_rate(
+    embedded_nats: EmbeddedNats, tmp_path: Path, setting: str
+) -> None:
+    from actors.learner import auto_lr
+
+    spec = write_spec(tmp_path, learner(extra=setting))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, _bus):
+        expected = 5e-5 if setting else auto_lr(actor.policy.num_parameters())
+        assert actor.lr == expected
+        assert {group["lr"] for group in actor.trainer.optimizer.param_groups} == {expected}
 
 
 def test_auto_transport_on_the_local_runtime_is_shared_memory_unless_an_http_engine_serves(tmp_path: Path) -> None:
