@@ -248,6 +248,12 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
             final=main["final"],
             best=main["best"],
         )
+    lifecycle = read_metrics(run_dir, "lifecycle")
+    if "lr" in lifecycle.columns:  # what the learner resolved (lr: auto) at its first start
+        started = lifecycle.filter(event="start").drop_nulls("lr")
+        if started.height:
+            out["lr"] = float(started["lr"][0])
+            out["params"] = int(started["params"][0])
     if len(steps) >= 2:
         steps = steps.sort("ts")
         ts = [float(t) for t in steps["ts"]]
@@ -463,6 +469,11 @@ def main() -> None:
                     "wall_s": wall_s,
                     **analyse(run_dir, run_started, headline),
                 }
+                if "lr" in results[key]:
+                    print(
+                        f"   learner: lr {results[key]['lr']:.3g} for {results[key]['params'] / 1e6:.2f}M parameters",
+                        flush=True,
+                    )
 
     domains = sorted({d for r in results.values() for d in r["curves"]})
     rows = []

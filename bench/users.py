@@ -92,7 +92,7 @@ def warm_checkpoint(steps: int) -> Path:
     import torch
 
     from actors.domains import domains_from_spec
-    from actors.learner import PPOConfig, Trainer, export_safetensors, warm_start
+    from actors.learner import PPOConfig, Trainer, export_safetensors, warm_start, warm_start_lr
     from actors.policy import Policy
 
     torch.set_num_threads(1)
@@ -100,7 +100,8 @@ def warm_checkpoint(steps: int) -> Path:
     policy = Policy.from_spec(policy_spec)
     trainer = Trainer(policy, lr=1e-4, ppo=PPOConfig(), grad_clip=1.0)
     warm = policy_spec.warm_start
-    warm_start(trainer, domains_from_spec(spec), steps=steps, lr=warm.lr, batch_size=warm.batch_size)
+    lr = warm_start_lr(warm.lr, policy.num_parameters())
+    warm_start(trainer, domains_from_spec(spec), steps=steps, lr=lr, batch_size=warm.batch_size)
     export_safetensors(policy, folder, extra={"warm_start_steps": steps})
     print(f"users: warm start of {steps} steps in {time.perf_counter() - started:.0f} s → {folder}", flush=True)
     return folder / "model.safetensors"

@@ -107,8 +107,11 @@ def compare(flywheel: Curve, trl: Curve, targets: tuple[float, ...] = ()) -> dic
     }
 
 
-def load_flywheel(path: Path, variant: str, domain: str | None) -> tuple[str, dict[str, Curve], float, dict[str, Any]]:
-    """The domain, its held-out curve per decoding ("greedy", "sampled"), samples/s and the learner overrides."""
+def load_flywheel(
+    path: Path, variant: str, domain: str | None
+) -> tuple[str, dict[str, Curve], float, dict[str, Any], dict[str, Any]]:
+    """The domain, its held-out curve per decoding ("greedy", "sampled"), samples/s, the learner overrides and what
+    the learner resolved (``lr``, ``params``; empty for a run of a tree before 2026-12-05)."""
     data = json.loads(path.read_text())
     variants = data.get("variants", {})
     if variant not in variants:
@@ -128,7 +131,8 @@ def load_flywheel(path: Path, variant: str, domain: str | None) -> tuple[str, di
     if not curves:
         raise SystemExit(f"{path}: fewer than 2 evaluations of {domain!r} in variant {variant!r}; run longer")
     overrides = run.get("overrides", {}).get("actors", {}).get("learner", {})
-    return domain, curves, float(run.get("samples_per_s", 0.0)), overrides
+    resolved = {key: run[key] for key in ("lr", "params") if run.get(key) is not None}
+    return domain, curves, float(run.get("samples_per_s", 0.0)), overrides, resolved
 
 
 def load_trl(path: Path) -> tuple[dict[str, Curve], float, str, dict[str, Any]]:
@@ -163,7 +167,7 @@ def main() -> None:
             raise SystemExit(f"{path}: not found (run bench/learn.py --spec TASK/spec.yaml and bench/trl_grpo.py TASK)")
 
     targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
-    domain, flywheel, fw_rate, overrides = load_flywheel(args.learn, args.variant, args.domain)
+    domain, flywheel, fw_rate, overrides, resolved = load_flywheel(args.learn, args.variant, args.domain)
     trl, trl_rate, trainer, trl_settings = load_trl(args.trl)
     results = {
         name: compare(flywheel[name], trl[name], targets)
@@ -185,6 +189,11 @@ def main() -> None:
         + (f"; sweep, greedy % of the last 3 rounds: {trl_settings['sweep']}" if trl_settings["sweep"] else "")
         + f"), {trl_settings['prompts_x_group']} per step; flywheel: "
         + (f"learner overrides {json.dumps(tuned)}" if tuned else "its defaults")
+        + (
+            f" (lr {resolved['lr']:.3g} for {resolved['params'] / 1e6:.2f}M parameters)"
+            if {"lr", "params"} <= resolved.keys()
+            else ""
+        )
     )
     for name, result in results.items():
         print(f"\n{name} held-out accuracy")
@@ -223,6 +232,7 @@ def main() -> None:
             "trainer": trainer,
             "trl_settings": trl_settings,
             "flywheel_overrides": tuned,
+            "flywheel_resolved": resolved,
             "flywheel_samples_per_s": fw_rate,
             "trl_samples_per_s": trl_rate,
             "decodings": results,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from actors.learner._checkpoint import Checkpointer as Checkpointer
     from actors.learner._config import LearnerConfig as LearnerConfig
     from actors.learner._config import auto_lr as auto_lr
+    from actors.learner._config import warm_start_lr as warm_start_lr
     from actors.learner._eval import EvalResult as EvalResult
     from actors.learner._eval import EvalTracker as EvalTracker
     from actors.learner._eval import eval_message_id as eval_message_id
@@ -57,6 +58,7 @@ _EXPORTS = {
     "Trainer": "_trainer",
     "WarmStartResult": "_warmstart",
     "auto_lr": "_config",
+    "warm_start_lr": "_config",
     "decoupled_ppo_loss": "_loss",
     "effective_applied": "_metrics",
     "eval_message_id": "_eval",

@@ -68,7 +68,7 @@ from actors.domains import Domain, domains_from_spec
 from actors.learner._advantages import AdvantageEstimator, staleness
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state
-from actors.learner._config import LearnerConfig
+from actors.learner._config import LearnerConfig, warm_start_lr
 from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
 from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import MetricsWriter, plot_heldout
@@ -191,13 +191,25 @@ class LearnerActor(Actor[LearnerConfig]):
                     "step": self.step,
                     "version": self.version,
                     "checkpoint": latest.name,
+                    "lr": self.lr,
+                    "params": self.policy.num_parameters(),
                 },
             )
             ctx.log.info(
                 "learner.resumed", checkpoint=str(latest), step=self.step, version=self.version, ledger=len(self.ledger)
             )
         else:
-            self.metrics.add("lifecycle", {"ts": time.time(), "event": "start", "step": 0, "version": 0})
+            self.metrics.add(
+                "lifecycle",
+                {
+                    "ts": time.time(),
+                    "event": "start",
+                    "step": 0,
+                    "version": 0,
+                    "lr": self.lr,
+                    "params": self.policy.num_parameters(),
+                },
+            )
             steps = policy_spec.warm_start_steps
             if policy_spec.checkpoint is None and steps > 0:
                 await self._warm_start(domains, steps)
@@ -241,6 +253,8 @@ class LearnerActor(Actor[LearnerConfig]):
         ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
         self.phase = "warmstart"
         started = time.perf_counter()
+        lr = warm_start_lr(warm.lr, self.policy.num_parameters())
+        ctx.log.info("learner.warmstart_start", steps=steps, lr=f"{lr:.3g}" + (" (auto)" if warm.lr == "auto" else ""))
 
         def on_step(step: int, loss: float) -> None:
             ctx.counters.set("warmstart_step", step)
@@ -251,7 +265,7 @@ class LearnerActor(Actor[LearnerConfig]):
 
         result = await anyio.to_thread.run_sync(
             lambda: warm_start(
-                self.trainer, domains, steps=steps, lr=warm.lr, batch_size=warm.batch_size, seed=0, on_step=on_step
+                self.trainer, domains, steps=steps, lr=lr, batch_size=warm.batch_size, seed=0, on_step=on_step
             )
         )
         if result.skipped_reason:

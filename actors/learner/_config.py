@@ -201,6 +201,11 @@ def auto_lr(num_parameters: int) -> float:
     return float(lr_small * (num_parameters / n_small) ** slope)
 
 
+def warm_start_lr(lr: float | str, num_parameters: int) -> float:
+    """A policy's ``warm_start.lr``, with ``auto`` resolved: 5 × :func:`auto_lr` (1e-3 up to 1M parameters)."""
+    return 5 * auto_lr(num_parameters) if lr == "auto" else float(lr)
+
+
 def _channels(config: LearnerConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # held-out prompts are published by the learner itself (it knows when a version is worth evaluating)
     return ("scored",), (("prompts",) if config.eval_every_steps > 0 else ())
@@ -219,4 +224,4 @@ register_actor_kind(
     )
 )
 
-__all__ = ["LearnerConfig", "auto_lr"]
+__all__ = ["LearnerConfig", "auto_lr", "warm_start_lr"]

@@ -40,8 +40,17 @@ class WarmStartSpec(SpecModel):
     # null: 200 for a builtin model (random weights: RL needs some reward to climb from), 0 for an hf: model (a
     # trained model's weights are the starting point; an SFT phase it did not ask for would change them); 0 disables
     steps: int | None = Field(default=None, ge=0)
-    lr: float = Field(default=1e-3, gt=0)  # supervised learning rate (RL rates are far smaller; see learner.lr)
+    # supervised learning rate; auto: 5 × the learner's `lr: auto` for the policy's size (1e-3 up to 1M parameters,
+    #   5e-6 from 500M: a pretrained model's fine-tuning rate, not a from-scratch one)
+    lr: float | Literal["auto"] = "auto"
     batch_size: int = Field(default=32, ge=1)  # (prompt, reference) pairs per supervised step
+
+    @field_validator("lr")
+    @classmethod
+    def _check_lr(cls, value: float | str) -> float | str:
+        if value != "auto" and not value > 0:  # type: ignore[operator]
+            raise ValueError(f'expected a number > 0 or "auto", got {value!r}')
+        return value
 
 
 class PolicySpec(SpecModel):

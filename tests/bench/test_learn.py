@@ -75,3 +75,18 @@ def test_drift_gives_gradient_norms_and_behavior_kl_per_window_of_steps() -> Non
     assert second["steps"] == 2 and second["grad_norm_p95"] == 40.0 and second["behavior_kl"] == pytest.approx(0.004)
     assert drift(steps.drop("grad_norm")) == []  # metrics of a learner that predates the column
     assert [w["behavior_kl"] for w in drift(steps.drop("behavior_kl"))] == [None, None]  # JSON has no NaN
+
+
+def test_analyse_reports_the_learning_rate_the_learner_resolved(tmp_path: Path) -> None:
+    from actors.learner import MetricsWriter
+    from bench.learn import analyse
+
+    first = MetricsWriter(tmp_path, "life-1")
+    first.add("lifecycle", {"ts": 1.0, "event": "start", "step": 0, "version": 0, "lr": 2.65e-5, "params": 10_700_544})
+    first.flush()
+    later = MetricsWriter(tmp_path, "life-2")  # a resumed life reports the same; the first start is what counts
+    later.add("lifecycle", {"ts": 9.0, "event": "resume", "step": 50, "version": 9, "lr": 1.0, "params": 1})
+    later.flush()
+    out = analyse(tmp_path)
+    assert (out["lr"], out["params"]) == (2.65e-5, 10_700_544)
+    assert "lr" not in analyse(tmp_path / "elsewhere")  # a run without lifecycle rows: nothing made up

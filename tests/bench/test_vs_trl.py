@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,19 @@ def test_fixed_targets_are_timed_on_both_smoothed_curves() -> None:
     assert fixed[0]["trl_s"] == pytest.approx(30 + 30 * 0.10 / (0.8 * 11 / 12 - 0.6))
     assert fixed[0]["speedup"] == pytest.approx(3.0)
     assert fixed[1]["trl_s"] is None and fixed[1]["flywheel_s"] is None and fixed[1]["speedup"] is None
+
+
+def test_the_flywheel_side_carries_the_learning_rate_it_resolved(tmp_path: Path) -> None:
+    import json
+
+    from bench.vs_trl import load_flywheel
+
+    curve = [{"t_s": 0.0, "accuracy": 0.4}, {"t_s": 10.0, "accuracy": 0.6}]
+    run = {"decodings": {"greedy": {"curves": {"addition": curve}}}, "samples_per_s": 500.0, "overrides": {}}
+    path = tmp_path / "learn.json"
+    path.write_text(json.dumps({"variants": {"async": {**run, "lr": 2e-4, "params": 811_008}}}))
+    domain, curves, rate, overrides, resolved = load_flywheel(path, "async", None)
+    assert (domain, rate, overrides, resolved) == ("addition", 500.0, {}, {"lr": 2e-4, "params": 811_008})
+    assert curves["greedy"] == [(0.0, 0.4), (10.0, 0.6)]
+    path.write_text(json.dumps({"variants": {"async": run}}))  # a run of an older tree: nothing resolved recorded
+    assert load_flywheel(path, "async", None)[4] == {}

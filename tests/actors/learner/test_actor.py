@@ -141,7 +141,7 @@ async def test_auto_transport_is_the_object_store_on_ray() -> None:
 
 
 def test_auto_lr_scales_down_with_the_policy_and_keeps_its_anchors() -> None:
-    from actors.learner import LearnerConfig, auto_lr
+    from actors.learner import LearnerConfig, auto_lr, warm_start_lr
 
     assert auto_lr(400_000) == auto_lr(1_000_000) == 2e-4  # the tiny models it was measured on
     assert auto_lr(500_000_000) == auto_lr(70_000_000_000) == 1e-6  # what RL of pretrained LLMs uses
@@ -152,6 +152,9 @@ def test_auto_lr_scales_down_with_the_policy_and_keeps_its_anchors() -> None:
     assert LearnerConfig().lr == "auto"
     assert LearnerConfig().resolved_lr(10**7) == auto_lr(10**7)
     assert LearnerConfig(lr=3e-4).resolved_lr(10**9) == 3e-4  # a number is taken as given
+    assert warm_start_lr("auto", 10**6) == 1e-3  # the supervised rate a from-scratch tiny model was tuned with
+    assert warm_start_lr("auto", 10**9) == pytest.approx(5e-6)  # a pretrained model's fine-tuning rate
+    assert warm_start_lr(4e-3, 10**9) == 4e-3
 
 
 @pytest.mark.parametrize("setting", ["", "    lr: 5.0e-5\n"], ids=["auto", "given"])
