@@ -74,7 +74,7 @@ from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
-from actors.policy import Policy, encode_completion
+from actors.policy import Policy, encode_completion, native_bfloat16
 from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import WeightPublisher, weight_transports
 from topology.bus import Delivery
@@ -162,6 +162,9 @@ class LearnerActor(Actor[LearnerConfig]):
         policy_spec = policy_of(ctx.spec)
         self.policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(policy_spec, device=config.device))
         self.lr = config.resolved_lr(self.policy.num_parameters())
+        mixed = config.precision == "bfloat16-mixed" or (
+            config.precision == "auto" and native_bfloat16(self.policy.device)
+        )
         self.trainer = Trainer(
             self.policy,
             lr=self.lr,
@@ -171,6 +174,7 @@ class LearnerActor(Actor[LearnerConfig]):
             ppo_epochs=config.ppo_epochs,
             minibatches=config.minibatches,
             with_reference=config.kl_beta > 0,
+            autocast=torch.bfloat16 if mixed else None,
         )
         self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
@@ -226,6 +230,7 @@ class LearnerActor(Actor[LearnerConfig]):
             step=self.step,
             params=self.policy.num_parameters(),
             lr=f"{self.lr:.3g}" + (" (auto)" if config.lr == "auto" else ""),
+            precision="bfloat16-mixed" if self.trainer.autocast is not None else "float32",
             device=str(self.policy.device),
             torch_threads=ctx.threads,
             mode=config.mode,

@@ -138,8 +138,10 @@ class Trainer:
         ppo_epochs: int = 1,
         minibatches: int = 1,
         with_reference: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.policy = policy
+        self.autocast = autocast  # the RL passes' matmul dtype (torch autocast); None: the weights' own
         self.ppo = ppo
         self.grad_clip = grad_clip
         self.ppo_epochs = ppo_epochs
@@ -258,9 +260,12 @@ class Trainer:
             return float(packed.loss_mask.sum())
         return float((packed.loss_mask.sum(dim=-1) > 0).sum())
 
-    @staticmethod
-    def _logprobs(policy: Policy, packed: PrefixPacked) -> torch.Tensor:
-        return shared_logprobs(policy, packed)
+    def _logprobs(self, policy: Policy, packed: PrefixPacked) -> torch.Tensor:
+        if self.autocast is None:
+            return shared_logprobs(policy, packed)
+        # weights, gradients, the optimizer and the log-softmax stay float32; the matmuls run in `autocast`
+        with torch.autocast(policy.device.type, dtype=self.autocast):
+            return shared_logprobs(policy, packed)
 
     # ------------------------------------------------------------------ supervised
     def sft_rows(self, pairs: Sequence[tuple[str, str]]) -> Packed:

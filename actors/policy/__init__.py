@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from actors.policy._policy import Policy as Policy
     from actors.policy._policy import StateDictError as StateDictError
     from actors.policy._policy import all_finite as all_finite
+    from actors.policy._policy import native_bfloat16 as native_bfloat16
     from actors.policy._policy import read_safetensors as read_safetensors
     from actors.policy._prompting import encode_completion as encode_completion
     from actors.policy._prompting import encode_prompt as encode_prompt
@@ -39,6 +40,7 @@ _EXPORTS = {
     "HF_CHARS": "_testing",
     "HFTokenizer": "_tokenizer",
     "KVCache": "_tiny_gpt",
+    "native_bfloat16": "_policy",
     "Policy": "_policy",
     "positions_from_mask": "_tiny_gpt",
     "PRESETS": "_tiny_gpt",
@@ -65,6 +67,7 @@ __all__ = [
     "check_policy",
     "encode_completion",
     "encode_prompt",
+    "native_bfloat16",
     "positions_from_mask",
     "read_safetensors",
     "strip_eos",

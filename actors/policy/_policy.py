@@ -249,6 +249,19 @@ class Policy:
         self.load_state_dict(read_safetensors(path))
 
 
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 matmuls natively (faster than float32): a CUDA GPU with bf16 support, or
+    a CPU with AMX or AVX512-BF16 instructions (where torch's oneDNN kernels use them). Elsewhere bfloat16 is
+    emulated and slower than float32."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    cpu: Any = torch.cpu
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, present since torch 2.3
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in probes)
+
+
 def all_finite(tensor: Tensor) -> bool:
     """Whether every value of a floating-point tensor is finite, in one reading pass.
 
