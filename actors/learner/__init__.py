@@ -104,4 +104,5 @@ __all__ = [
     "sampling_sd",
     "staleness",
     "warm_start",
+    "warm_start_lr",
 ]

@@ -84,8 +84,9 @@ class LearnerConfig(SpecModel):
     partial_batch_after_s: float | None = Field(default=None, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
     # bfloat16-mixed: the RL passes' matmuls in bfloat16 (torch autocast), weights, optimizer and log-softmax in
-    #   float32; auto: bfloat16-mixed where the device computes bfloat16 natively (a CUDA GPU with bf16, a CPU with
-    #   AMX or AVX512-BF16), else float32 — see `actors.policy.native_bfloat16`
+    #   float32 (pays where the learner's step is what the loop waits for: larger models, GPUs); auto: bfloat16-mixed
+    #   where the device computes bfloat16 natively (a CUDA GPU with bf16, a CPU with AMX or AVX512-BF16), else
+    #   float32 — see `actors.policy.native_bfloat16`
     precision: Literal["auto", "float32", "bfloat16-mixed"] = "float32"
     weight_transport: Literal["auto", "object-store", "disk", "shm", "distributed"] = "auto"  # how generators get
     #   weights; auto: on the local runtime, shm (shared-memory slots the torch engine serves from without a copy)

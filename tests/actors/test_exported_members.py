@@ -34,8 +34,8 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.policy": {
         "all_finite", "CharTokenizer", "check_policy", "encode_completion", "encode_prompt", "GPTConfig", "HF_CHARS",
-        "HFTokenizer", "KVCache", "Policy", "positions_from_mask", "PRESETS", "read_safetensors", "SPECIAL_TOKENS",
-        "StateDictError", "strip_eos", "TinyGPT", "write_tiny_hf_model",
+        "HFTokenizer", "KVCache", "native_bfloat16", "Policy", "positions_from_mask", "PRESETS", "read_safetensors",
+        "SPECIAL_TOKENS", "StateDictError", "strip_eos", "TinyGPT", "write_tiny_hf_model",
     },
     "actors.weights": {
         "advertise_address", "check_state_dict", "CollectiveTransport", "describe", "DistributedTransport",
@@ -59,12 +59,12 @@ SURFACES: dict[str, set[str]] = {
         "joined_sample", "JoinState", "kv_key", "selected_for_review",
     },
     "actors.learner": {
-        "AdvantageEstimator", "AppliedLedger", "Checkpointer", "decoupled_ppo_loss", "DomainBatcher",
+        "AdvantageEstimator", "AppliedLedger", "auto_lr", "Checkpointer", "decoupled_ppo_loss", "DomainBatcher",
         "effective_applied", "eval_message_id", "EvalResult", "EvalTracker", "export_safetensors",
         "importance_weights", "is_stale",
         "k3_kl", "LearnerConfig", "LossStats", "MetricsWriter", "plot_heldout", "PPOConfig", "read_metrics",
         "reference_pairs", "RunningStats", "sampling_sd", "staleness", "StepStats", "Trainer", "TrainSample",
-        "warm_start", "WarmStartResult",
+        "warm_start", "warm_start_lr", "WarmStartResult",
     },
     "actors.gateway": {
         "ApiError", "ApiKeys", "CallCancelled", "Gateway", "GatewayActor", "GatewayConfig", "GenerationError",

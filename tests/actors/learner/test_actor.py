@@ -170,6 +170,20 @@ async def test_the_optimizer_runs_at_the_resolved_learning_rate(
         assert {group["lr"] for group in actor.trainer.optimizer.param_groups} == {expected}
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16-mixed", "auto"])
+async def test_precision_sets_the_trainers_autocast(
+    embedded_nats: EmbeddedNats, tmp_path: Path, precision: str
+) -> None:
+    import torch
+
+    from actors.policy import native_bfloat16
+
+    spec = write_spec(tmp_path, learner(extra=f"    precision: {precision}\n"))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, _bus):
+        mixed = precision == "bfloat16-mixed" or (precision == "auto" and native_bfloat16(actor.policy.device))
+        assert actor.trainer.autocast == (torch.bfloat16 if mixed else None)
+
+
 def test_auto_transport_on_the_local_runtime_is_shared_memory_unless_an_http_engine_serves(tmp_path: Path) -> None:
     from actors.learner import LearnerConfig
     from topology import load_spec

@@ -293,3 +293,38 @@ def test_behavior_anchor_keeps_the_learner_near_a_held_behavior_policy() -> None
     free, anchored = drift(0.0), drift(1.0)
     assert free > 0.3, free
     assert anchored < free / 2, (anchored, free)
+
+
+def test_bfloat16_mixed_steps_keep_float32_weights_and_score_like_float32() -> None:
+    """Autocast runs the matmuls in bfloat16 (emulated where the CPU lacks it: correct, only slower); the weights,
+    their gradients and the optimizer stay float32, and the logprobs stay within bfloat16's rounding of float32's."""
+    from actors.learner._prefix import pack_shared, shared_buckets
+
+    torch.manual_seed(0)
+    tok = tiny().tokenizer
+    prompt = encode_prompt(tok, "12+30=")
+    rows = [(prompt, encode_completion(tok, answer), None, adv, 1.0) for answer, adv in (("42", 1.0), ("41", -1.0))]
+    samples = [TrainSample(p, c, None, a, t) for p, c, _, a, t in rows]
+    plain = Trainer(tiny(), lr=1e-3, ppo=PPOConfig(), grad_clip=1.0)
+    mixed = Trainer(tiny(), lr=1e-3, ppo=PPOConfig(), grad_clip=1.0, autocast=torch.bfloat16)
+    (packed,) = [pack_shared(bucket, tok.pad_id, torch.device("cpu")) for bucket in shared_buckets(rows)]
+    with torch.no_grad():
+        exact, rounded = plain._logprobs(plain.policy, packed), mixed._logprobs(mixed.policy, packed)
+    assert rounded.dtype == torch.float32
+    assert 0 < float((exact - rounded).abs().max()) < 0.05  # computed in bfloat16, and close
+    before = {n: p.detach().clone() for n, p in mixed.policy.weights.named_parameters()}
+    stats = mixed.rl_step(samples)
+    assert math.isfinite(stats.loss) and stats.grad_norm > 0
+    for name, param in mixed.policy.weights.named_parameters():
+        assert param.dtype == torch.float32, name
+        assert param.grad is None or param.grad.dtype == torch.float32, name
+    assert any(not torch.equal(before[n], p) for n, p in mixed.policy.weights.named_parameters())
+
+
+def test_native_bfloat16_answers_for_the_device_at_hand() -> None:
+    from actors.policy import native_bfloat16
+
+    assert isinstance(native_bfloat16(torch.device("cpu")), bool)
+    assert native_bfloat16(torch.device("meta")) is False
+    if not torch.cuda.is_available():
+        assert native_bfloat16(torch.device("cuda")) is False
