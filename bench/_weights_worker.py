@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import time
 from typing import Any
 
+import nats
 import torch
 
 from actors.engines import TorchEngine, WeightGroup, receive_weights
@@ -31,6 +33,7 @@ async def main(args: argparse.Namespace) -> None:
     control = await Bus.connect(args.url, topology="bench-weights", name=f"worker-{args.rank}")
     group: WeightGroup | None = None
     raw: dict[str, torch.Tensor | None] = {}
+    raw_nats: Any = None  # a plain nats-py client, for the object store's limit
 
     def reporter(size: str) -> Any:
         def on_event(event: str, fields: dict[str, Any]) -> None:
@@ -81,6 +84,26 @@ async def main(args: argparse.Namespace) -> None:
                 },
             )
             continue
+        if command["op"] == "raw-object":  # the object store's limit: nats-py's own get of the same blob, nothing else
+            if raw_nats is None:
+                raw_nats = await nats.connect(args.url)
+            store = await raw_nats.jetstream().object_store(command["bucket"])
+            # into a stream: without one, nats-py appends each chunk to a bytes object (quadratic: minutes at 400 MB)
+            sink = io.BytesIO()
+            await store.get(command["name"], writeinto=sink)
+            await control.publish_ephemeral(
+                "bench.swapped",
+                {
+                    "rank": args.rank,
+                    "size": command["size"],
+                    "event": "weights.swapped",
+                    "t": time.time(),
+                    "version": command["version"],
+                    "transport": "raw-object-store",
+                    "nbytes": sink.tell(),
+                },
+            )
+            continue
         if command["op"] == "recv":  # what a member generator does: receive into the standby weights, swap
             assert group is not None
             engine = engines[command["size"]]
@@ -122,6 +145,8 @@ async def main(args: argparse.Namespace) -> None:
     for bus in buses:
         await bus.close()
     await control.close()
+    if raw_nats is not None:
+        await raw_nats.close()
 
 
 if __name__ == "__main__":
