@@ -6,7 +6,9 @@ Lifecycle:
   ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and
   checkpoint it. Then publish the weights as version ``max(checkpointed, current in KV) + 1`` — also after a
   restart, so generators drop weights the crash rolled back — and, after a warm start, publish a held-out
-  evaluation round (the baseline).
+  evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
+  ``_eval_scored``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
+  large model's round could span (every gain is measured from it).
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
   greedy training samples are dropped, counted and acked). In ``async`` mode a group's advantages are computed as
   it arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted
@@ -147,6 +149,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._channel_out = "prompts" if "prompts" in ctx.publishes else None
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self._eval_out = 0  # held-out prompts published and not scored yet
+        self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
         self._eval_heard = time.monotonic()  # the last held-out publish or score
 
     # ------------------------------------------------------------------ start
@@ -224,6 +227,7 @@ class LearnerActor(Actor[LearnerConfig]):
         await self.publish_weights()
         if latest is None and config.eval_every_steps > 0:
             await self.publish_eval(baseline=True)  # the warm-start baseline, read more closely
+            self._baseline_out = self._eval_out > 0
         ctx.log.info(
             "learner.ready",
             version=self.version,
@@ -468,8 +472,13 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ training
     async def _train_loop(self) -> None:
+        if self._baseline_out:
+            self.ctx.log.info("learner.waiting_for_baseline_round", prompts=self._eval_out)
         while not self.ctx.stopping.is_set():
-            if not self.batcher.ready():
+            if self._baseline_out:
+                self._eval_scored(0)  # (writes off prompts lost on the way: a lost round never holds RL back)
+                self._baseline_out = self._eval_out > 0
+            if self._baseline_out or not self.batcher.ready():
                 if len(self._unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
                     await self.checkpoint()
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting

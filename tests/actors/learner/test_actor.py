@@ -235,10 +235,35 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(
                 "scored", "scored", scored("arithmetic", [1.0], heldout=True, temperature=0.0), id=f"eval-1-t{i}.r.s"
             )
         await wait_until(lambda: actor.report()["eval_out"] == 3)
-        for i in range(2):  # one training step: the next round goes out
+        for i in range(2):  # a batch: the first step waits for the baseline round, so it reads version 1 alone
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
-        await wait_until(lambda: published_is(16))
-        assert actor.report()["eval_out"] == 3 + 8
+        await wait_until(lambda: len(actor._held) == 2)
+        await anyio.sleep(0.3)
+        assert actor.step == 0 and actor.version == 1
+        for i in range(5, 8):
+            await bus.publish(
+                "scored", "scored", scored("arithmetic", [1.0], heldout=True, temperature=0.0), id=f"eval-1-t{i}.r.s"
+            )
+        await wait_until(lambda: published_is(16))  # then one training step, and the next round goes out
+        assert actor.step == 1 and actor.report()["eval_out"] == 8
+
+
+async def test_a_baseline_round_that_never_comes_back_holds_the_first_step_only_until_written_off(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actors.learner._actor as learner_module
+
+    monkeypatch.setattr(learner_module, "_EVAL_LOST_S", 1.0)
+    config = learner(
+        1, "    max_staleness: 100\n    eval_every_steps: 100\n  generator: {engine: torch, device: cpu}\n"
+    )
+    spec = write_spec(tmp_path, config.replace("    eval_every_steps: 0\n", "", 1))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        assert actor.report()["eval_out"] == 8  # out, and nobody will score them
+        for i in range(2):
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.step == 1)
+        assert actor.report()["eval_out"] == 0 and actor.ctx.counters.get("eval_prompts_lost") == 8
 
 
 async def test_batches_take_domains_in_the_proportion_the_source_draws_them(
