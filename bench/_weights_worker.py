@@ -58,6 +58,14 @@ async def main(args: argparse.Namespace) -> None:
         }
         subscriber = WeightSubscriber(bus, topology, engines[size], transports, on_event=reporter(size))
         tasks.append(asyncio.create_task(subscriber.run()))
+
+    async def done(command: dict[str, Any], transport: str, **extra: Any) -> None:
+        """Report a command's version received, as the subscribers' swap events are reported."""
+        fields = {"rank": args.rank, "size": command["size"], "event": "weights.swapped", "t": time.time()}
+        await control.publish_ephemeral(
+            "bench.swapped", {**fields, "version": command["version"], "transport": transport, **extra}
+        )
+
     commands = await control.subscribe_ephemeral(f"bench.cmd.{args.rank}")
     await control.publish_ephemeral("bench.ready", {"rank": args.rank})
     async for message in commands:
@@ -72,17 +80,7 @@ async def main(args: argparse.Namespace) -> None:
             if raw.get(command["size"]) is None:
                 raw[command["size"]] = torch.empty(command["nbytes"], dtype=torch.uint8)
             await asyncio.to_thread(group.broadcast, raw[command["size"]])
-            await control.publish_ephemeral(
-                "bench.swapped",
-                {
-                    "rank": args.rank,
-                    "size": command["size"],
-                    "event": "weights.swapped",
-                    "t": time.time(),
-                    "version": command["version"],
-                    "transport": "raw-gloo",
-                },
-            )
+            await done(command, "raw-gloo")
             continue
         if command["op"] == "raw-object":  # the object store's limit: nats-py's own get of the same blob, nothing else
             if raw_nats is None:
@@ -91,18 +89,7 @@ async def main(args: argparse.Namespace) -> None:
             # into a stream: without one, nats-py appends each chunk to a bytes object (quadratic: minutes at 400 MB)
             sink = io.BytesIO()
             await store.get(command["name"], writeinto=sink)
-            await control.publish_ephemeral(
-                "bench.swapped",
-                {
-                    "rank": args.rank,
-                    "size": command["size"],
-                    "event": "weights.swapped",
-                    "t": time.time(),
-                    "version": command["version"],
-                    "transport": "raw-object-store",
-                    "nbytes": sink.tell(),
-                },
-            )
+            await done(command, "raw-object-store", nbytes=sink.tell())
             continue
         if command["op"] == "recv":  # what a member generator does: receive into the standby weights, swap
             assert group is not None
@@ -127,17 +114,7 @@ async def main(args: argparse.Namespace) -> None:
                 )
 
             await engine.update_weights_from(command["version"], fill)
-            await control.publish_ephemeral(
-                "bench.swapped",
-                {
-                    "rank": args.rank,
-                    "size": command["size"],
-                    "event": "weights.swapped",
-                    "t": time.time(),
-                    "version": command["version"],
-                    "transport": "broadcast",
-                },
-            )
+            await done(command, "broadcast")
     for task in tasks:
         task.cancel()
     for engine in engines.values():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actors.protocol import only_torch_engines
+from actors.protocol import LearningRate, only_torch_engines
 from topology import ActorKind, SpecModel, register_actor_kind
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class LearnerConfig(SpecModel):
     mode: Literal["async", "sync"] = "async"  # sync: one batch per version, max_staleness forced to 0 (baseline)
     # RL learning rate; auto: by the policy's parameter count (`auto_lr`: 2e-4 up to 1M parameters, 1e-6 from 500M,
     #   log-linear between)
-    lr: float | Literal["auto"] = "auto"
+    lr: LearningRate = "auto"
     weight_decay: float = Field(default=0.0, ge=0)  # AdamW weight decay of the RL optimizer
     batch_size: int = Field(default=64, ge=1)  # completions per optimizer step (async: only groups with signal count)
     ppo_epochs: int = Field(
@@ -96,13 +96,6 @@ class LearnerConfig(SpecModel):
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
     warm_start_log_every: int = Field(default=20, ge=1)  # log the supervised loss every N warm-start steps
-
-    @field_validator("lr")
-    @classmethod
-    def _check_lr(cls, value: float | str) -> float | str:
-        if value != "auto" and not value > 0:  # type: ignore[operator]
-            raise ValueError(f'expected a number > 0 or "auto", got {value!r}')
-        return value
 
     def resolved_lr(self, num_parameters: int) -> float:
         """``lr``, with ``auto`` resolved for a policy of ``num_parameters`` parameters (:func:`auto_lr`)."""

@@ -41,6 +41,7 @@ from actors.protocol._serve import ping_subject as ping_subject
 from actors.protocol._serve import serve_subject as serve_subject
 from actors.protocol._spec import BUILTIN_MODELS as BUILTIN_MODELS
 from actors.protocol._spec import DomainSpec as DomainSpec
+from actors.protocol._spec import LearningRate as LearningRate
 from actors.protocol._spec import PolicySpec as PolicySpec
 from actors.protocol._spec import WarmStartSpec as WarmStartSpec
 from actors.protocol._spec import domains_of as domains_of
@@ -80,6 +81,7 @@ __all__ = [
     "HasEngine",
     "LearnerPace",
     "LearnerStatus",
+    "LearningRate",
     "PolicySpec",
     "PromptMsg",
     "RolloutMsg",

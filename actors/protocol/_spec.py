@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from topology import Spec, SpecModel, show
 
@@ -34,6 +34,16 @@ _CALLABLE_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:
 _BUILTIN_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
+def _positive_or_auto(value: float | str) -> float | str:
+    if value != "auto" and not value > 0:  # type: ignore[operator]
+        raise ValueError(f'expected a number > 0 or "auto", got {value!r}')
+    return value
+
+
+# a learning rate in a spec: a number > 0, or "auto" (resolved by the learner from the policy's size)
+LearningRate = Annotated[float | Literal["auto"], AfterValidator(_positive_or_auto)]
+
+
 class WarmStartSpec(SpecModel):
     """Supervised warm start run by the learner when no checkpoint exists."""
 
@@ -42,15 +52,8 @@ class WarmStartSpec(SpecModel):
     steps: int | None = Field(default=None, ge=0)
     # supervised learning rate; auto: 5 × the learner's `lr: auto` for the policy's size (1e-3 up to 1M parameters,
     #   5e-6 from 500M: a pretrained model's fine-tuning rate, not a from-scratch one)
-    lr: float | Literal["auto"] = "auto"
+    lr: LearningRate = "auto"
     batch_size: int = Field(default=32, ge=1)  # (prompt, reference) pairs per supervised step
-
-    @field_validator("lr")
-    @classmethod
-    def _check_lr(cls, value: float | str) -> float | str:
-        if value != "auto" and not value > 0:  # type: ignore[operator]
-            raise ValueError(f'expected a number > 0 or "auto", got {value!r}')
-        return value
 
 
 class PolicySpec(SpecModel):

@@ -9,7 +9,8 @@ import pytest
 SURFACES: dict[str, set[str]] = {
     "actors.protocol": {
         "BUILTIN_MODELS", "cancel_subject", "CHANNEL_MODELS", "CompletionRecord", "CURRENT", "domains_of", "DomainSpec",
-        "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "ping_subject",
+        "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "LearningRate",
+        "ping_subject",
         "only_torch_engines", "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "REVIEW_SOURCE", "RolloutMsg",
         "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
