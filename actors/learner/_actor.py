@@ -254,6 +254,8 @@ class LearnerActor(Actor[LearnerConfig]):
     def _restore(self, path: Path) -> None:
         state = self._state()
         self.checkpointer.restore(path, state)
+        for group in self.trainer.optimizer.param_groups:  # the spec's rate, not the one the checkpoint was run at
+            group["lr"] = self.lr
         self.load_meta(str(state["extra"]["meta"]))
         self.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
         self._last_checkpoint_step = self.step

@@ -168,6 +168,13 @@ async def test_the_optimizer_runs_at_the_resolved_learning_rate(
         expected = 5e-5 if setting else auto_lr(actor.policy.num_parameters())
         assert actor.lr == expected
         assert {group["lr"] for group in actor.trainer.optimizer.param_groups} == {expected}
+        await actor.checkpoint()
+    # resumed under a spec with another rate: the spec's rate applies, not the one the checkpoint was written at
+    spec = write_spec(tmp_path, learner(extra="    lr: 3.0e-5\n"), name=spec.name)
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, _bus):
+        assert {group["lr"] for group in actor.trainer.optimizer.param_groups} == {3e-5}
+    resumed = read_metrics(tmp_path / "run", "lifecycle").filter(event="resume")
+    assert resumed.height == 1 and resumed["lr"].to_list() == [3e-5]
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16-mixed", "auto"])
