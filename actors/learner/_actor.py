@@ -165,9 +165,14 @@ class LearnerActor(Actor[LearnerConfig]):
         policy_spec = policy_of(ctx.spec)
         self.policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(policy_spec, device=config.device))
         self.lr = config.resolved_lr(self.policy.num_parameters())
-        mixed = config.precision == "bfloat16-mixed" or (
-            config.precision == "auto" and native_bfloat16(self.policy.device)
-        )
+        native = native_bfloat16(self.policy.device)
+        mixed = config.precision == "bfloat16-mixed" or (config.precision == "auto" and native)
+        if config.precision == "bfloat16-mixed" and not native:
+            ctx.log.warning(
+                "learner.bfloat16_emulated",
+                device=str(self.policy.device),
+                hint="this device has no native bfloat16: the steps are correct but slower than float32",
+            )
         self.trainer = Trainer(
             self.policy,
             lr=self.lr,
