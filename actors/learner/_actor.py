@@ -99,6 +99,11 @@ class _Held:
     samples: list[TrainSample] | None = None  # computed on arrival (async mode), else when its batch is taken
 
 
+def _rate(value: float, setting: float | str) -> str:
+    """A learning rate for the log, marked when the spec left it to ``auto``."""
+    return f"{value:.3g}" + (" (auto)" if setting == "auto" else "")
+
+
 class LearnerActor(Actor[LearnerConfig]):
     # set by start()
     policy: Policy
@@ -164,7 +169,8 @@ class LearnerActor(Actor[LearnerConfig]):
         torch.set_num_threads(ctx.threads)
         policy_spec = policy_of(ctx.spec)
         self.policy = await anyio.to_thread.run_sync(lambda: Policy.from_spec(policy_spec, device=config.device))
-        self.lr = config.resolved_lr(self.policy.num_parameters())
+        params = self.policy.num_parameters()
+        self.lr = config.resolved_lr(params)
         native = native_bfloat16(self.policy.device)
         mixed = config.precision == "bfloat16-mixed" or (config.precision == "auto" and native)
         if config.precision == "bfloat16-mixed" and not native:
@@ -204,7 +210,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "version": self.version,
                     "checkpoint": latest.name,
                     "lr": self.lr,
-                    "params": self.policy.num_parameters(),
+                    "params": params,
                 },
             )
             ctx.log.info(
@@ -219,7 +225,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "step": 0,
                     "version": 0,
                     "lr": self.lr,
-                    "params": self.policy.num_parameters(),
+                    "params": params,
                 },
             )
             steps = policy_spec.warm_start_steps
@@ -237,8 +243,8 @@ class LearnerActor(Actor[LearnerConfig]):
             "learner.ready",
             version=self.version,
             step=self.step,
-            params=self.policy.num_parameters(),
-            lr=f"{self.lr:.3g}" + (" (auto)" if config.lr == "auto" else ""),
+            params=params,
+            lr=_rate(self.lr, config.lr),
             precision="bfloat16-mixed" if self.trainer.autocast is not None else "float32",
             device=str(self.policy.device),
             torch_threads=ctx.threads,
@@ -270,7 +276,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.phase = "warmstart"
         started = time.perf_counter()
         lr = warm_start_lr(warm.lr, self.policy.num_parameters())
-        ctx.log.info("learner.warmstart_start", steps=steps, lr=f"{lr:.3g}" + (" (auto)" if warm.lr == "auto" else ""))
+        ctx.log.info("learner.warmstart_start", steps=steps, lr=_rate(lr, warm.lr))
 
         def on_step(step: int, loss: float) -> None:
             ctx.counters.set("warmstart_step", step)
