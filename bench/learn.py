@@ -254,6 +254,9 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
         if started.height:
             out["lr"] = float(started["lr"][0])
             out["params"] = int(started["params"][0])
+            if "ema_decay" in started.columns:  # rounds measure the weights' average (from 2026-12-06), or null
+                decay = started["ema_decay"][0]
+                out["ema_decay"] = None if decay is None else float(decay)
     if len(steps) >= 2:
         steps = steps.sort("ts")
         ts = [float(t) for t in steps["ts"]]
@@ -470,9 +473,16 @@ def main() -> None:
                     **analyse(run_dir, run_started, headline),
                 }
                 if "lr" in results[key]:
+                    res = results[key]
+                    rounds = (
+                        ""
+                        if "ema_decay" not in res
+                        else "; rounds measure the current weights"
+                        if res["ema_decay"] is None
+                        else f"; rounds measure the weights' average (ema_decay {res['ema_decay']:g})"
+                    )
                     print(
-                        f"   learner: lr {results[key]['lr']:.3g} for {results[key]['params'] / 1e6:.2f}M parameters",
-                        flush=True,
+                        f"   learner: lr {res['lr']:.3g} for {res['params'] / 1e6:.2f}M parameters{rounds}", flush=True
                     )
 
     domains = sorted({d for r in results.values() for d in r["curves"]})

@@ -111,7 +111,8 @@ def load_flywheel(
     path: Path, variant: str, domain: str | None
 ) -> tuple[str, dict[str, Curve], float, dict[str, Any], dict[str, Any]]:
     """The domain, its held-out curve per decoding ("greedy", "sampled"), samples/s, the learner overrides and what
-    the learner resolved (``lr``, ``params``; empty for a run of a tree before 2026-12-05)."""
+    the learner resolved (``lr``, ``params``, from 2026-12-06 ``ema_decay``; empty for a run of a tree before
+    2026-12-05)."""
     data = json.loads(path.read_text())
     variants = data.get("variants", {})
     if variant not in variants:
@@ -131,7 +132,7 @@ def load_flywheel(
     if not curves:
         raise SystemExit(f"{path}: fewer than 2 evaluations of {domain!r} in variant {variant!r}; run longer")
     overrides = run.get("overrides", {}).get("actors", {}).get("learner", {})
-    resolved = {key: run[key] for key in ("lr", "params") if run.get(key) is not None}
+    resolved = {key: run[key] for key in ("lr", "params", "ema_decay") if key in run}
     return domain, curves, float(run.get("samples_per_s", 0.0)), overrides, resolved
 
 
@@ -192,6 +193,11 @@ def main() -> None:
         + (
             f" (lr {resolved['lr']:.3g} for {resolved['params'] / 1e6:.2f}M parameters)"
             if {"lr", "params"} <= resolved.keys()
+            else ""
+        )
+        + (
+            f"; its rounds measure the weights' average (ema_decay {resolved['ema_decay']:g})"
+            if resolved.get("ema_decay") is not None
             else ""
         )
     )

@@ -21,8 +21,11 @@ Lifecycle:
   samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
   than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. The held-out prompts out
   (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training
-  groups, and the source's ``max_in_flight`` must not count them. On stop the current step finishes, a final
-  checkpoint is taken and what it covers is acked.
+  groups, and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures
+  the weights' moving average (``_average``, updated after every step): it goes out as a version of its own, the
+  round is labelled with it, and no other version is published until the round is scored — the generators decode
+  the whole round with it. On stop the current step finishes, a final checkpoint is taken (the average in it) and
+  what it covers is acked; the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -68,6 +71,7 @@ import torch
 
 from actors.domains import Domain, domains_from_spec
 from actors.learner._advantages import AdvantageEstimator, staleness
+from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state
 from actors.learner._config import LearnerConfig, warm_start_lr
@@ -154,6 +158,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._channel_out = "prompts" if "prompts" in ctx.publishes else None
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self._eval_out = 0  # held-out prompts published and not scored yet
+        self.average: WeightAverage | None = None  # the weights' moving average (ema_decay), what rounds measure
         self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
         self._eval_heard = time.monotonic()  # the last held-out publish or score
 
@@ -190,6 +195,8 @@ class LearnerActor(Actor[LearnerConfig]):
             with_reference=config.kl_beta > 0,
             autocast=torch.bfloat16 if mixed else None,
         )
+        if config.ema_decay is not None and config.mode == "async":
+            self.average = WeightAverage(self.policy, config.ema_decay)
         self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
@@ -211,6 +218,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "checkpoint": latest.name,
                     "lr": self.lr,
                     "params": params,
+                    "ema_decay": self.average.decay if self.average is not None else None,
                 },
             )
             ctx.log.info(
@@ -226,6 +234,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "version": 0,
                     "lr": self.lr,
                     "params": params,
+                    "ema_decay": self.average.decay if self.average is not None else None,
                 },
             )
             steps = policy_spec.warm_start_steps
@@ -233,6 +242,8 @@ class LearnerActor(Actor[LearnerConfig]):
                 await self._warm_start(domains, steps)
             if self.trainer.reference is not None:
                 self.trainer.reset_reference()  # the KL anchor is the post-warm-start policy
+            if self.average is not None:
+                self.average.reset()  # the average starts at the post-warm-start policy
             await self.checkpoint()  # a crash from here on never repeats the warm start
         self.metrics.flush()
         await self.publish_weights()
@@ -246,6 +257,7 @@ class LearnerActor(Actor[LearnerConfig]):
             params=params,
             lr=_rate(self.lr, config.lr),
             precision="bfloat16-mixed" if self.trainer.autocast is not None else "float32",
+            ema_decay=self.average.decay if self.average is not None else None,
             device=str(self.policy.device),
             torch_threads=ctx.threads,
             mode=config.mode,
@@ -258,18 +270,30 @@ class LearnerActor(Actor[LearnerConfig]):
         """What a checkpoint holds (`learner_state`)."""
         reference = self.trainer.reference.weights if self.trainer.reference is not None else None
         meta = json.dumps(self.meta())
+        average = self.average.policy.weights if self.average is not None else None
         return learner_state(
-            self.policy.weights, self.trainer.optimizer, reference, meta=meta, ledger=self.ledger.dumps()
+            self.policy.weights,
+            self.trainer.optimizer,
+            reference,
+            meta=meta,
+            ledger=self.ledger.dumps(),
+            average=average,
         )
 
     def _restore(self, path: Path) -> None:
         state = self._state()
+        # a checkpoint taken without ema_decay has no average: it starts over from the restored weights
+        fresh_average = self.average is not None and not self.checkpointer.holds(path, "average")
+        if fresh_average:
+            del state["average"]
         self.checkpointer.restore(path, state)
         for group in self.trainer.optimizer.param_groups:  # the spec's rate, not the one the checkpoint was run at
             group["lr"] = self.lr
         self.load_meta(str(state["extra"]["meta"]))
         self.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
         self._last_checkpoint_step = self.step
+        if self.average is not None and fresh_average:
+            self.average.reset()
 
     async def _warm_start(self, domains: Mapping[str, Domain], steps: int) -> None:
         ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
@@ -338,11 +362,13 @@ class LearnerActor(Actor[LearnerConfig]):
 
         self.metrics.flush()
         await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
-        await anyio.to_thread.run_sync(
-            lambda: export_safetensors(
-                self.policy, self.ctx.run_dir / "export", extra={"step": self.step, "version": self.version}
-            )
-        )
+        average = self.average
+        exported = average.policy if average is not None else self.policy  # what the held-out rounds measured
+        extra: dict[str, Any] = {"step": self.step, "version": self.version}
+        extra["weights"] = "current" if average is None else "average"
+        if average is not None:
+            extra["ema_decay"] = average.decay
+        await anyio.to_thread.run_sync(lambda: export_safetensors(exported, self.ctx.run_dir / "export", extra=extra))
         self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self._held))
 
     async def stop(self) -> None:
@@ -535,7 +561,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 await self.publish_weights()  # same weights, new version: the source waits for it to go on
             return None
         started = time.perf_counter()
-        stats = await anyio.to_thread.run_sync(self.trainer.rl_step, samples)
+        stats = await anyio.to_thread.run_sync(self._rl_step, samples)
         step_s = time.perf_counter() - started
         self.step += 1
         self._steps_t.append(time.monotonic())
@@ -549,6 +575,13 @@ class LearnerActor(Actor[LearnerConfig]):
             await self.publish_eval()
         elif self._eval_out:
             self._eval_scored(0)  # (writes off prompts lost on the way)
+        return stats
+
+    def _rl_step(self, samples: list[TrainSample]) -> StepStats:
+        """One RL step, then the weights' average follows it (in the same worker thread)."""
+        stats = self.trainer.rl_step(samples)
+        if self.average is not None:
+            self.average.update()
         return stats
 
     def _samples(self, msg: ScoredMsg) -> list[TrainSample] | None:
@@ -683,24 +716,31 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
     def _publish_due(self) -> bool:
-        """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version."""
+        """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version — and, with a
+        weight average, no round of it out: the generators hold the average until they have decoded the round."""
+        if self.average is not None and self._eval_out > 0:
+            return False
         return (
             self.step - self._published_step >= self.publish_every
             and time.monotonic() - self._published_at >= self.publish_floor_s
         )
 
-    async def publish_weights(self) -> None:
-        state = {name: t.detach().to("cpu").clone() for name, t in self.policy.state_dict().items()}
+    async def publish_weights(self, *, average: bool = False) -> None:
+        """Publish the current weights (``average``: the weights' moving average) as the next version."""
+        source = self.average.policy if average and self.average is not None else self.policy
+        state = {name: t.detach().to("cpu").clone() for name, t in source.state_dict().items()}
         current = await self.publisher.current()
         self.version = max(self.version, current.version if current is not None else 0) + 1
         await self.publisher.publish(self.version, state)
         self._published_step, self._published_at = self.step, time.monotonic()
+        weights = "average" if source is not self.policy else "current"
         # which steps each version holds: a sample applied at step s is in every version published at step >= s
         self.metrics.add(
-            "lifecycle", {"ts": time.time(), "event": "publish", "step": self.step, "version": self.version}
+            "lifecycle",
+            {"ts": time.time(), "event": "publish", "step": self.step, "version": self.version, "weights": weights},
         )
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
-        self.ctx.log.info("learner.published", version=self.version, step=self.step)
+        self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
 
     async def checkpoint(self) -> None:
         """Snapshot everything, then ack every message the snapshot covers."""
@@ -725,6 +765,8 @@ class LearnerActor(Actor[LearnerConfig]):
         ``eval_temperature``); ``baseline``: the post-warm-start round, read more closely when sampled."""
         if self._channel_out is None or not self.evals.tasks:
             return
+        if self.average is not None and not baseline:  # the round measures the average (the baseline: the same)
+            await self.publish_weights(average=True)
         items = []
         for i, temperature in enumerate(self.config.eval_temperatures):
             samples = self.config.eval_samples_at(temperature, baseline=baseline)
@@ -761,6 +803,7 @@ class LearnerActor(Actor[LearnerConfig]):
             "version": self.version,
             "phase": self.phase,
             "estimator": self.estimator.state_dict(),
+            "average_updates": self.average.updates if self.average is not None else 0,
             "counters": {
                 k: v
                 for k, v in self.ctx.counters.snapshot().items()
@@ -781,5 +824,7 @@ class LearnerActor(Actor[LearnerConfig]):
         meta = json.loads(text)
         self.step, self.version = int(meta["step"]), int(meta["version"])
         self.estimator.load_state_dict(meta["estimator"])
+        if self.average is not None:
+            self.average.updates = int(meta.get("average_updates", 0))
         for name, value in meta.get("counters", {}).items():
             self.ctx.counters.set(name, value)

@@ -7,7 +7,8 @@ of such a kill are removed by the next ``save``.
 
 What goes in is the caller's ``app_state``; ``restore`` fills the same keys in place. A learner's is built by
 `learner_state`: ``model`` (the policy's weights), ``optim`` (the RL optimizer), ``reference`` (the frozen KL
-reference, only when ``kl_beta > 0``: the post-warm-start policy, which a restart could not rebuild otherwise) and
+reference, only when ``kl_beta > 0``: the post-warm-start policy, which a restart could not rebuild otherwise),
+``average`` (the weights' moving average, only with ``ema_decay``; `holds` says whether a checkpoint has it) and
 ``extra`` (a ``torchsnapshot.StateDict`` with ``meta``, JSON of step, version, phase, advantage statistics and
 cumulative counters, and ``ledger``, the applied message ids).
 
@@ -71,8 +72,18 @@ class Checkpointer:
 
         Snapshot(str(path)).restore(dict(app_state))
 
+    @staticmethod
+    def holds(path: Path, key: str) -> bool:
+        """Whether the checkpoint at ``path`` has ``key`` (e.g. ``average``: one taken before ``ema_decay`` was set
+        has none, and restoring a key it lacks fails)."""
+        from torchsnapshot import Snapshot
 
-def learner_state(model: Any, optimizer: Any, reference: Any | None, *, meta: str, ledger: str) -> dict[str, Any]:
+        return any(name.split("/")[1:2] == [key] for name in Snapshot(str(path)).get_manifest())
+
+
+def learner_state(
+    model: Any, optimizer: Any, reference: Any | None, *, meta: str, ledger: str, average: Any | None = None
+) -> dict[str, Any]:
     """A learner's checkpoint contents (see the module docstring); restore into the same dict, then read
     ``state["extra"]["meta"]`` and ``["ledger"]`` back."""
     from torchsnapshot import StateDict
@@ -80,6 +91,8 @@ def learner_state(model: Any, optimizer: Any, reference: Any | None, *, meta: st
     state: dict[str, Any] = {"model": model, "optim": optimizer, "extra": StateDict(meta=meta, ledger=ledger)}
     if reference is not None:
         state["reference"] = reference
+    if average is not None:
+        state["average"] = average
     return state
 
 
