@@ -364,10 +364,9 @@ class LearnerActor(Actor[LearnerConfig]):
         await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
         average = self.average
         exported = average.policy if average is not None else self.policy  # what the held-out rounds measured
-        extra: dict[str, Any] = {"step": self.step, "version": self.version}
-        extra["weights"] = "current" if average is None else "average"
+        extra: dict[str, Any] = {"step": self.step, "version": self.version, "weights": "current"}
         if average is not None:
-            extra["ema_decay"] = average.decay
+            extra.update(weights="average", ema_decay=average.decay)
         await anyio.to_thread.run_sync(lambda: export_safetensors(exported, self.ctx.run_dir / "export", extra=extra))
         self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self._held))
 
