@@ -24,8 +24,9 @@ Lifecycle:
   groups, and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures
   the weights' moving average (``_average``, updated after every step): it goes out as a version of its own, the
   round is labelled with it, and no other version is published until the round is scored — the generators decode
-  the whole round with it. On stop the current step finishes, a final checkpoint is taken (the average in it) and
-  what it covers is acked; the export is the average.
+  the whole round with it; a round that comes due while the previous one is out starts once that one is scored.
+  On stop the current step finishes, a final checkpoint is taken (the average in it) and what it covers is acked;
+  the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -159,6 +160,9 @@ class LearnerActor(Actor[LearnerConfig]):
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self._eval_out = 0  # held-out prompts published and not scored yet
         self.average: WeightAverage | None = None  # the weights' moving average (ema_decay), what rounds measure
+        # a round is due; with an average it waits for the previous round's scores: rounds that overlapped would hold
+        # the current weights back from the generators for as long as they kept overlapping
+        self._eval_due = False
         self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
         self._eval_heard = time.monotonic()  # the last held-out publish or score
 
@@ -571,6 +575,9 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint()
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
+            self._eval_due = True
+        if self._eval_due and (self.average is None or self._eval_out == 0):
+            self._eval_due = False
             await self.publish_eval()
         elif self._eval_out:
             self._eval_scored(0)  # (writes off prompts lost on the way)

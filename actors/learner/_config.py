@@ -62,8 +62,8 @@ class LearnerConfig(SpecModel):
     #   start: ~1/(1 - decay) steps averaged) and the export at stop is that average: it damps the step-to-step noise
     #   that made consecutive rounds swing (actors/learner/_average.py). The generators hold the average while they
     #   decode a round (training samples of those seconds come from it, importance-weighted like any stale sample):
-    #   the learner publishes no other version until the round is scored or written off. null: rounds and export
-    #   are the current weights; sync mode always is
+    #   the learner publishes no other version until the round is scored or written off (a round due meanwhile waits
+    #   for it). null: rounds and export are the current weights; sync mode always is
     ema_decay: float | None = Field(default=0.98, gt=0, lt=1)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high

@@ -130,6 +130,38 @@ async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_
 
 
 @pytest.mark.anyio
+async def test_a_round_due_while_the_previous_one_is_out_waits_for_its_scores(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Rounds that overlapped would each publish an average and hold the current weights back for as long as they kept
+    overlapping: the generators would train on averages only."""
+    spec = write_spec(tmp_path, learner("    eval_every_steps: 1\n    ema_decay: 0.9\n", rounds=True))
+
+    async def score_round(version: int) -> None:
+        for i in range(8):
+            await bus.publish(
+                "scored",
+                "scored",
+                scored("arithmetic", [1.0], heldout=True, temperature=0.0),
+                id=f"eval-{version}-t{i}.r.s",
+            )
+        await wait_until(lambda: actor.report()["eval_out"] == 0)
+
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        await score_round(1)
+        for i in range(6):  # three steps: the first sends a round out (its version 2, the average 3), two more wait
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.step == 3)
+        await anyio.sleep(0.3)
+        assert actor.version == 3 and actor.report()["eval_out"] == 8 and actor.ctx.counters.get("eval_rounds") == 2
+        await score_round(3)
+        for i in range(6, 8):  # the next step publishes its weights and the round that was due
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.step == 4 and actor.version == 5 and actor.report()["eval_out"] == 8)
+        assert actor.ctx.counters.get("eval_rounds") == 3
+
+
+@pytest.mark.anyio
 async def test_the_average_survives_a_crash_and_starts_over_from_a_checkpoint_without_one(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
