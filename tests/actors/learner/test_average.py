@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from actors.learner import read_metrics
+from actors.learner._actor import LearnerActor
 from actors.learner._average import WeightAverage
 from actors.policy import Policy
 from tests.actors.learner._helpers import TINY, running_learner, scored, wait_until, write_spec
-from topology.bus import EmbeddedNats
+from topology.bus import Bus, EmbeddedNats
 
 
 def tiny_policy() -> Policy:
@@ -73,6 +74,18 @@ def publishes(run_dir: Path) -> pl.DataFrame:
     return rows.filter(pl.col("event") == "publish").sort("ts").select("step", "version", "weights")
 
 
+async def score_round(actor: LearnerActor, bus: Bus, version: int) -> None:
+    """Score every prompt of the round labelled ``version`` (8 held-out tasks, all correct) and wait for them."""
+    for i in range(8):
+        await bus.publish(
+            "scored",
+            "scored",
+            scored("arithmetic", [1.0], heldout=True, temperature=0.0),
+            id=f"eval-{version}-t{i}.r.s",
+        )
+    await wait_until(lambda: actor.report()["eval_out"] == 0)
+
+
 @pytest.mark.anyio
 async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_it_is_scored(
     embedded_nats: EmbeddedNats, tmp_path: Path
@@ -84,19 +97,9 @@ async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_
         for i in range(first, first + 2 * n):  # two groups of 4 make a batch of 8
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
 
-    async def score_round(version: int) -> None:
-        for i in range(8):
-            await bus.publish(
-                "scored",
-                "scored",
-                scored("arithmetic", [1.0], heldout=True, temperature=0.0),
-                id=f"eval-{version}-t{i}.r.s",
-            )
-        await wait_until(lambda: actor.report()["eval_out"] == 0)
-
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         assert actor.version == 1 and actor.report()["eval_out"] == 8  # the baseline round: the current weights
-        await score_round(1)
+        await score_round(actor, bus, 1)
         await steps(0, 3)  # versions 2, 3, 4 of the steps, then the average (5) for the round labelled with it
         await wait_until(lambda: actor.step == 3 and actor.report()["eval_out"] == 8)
         assert actor.version == 5
@@ -105,7 +108,7 @@ async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_
         await wait_until(lambda: actor.step == 5)
         await anyio.sleep(0.3)
         assert actor.version == 5
-        await score_round(5)
+        await score_round(actor, bus, 5)
         await steps(10, 1)  # the round is in: the next step publishes its weights again, then the next average
         await wait_until(lambda: actor.step == 6 and actor.version == 7)
         live = actor.policy.state_dict()
@@ -137,24 +140,14 @@ async def test_a_round_due_while_the_previous_one_is_out_waits_for_its_scores(
     overlapping: the generators would train on averages only."""
     spec = write_spec(tmp_path, learner("    eval_every_steps: 1\n    ema_decay: 0.9\n", rounds=True))
 
-    async def score_round(version: int) -> None:
-        for i in range(8):
-            await bus.publish(
-                "scored",
-                "scored",
-                scored("arithmetic", [1.0], heldout=True, temperature=0.0),
-                id=f"eval-{version}-t{i}.r.s",
-            )
-        await wait_until(lambda: actor.report()["eval_out"] == 0)
-
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
-        await score_round(1)
+        await score_round(actor, bus, 1)
         for i in range(6):  # three steps: the first sends a round out (its version 2, the average 3), two more wait
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
         await wait_until(lambda: actor.step == 3)
         await anyio.sleep(0.3)
         assert actor.version == 3 and actor.report()["eval_out"] == 8 and actor.ctx.counters.get("eval_rounds") == 2
-        await score_round(3)
+        await score_round(actor, bus, 3)
         for i in range(6, 8):  # the next step publishes its weights and the round that was due
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
         await wait_until(lambda: actor.step == 4 and actor.version == 5 and actor.report()["eval_out"] == 8)
