@@ -201,6 +201,7 @@ class LearnerActor(Actor[LearnerConfig]):
         )
         if config.ema_decay is not None and config.mode == "async":
             self.average = WeightAverage(self.policy, config.ema_decay)
+        ema_decay = self.average.decay if self.average is not None else None  # recorded and logged: what rounds measure
         self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
@@ -222,7 +223,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "checkpoint": latest.name,
                     "lr": self.lr,
                     "params": params,
-                    "ema_decay": self.average.decay if self.average is not None else None,
+                    "ema_decay": ema_decay,
                 },
             )
             ctx.log.info(
@@ -238,7 +239,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "version": 0,
                     "lr": self.lr,
                     "params": params,
-                    "ema_decay": self.average.decay if self.average is not None else None,
+                    "ema_decay": ema_decay,
                 },
             )
             steps = policy_spec.warm_start_steps
@@ -261,7 +262,7 @@ class LearnerActor(Actor[LearnerConfig]):
             params=params,
             lr=_rate(self.lr, config.lr),
             precision="bfloat16-mixed" if self.trainer.autocast is not None else "float32",
-            ema_decay=self.average.decay if self.average is not None else None,
+            ema_decay=ema_decay,
             device=str(self.policy.device),
             torch_threads=ctx.threads,
             mode=config.mode,
@@ -576,7 +577,7 @@ class LearnerActor(Actor[LearnerConfig]):
             await self.checkpoint()
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
             self._eval_due = True
-        if self._eval_due and (self.average is None or self._eval_out == 0):
+        if self._eval_due and not self._average_round_out:
             self._eval_due = False
             await self.publish_eval()
         elif self._eval_out:
@@ -721,10 +722,15 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.add("step", row)
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
+    @property
+    def _average_round_out(self) -> bool:
+        """A round of the weights' average is being decoded: the generators hold the average until it is scored."""
+        return self.average is not None and self._eval_out > 0
+
     def _publish_due(self) -> bool:
         """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version — and, with a
         weight average, no round of it out: the generators hold the average until they have decoded the round."""
-        if self.average is not None and self._eval_out > 0:
+        if self._average_round_out:
             return False
         return (
             self.step - self._published_step >= self.publish_every

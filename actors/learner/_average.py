@@ -47,11 +47,8 @@ class WeightAverage:
         self.updates += 1
         weight = 1.0 - self.decay_at(self.updates)
         with torch.no_grad():
-            for average, live in self._pairs:
-                if average.is_floating_point():
-                    average.lerp_(live, weight)
-                else:
-                    average.copy_(live)
+            for average, live in self._pairs:  # the policy's parameters: all floating point
+                average.lerp_(live, weight)
 
     def reset(self) -> None:
         """Start over from the live weights (after a warm start, or a restore from a checkpoint without one)."""
