@@ -162,7 +162,7 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
 
 
 DRIFT_WINDOW_S = 100.0  # the learner-drift table's windows of step time
-SETTLED_S = 60.0  # rounds before this (seconds since the post-warm-start round) do not count in the spread
+SETTLED_S = 60.0  # changes into rounds before this (seconds since the post-warm-start round) do not count in the spread
 
 
 def spread(
@@ -170,14 +170,16 @@ def spread(
 ) -> dict[str, float] | None:
     """How much consecutive held-out rounds of one curve differ once past ``settled_s``: the largest and the mean
     absolute change between neighbours (accuracy in [0, 1]), over how many pairs, and the largest fall (a rise is
-    learning; a swing is a fall and the rise back); None with fewer than 2 rounds.
+    learning; a swing is a fall and the rise back); None with no round past ``settled_s``. A pair counts when its
+    later round is past ``settled_s``: a fall into the first round after the minute is a fall after the minute.
 
     ``sampled`` (rounds of fresh samples, each point with its completion count ``n``): also what sampling alone
     moves a pair by — ``noise``, the median over pairs of two standard deviations of the difference of two binomial
     proportions, sqrt(p1(1-p1)/n1 + p2(1-p2)/n2) — and ``beyond``, how many pairs changed by more than their own two
     standard deviations (a policy that did not move gives about one pair in twenty). Greedy rounds decode the same
     prompts the same way, so their changes are all the policy's: no noise figure."""
-    points = [p for p in curve if p["t_s"] >= settled_s]
+    first = next((i for i, p in enumerate(curve) if p["t_s"] >= settled_s), len(curve))
+    points = curve[max(0, first - 1) :]
     changes = [b["accuracy"] - a["accuracy"] for a, b in itertools.pairwise(points)]
     if not changes:
         return None

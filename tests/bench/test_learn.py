@@ -10,15 +10,15 @@ import pytest
 from bench.learn import ROOT, decoding_name, learner_overrides, spread, write_variant_spec
 
 
-def test_spread_is_the_change_between_neighbouring_rounds_after_the_first_minute() -> None:
+def test_spread_is_the_change_into_each_round_after_the_first_minute() -> None:
     curve = [{"t_s": t, "accuracy": a} for t, a in [(0, 0.4), (30, 0.9), (60, 0.6), (90, 0.7), (120, 0.5)]]
     gap = spread(curve)
     assert gap is not None
-    assert gap["max"] == pytest.approx(0.2) and gap["mean"] == pytest.approx(0.15) and gap["pairs"] == 2
-    assert gap["fall"] == pytest.approx(0.2)  # 0.7 → 0.5; the rise 0.6 → 0.7 is not a fall
+    assert gap["max"] == pytest.approx(0.3) and gap["mean"] == pytest.approx(0.2) and gap["pairs"] == 3
+    assert gap["fall"] == pytest.approx(0.3)  # 0.9 → 0.6 lands after the minute; the rise 0.6 → 0.7 is not a fall
     rising = spread([{"t_s": t, "accuracy": a} for t, a in [(60, 0.2), (90, 0.3), (120, 0.5)]])
     assert rising is not None and rising["fall"] == 0.0 and rising["max"] == pytest.approx(0.2)
-    assert spread(curve[:3]) is None  # one round past the first minute: no pair
+    assert spread(curve[:2]) is None  # no round past the first minute: no pair
 
 
 def test_sampled_rounds_report_the_change_sampling_alone_would_make() -> None:
