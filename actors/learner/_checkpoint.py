@@ -17,6 +17,7 @@ Non-goals: sharded / multi-rank checkpoints (one learner replica), cloud storage
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -68,9 +69,14 @@ class Checkpointer:
         return final
 
     def restore(self, path: Path, app_state: Mapping[str, Any]) -> None:
+        """Fill ``app_state`` from the checkpoint at ``path``. Every pickled entry is first loaded as plain data
+        (``torch.load(weights_only=True)``), so a checkpoint holding code is refused before anything is restored —
+        ``app_state`` is left as it was, and no read of torchsnapshot's is left suspended by the refusal."""
         from torchsnapshot import Snapshot
 
-        Snapshot(str(path)).restore(dict(app_state))
+        snapshot = Snapshot(str(path))
+        _refuse_code(path, snapshot.get_manifest())
+        snapshot.restore(dict(app_state))
 
     @staticmethod
     def holds(path: Path, key: str) -> bool:
@@ -94,6 +100,25 @@ def learner_state(
     if average is not None:
         state["average"] = average
     return state
+
+
+def _refuse_code(path: Path, manifest: Mapping[str, Any]) -> None:
+    """Load every entry torchsnapshot pickled (``torch_save``) with ``weights_only``: raises
+    ``pickle.UnpicklingError`` for one whose pickle would run code. Those entries are small (optimizer settings,
+    exotic dtypes); tensors of the usual dtypes are raw buffers and are not read here."""
+    import torch
+
+    for entry in manifest.values():
+        if getattr(entry, "serializer", None) != "torch_save":
+            continue
+        with open(path / entry.location, "rb") as f:
+            byte_range = getattr(entry, "byte_range", None)
+            if byte_range is not None:
+                f.seek(byte_range[0])
+                data = f.read(byte_range[1] - byte_range[0])
+            else:
+                data = f.read()
+        torch.load(io.BytesIO(data), weights_only=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,8 +1,10 @@
-"""Learner checkpoints load safely: with torch >= 2.6, ``torch.load`` (which torchsnapshot restores objects with)
-defaults to ``weights_only``, so a checkpoint file replaced by a pickle that runs code is refused, not executed."""
+"""Learner checkpoints load safely: every pickled entry is loaded with ``weights_only`` before torchsnapshot restores
+anything, so a checkpoint file replaced by a pickle that runs code is refused, not executed."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import io
 import pickle
 from pathlib import Path
@@ -44,6 +46,9 @@ def test_a_checkpoint_file_holding_code_is_refused_not_run(tmp_path: Path) -> No
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         checkpoints.restore(path, state())
     assert not marker.exists()
+    # refused before torchsnapshot started its reads: none is left suspended, to be torn down in a later test
+    suspended = [t for t in gc.get_objects() if issubclass(type(t), asyncio.Task) and not t.done()]
+    assert suspended == []
 
 
 def test_a_checkpoint_round_trips(tmp_path: Path) -> None:
