@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.topology.runtime._helpers import gone, live_rows, status_json, wait_for, write_spec
-from topology.bus import Bus, BusError
+from topology.bus import Bus, BusError, EmbeddedNats
 
 pytestmark = [pytest.mark.usefixtures("kinds_env"), pytest.mark.timeout(150)]
 
@@ -69,11 +69,41 @@ def the_run(tmp_path: Path) -> Path:
 
 
 def assert_nothing_acked_lost(run_dir: Path) -> None:
+    """Every message whose publish was acknowledged reached the tally, or is still in the stream waiting for it. A
+    stop signals every replica at once, so the ticker's last publishes can land after the tally stopped pulling:
+    they are kept for the next resume, not lost (about 1 run in 15 on a loaded machine ended that way)."""
     published = ledger(run_dir, "ticker", "published.txt")
     consumed = set(ledger(run_dir, "tally", "consumed.txt"))
     assert published, "the ticker published nothing"
-    missing = [mid for mid in published if mid not in consumed]
-    assert not missing, f"{len(missing)} of {len(published)} acknowledged messages never reached the tally"
+    missing = {mid for mid in published if mid not in consumed}
+    if missing:
+        missing -= waiting_in_the_stream(run_dir, "ticks", "tally", missing)
+    assert not missing, (
+        f"{len(missing)} of {len(published)} acknowledged messages lost: not consumed, not in the stream"
+    )
+
+
+def waiting_in_the_stream(run_dir: Path, channel: str, group: str, wanted: set[str]) -> set[str]:
+    """Which of ``wanted`` a stopped run's store still holds for consumer ``group``: the run's own store served by a
+    fresh nats-server (the run's token), read as that group would read it (nothing acked)."""
+    token = (run_dir / "nats" / "token").read_text().strip()
+    server = EmbeddedNats(run_dir / "nats", token=token).start()
+
+    async def read() -> set[str]:
+        found: set[str] = set()
+        connected = await Bus.connect(server.url, topology="rt-test", name="inspector", token=token)
+        async with connected as bus, bus.consume(channel, group) as deliveries:
+            with anyio.move_on_after(10):
+                async for delivery in deliveries:
+                    found.add(delivery.id)
+                    if wanted <= found:
+                        break
+        return found & wanted
+
+    try:
+        return anyio.run(read, backend="asyncio")
+    finally:
+        server.stop()
 
 
 def test_killed_nats_server_comes_back_on_its_port_and_the_run_goes_on(tmp_path: Path) -> None:
