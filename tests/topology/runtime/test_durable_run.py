@@ -22,6 +22,7 @@ import pytest
 
 from tests.topology.runtime._helpers import gone, live_rows, status_json, wait_for, write_spec
 from topology.bus import Bus, BusError, EmbeddedNats
+from topology.runtime import bus_token, read_run_info
 
 pytestmark = [pytest.mark.usefixtures("kinds_env"), pytest.mark.timeout(150)]
 
@@ -86,12 +87,11 @@ def assert_nothing_acked_lost(run_dir: Path) -> None:
 def waiting_in_the_stream(run_dir: Path, channel: str, group: str, wanted: set[str]) -> set[str]:
     """Which of ``wanted`` a stopped run's store still holds for consumer ``group``: the run's own store served by a
     fresh nats-server (the run's token), read as that group would read it (nothing acked)."""
-    token = (run_dir / "nats" / "token").read_text().strip()
-    server = EmbeddedNats(run_dir / "nats", token=token).start()
+    token = bus_token(read_run_info(run_dir))
 
-    async def read() -> set[str]:
+    async def read(url: str) -> set[str]:
         found: set[str] = set()
-        connected = await Bus.connect(server.url, topology="rt-test", name="inspector", token=token)
+        connected = await Bus.connect(url, topology="rt-test", name="inspector", token=token)
         async with connected as bus, bus.consume(channel, group) as deliveries:
             with anyio.move_on_after(10):
                 async for delivery in deliveries:
@@ -100,10 +100,8 @@ def waiting_in_the_stream(run_dir: Path, channel: str, group: str, wanted: set[s
                         break
         return found & wanted
 
-    try:
-        return anyio.run(read, backend="asyncio")
-    finally:
-        server.stop()
+    with EmbeddedNats(run_dir / "nats", token=token) as server:
+        return anyio.run(read, server.url, backend="asyncio")
 
 
 def test_killed_nats_server_comes_back_on_its_port_and_the_run_goes_on(tmp_path: Path) -> None:
