@@ -740,9 +740,10 @@ class LearnerActor(Actor[LearnerConfig]):
     async def publish_weights(self, *, average: bool = False) -> None:
         """Publish the current weights (``average``: the weights' moving average) as the next version."""
         source = self.average.policy if average and self.average is not None else self.policy
-        state = {name: t.detach().to("cpu").clone() for name, t in source.state_dict().items()}
-        current = await self.publisher.current()
-        self.version = max(self.version, current.version if current is not None else 0) + 1
+        # the parameters themselves, not a copy: every transport copies (or sends) them before publish returns, and
+        # nothing steps them meanwhile (the train loop awaits this)
+        state = {name: t.detach() for name, t in source.state_dict().items()}
+        self.version = max(self.version, await self.publisher.newest()) + 1
         await self.publisher.publish(self.version, state)
         self._published_step, self._published_at = self.step, time.monotonic()
         weights = "average" if source is not self.policy else "current"

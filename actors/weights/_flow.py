@@ -7,7 +7,9 @@ True``, e.g. ``distributed``) is the exception: its receivers must be told to jo
 the manifest (carrying the rendezvous) goes first and the transport sends after (``put_announced``).
 
 Guarantees:
-- versions are monotonic: a publisher refuses a version ≤ the current one; a subscriber ignores them;
+- versions are monotonic: a publisher refuses a version ≤ the current one (read from the bus at its first publish,
+  and again after a failed one; its own publishes since: the learner is the key's only writer); a subscriber
+  ignores them;
 - a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one), and a
   fetch that takes over ``fetch_timeout_s`` is rejected (the next announcement is tried);
 - a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) is logged and
@@ -42,23 +44,36 @@ class WeightPublisher:
         self._bucket = weights_bucket(topology)
         self._transport = transport
         self._key = key
+        self._newest: int | None = None  # the newest version under the key, once read: this publisher's own since
         self.last_publish_s = 0.0
 
     async def current(self) -> WeightManifest | None:
         raw = await self._bus.kv_get(self._bucket, self._key)
         return WeightManifest.from_json(raw) if raw else None
 
+    async def newest(self) -> int:
+        """The newest version under the key (0: none): read from the bus once, then kept as this publisher
+        publishes — the learner is the key's only writer, so a publish costs no read of it."""
+        if self._newest is None:
+            current = await self.current()
+            self._newest = current.version if current is not None else 0
+        return self._newest
+
     async def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightManifest:
-        current = await self.current()
-        if current is not None and version <= current.version:
-            raise ValueError(f"weight versions are monotonic: cannot publish v{version} after v{current.version}")
+        newest = await self.newest()
+        if version <= newest:
+            raise ValueError(f"weight versions are monotonic: cannot publish v{version} after v{newest}")
         started = time.perf_counter()
-        if getattr(self._transport, "announces", False):  # collective transports: announce, then send
-            collective: CollectiveTransport = self._transport  # type: ignore[assignment]
-            manifest = await collective.put_announced(version, state_dict, self._announce)
-        else:
-            manifest = await self._transport.put(version, state_dict)
-            await self._announce(manifest)
+        try:
+            if getattr(self._transport, "announces", False):  # collective transports: announce, then send
+                collective: CollectiveTransport = self._transport  # type: ignore[assignment]
+                manifest = await collective.put_announced(version, state_dict, self._announce)
+            else:
+                manifest = await self._transport.put(version, state_dict)
+                await self._announce(manifest)
+        except BaseException:
+            self._newest = None  # a put the bus stored but never confirmed may hold the key: read it again
+            raise
         self.last_publish_s = time.perf_counter() - started
         return manifest
 
@@ -70,6 +85,7 @@ class WeightPublisher:
 
     async def _announce(self, manifest: WeightManifest) -> None:
         await self._bus.kv_put(self._bucket, self._key, manifest.to_json())
+        self._newest = manifest.version
 
     async def point(self, manifest: WeightManifest, key: str) -> None:
         """Point another key (e.g. ``serving``) at an already published version — promotion and rollback."""

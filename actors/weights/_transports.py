@@ -60,7 +60,10 @@ _GRACE_S = 0.25  # after a disk publish, before its tidying thread competes with
 class WeightTransport(Protocol):
     name: str
 
-    async def put(self, version: int, state_dict: StateDict) -> WeightManifest: ...
+    async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
+        """Store the version; its tensors are copied (or sent) before this returns, so the caller may step them
+        right after (the learner passes its live parameters)."""
+        ...
 
     async def get(
         self, manifest: WeightManifest, *, into: Mapping[str, torch.Tensor] | None = None

@@ -109,6 +109,61 @@ async def test_publisher_refuses_non_monotonic_versions(bus: Bus) -> None:
     assert current is not None and current.version == 2
 
 
+async def test_every_transport_holds_the_tensors_as_they_were_when_put_returned(bus: Bus, tmp_path: Path) -> None:
+    """The learner publishes its live parameters, not a copy, and steps them right after the publish."""
+    from actors.weights import SharedMemoryTransport
+
+    transports = [
+        ObjectStoreTransport(bus, "weights_live"),
+        SafetensorsDirTransport(tmp_path / "disk"),
+        SharedMemoryTransport(tmp_path / "shm"),
+    ]
+    for transport in transports:
+        live = _state(1)
+        manifest = await transport.put(1, live)
+        for tensor in live.values():
+            tensor.add_(1.0)  # the next optimizer step
+        got = await transport.get(manifest)
+        assert all(torch.equal(got[k], _state(1)[k]) for k in live), transport.name
+
+
+class _FailingOnce:
+    """A transport whose next put fails after the tensors were handled: a publish that may or may not have landed."""
+
+    name = "object-store"
+
+    def __init__(self, inner: ObjectStoreTransport) -> None:
+        self.inner, self.fail = inner, False
+
+    async def put(self, version: int, state: dict[str, torch.Tensor]) -> WeightManifest:
+        if self.fail:
+            self.fail = False
+            raise WeightPayloadError("the store went away")
+        return await self.inner.put(version, state)
+
+
+async def test_a_publisher_reads_the_current_version_once_and_again_after_a_failed_publish(bus: Bus) -> None:
+    """The key is read at the first publish and kept as the publisher publishes (the learner is its only writer);
+    after a failed publish the bus may hold what the publisher does not know of, so it reads the key again."""
+    other = WeightPublisher(bus, "once", ObjectStoreTransport(bus, "weights_once"))
+    await other.publish(3, _state(3))  # an earlier life of the learner
+    transport = _FailingOnce(ObjectStoreTransport(bus, "weights_once"))
+    publisher = WeightPublisher(bus, "once", transport)  # type: ignore[arg-type]
+    assert await publisher.newest() == 3
+    with pytest.raises(ValueError, match="monotonic: cannot publish v3 after v3"):
+        await publisher.publish(3, _state(3))
+    await publisher.publish(4, _state(4))
+    assert await publisher.newest() == 4
+    await other.publish(7, _state(7))  # (not a learner's case: a second writer of the key)
+    assert await publisher.newest() == 4, "read the key again without a failure"
+    transport.fail = True
+    with pytest.raises(WeightPayloadError):
+        await publisher.publish(5, _state(5))
+    assert await publisher.newest() == 7
+    with pytest.raises(ValueError, match="after v7"):
+        await publisher.publish(6, _state(6))
+
+
 async def test_safetensors_dir_writes_into_a_file_allocated_ahead_and_never_rewrites_a_published_one(
     tmp_path: Path,
 ) -> None:
