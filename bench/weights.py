@@ -291,6 +291,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 version = 0
                 for name, transport in transports.items():
+                    publisher = WeightPublisher(bus, topology, transport)  # one per run, as a learner keeps it
                     times = []
                     # the first publishes are warm-ups: steady state is measured (the shared-memory slots are
                     # allocated and mapped by a run's first two versions; the standby weights by the first)
@@ -301,7 +302,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         if isinstance(transport, SafetensorsDirTransport):  # a run publishes seconds apart:
                             await asyncio.to_thread(transport.wait_tidy)  # the next version's file is allocated
                         started = time.time()
-                        await WeightPublisher(bus, topology, transport).publish(version, state)
+                        await publisher.publish(version, state)
                         took = await wait_swaps(events, size, version, len(workers)) - started
                         if repeat >= warm:
                             times.append(took)

@@ -279,7 +279,10 @@ class TorchEngine:
                 state = dict(given)
                 del given
                 if adopt:
-                    await asyncio.to_thread(self.policy.validate_state_dict, state, values=not checked)
+                    if checked:  # names, shapes and dtypes only: microseconds, less than a hop to a thread
+                        self.policy.validate_state_dict(state, values=False)
+                    else:
+                        await asyncio.to_thread(self.policy.validate_state_dict, state)
                     standby = None
                 elif on_cpu:  # validate while copying into the standby set, all outside the lock
                     standby = await self._standby()

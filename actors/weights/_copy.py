@@ -70,7 +70,10 @@ def copy_checked(jobs: Sequence[tuple[str, torch.Tensor, torch.Tensor]], *, lane
             begin = first * flat.element_size()
             values = flat[first : first + step] if flat.is_floating_point() else None
             pieces.append(_Piece(name, raw[begin : begin + PIECE], out[begin : begin + PIECE], values))
-    lanes = max(1, min(lanes, _MAX_LANES, len(pieces)))
+    total = sum(piece.source.numel() for piece in pieces)
+    # a lane per piece's worth of bytes at most: below that, handing tensors back and forth between threads costs
+    # more than the copy (a 4-MB model's many small tensors took twice as long on two lanes as on one)
+    lanes = max(1, min(lanes, _MAX_LANES, len(pieces), -(-total // PIECE)))
     shares: list[list[_Piece]] = [[] for _ in range(lanes)]
     loads = [0] * lanes
     for piece in pieces:  # each to the lane with the fewest bytes so far: the lanes finish together

@@ -18,7 +18,7 @@ import anyio
 import pytest
 import torch
 
-from actors.engines import GenerationRequest, SamplingParams, TorchEngine
+from actors.engines import GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
 from actors.engines._packing import is_packed
 from actors.policy import GPTConfig, Policy
 from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
@@ -223,6 +223,24 @@ async def test_a_cpu_engine_serves_from_the_slot_and_lets_a_replaced_version_go(
         assert is_packed(live), "not the engine's own set"
         slot = await transport.get(v2)
         assert all(torch.equal(slot[k], trained[1].state_dict()[k]) for k in slot), "wrote into a published slot"
+    finally:
+        await engine.close()
+
+
+async def test_an_engine_refuses_a_slot_of_another_model_and_keeps_serving(tmp_path: Path) -> None:
+    """The writer checked the values; the names and shapes are checked against the engine's own model, which the
+    manifest knows nothing of."""
+    policy = Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64), seed=0)
+    wider = Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=48, n_head=2, block_size=64), seed=1)
+    engine = TorchEngine(policy, max_batch_size=4)
+    transport = SharedMemoryTransport(tmp_path / "slots")
+    before = {name: t.clone() for name, t in policy.state_dict().items()}
+    try:
+        manifest = await transport.put(1, wider.state_dict())
+        with pytest.raises(WeightUpdateError, match="does not match the model"):
+            await engine.update_weights_from(1, lambda into: transport.get(manifest, into=into))
+        assert engine.version == 0
+        assert all(torch.equal(t, before[name]) for name, t in policy.state_dict().items())
     finally:
         await engine.close()
 
