@@ -119,10 +119,20 @@ def test_up_serves_every_replicas_counters_as_prometheus_metrics(tmp_path: Path)
             return None
 
         assert wait_for("the ticker's counter on the endpoint", published) > 0
-        text = httpx.get(url, timeout=5).text
-        assert (
-            'flywheel_replica_up{actor="tally",kind="tally",replica="0",state="running",topology="rt-test"} 1.0' in text
-        )
+        # the tally's own state is its own: a ticker publishing says nothing of whether the tally has started yet
+        # (beside busy cores it was still starting when the ticker's counter first showed)
+        tally = 'flywheel_replica_up{actor="tally",kind="tally",replica="0",state="running",topology="rt-test"} 1.0'
+        shown: list[str] = []
+
+        def tally_running() -> bool:
+            text = httpx.get(url, timeout=5).text
+            shown[:] = [line for line in text.splitlines() if line.startswith('flywheel_replica_up{actor="tally"')]
+            return tally in shown
+
+        try:
+            wait_for("the tally running on the endpoint", tally_running)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the endpoint's tally lines: {shown}") from None
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=30)
     finally:
