@@ -14,7 +14,9 @@ flywheel's do. The peer runs at its best, not handicapped:
   (``generate`` derives positions from the mask). :func:`positions_from_mask` patches the model's forward to derive
   them from the mask when none are given — what flywheel's learner does (reference/ALGORITHMS.md, "Left padding").
 - Learning rate: ``--lr`` with several values sweeps them on ``--sweep-duration``-second runs and runs the full
-  ``--duration`` at the best (highest mean greedy accuracy over each short run's last 3 evaluations).
+  ``--duration`` at the best (highest mean greedy accuracy over each short run's last 3 evaluations). The default
+  range, 2e-5 to 4e-4, brackets the rates the HF task's sweeps have picked (bench/RESULTS.md); a best at either end
+  of the range is reported (``best_at_edge`` in the JSON, and by ``vs_trl.py``): the peer's optimum may lie beyond it.
 
 The held-out evaluation: every ``--eval-every-s`` seconds of RL, the first ``--eval-size`` held-out prompts, greedy
 (what a served model answers) and sampled at T=1 (``--eval-samples`` per prompt), with the clock stopped while it
@@ -228,13 +230,18 @@ def tail_mean(evals: list[dict[str, float]], key: str = "greedy", last: int = 3)
     return sum(points) / len(points)
 
 
+def best_at_edge(rates: list[float], best: float) -> bool:
+    """Whether a sweep's ``best`` rate is its lowest or its highest: the optimum may then lie outside the range."""
+    return len(rates) > 1 and best in (min(rates), max(rates))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", type=Path, help="a dir written by bench/make_hf_task.py")
     parser.add_argument("--model", type=Path, help="model dir (default: TASK/model)")
     parser.add_argument("--duration", type=float, default=200.0, help="seconds of RL (evaluation time excluded)")
     parser.add_argument(
-        "--lr", default="2e-5,5e-5,1e-4,2e-4", help="a learning rate, or several to sweep (comma-separated)"
+        "--lr", default="2e-5,5e-5,1e-4,2e-4,4e-4", help="a learning rate, or several to sweep (comma-separated)"
     )
     parser.add_argument("--sweep-duration", type=float, default=90.0, help="seconds of RL of each sweep run")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per optimizer step")
@@ -285,8 +292,13 @@ def main() -> None:
             )
         )
     best = max(sweep, key=lambda r: r["greedy_last3"])["lr"] if sweep else rates[0]
+    at_edge = best_at_edge(rates, best)
     if sweep:
         print(f"best lr {best:g}: the full run", flush=True)
+    if at_edge:
+        print(
+            f"warning: the best lr {best:g} is at an end of the swept range: TRL's best may lie beyond it", flush=True
+        )
     result = train(args, best, args.duration)
     rows = result["evals"]
     first = rows[0]
@@ -314,6 +326,7 @@ def main() -> None:
             "task": str(args.task),
             "lr": best,
             "lr_chosen_by": "sweep" if sweep else "given",
+            "best_at_edge": at_edge,
             "sweep": sweep,
             "prompts": args.prompts,
             "group": args.group,

@@ -149,6 +149,7 @@ def load_trl(path: Path) -> tuple[dict[str, Curve], float, str, dict[str, Any]]:
         "lr": data.get("lr"),
         "lr_chosen_by": data.get("lr_chosen_by", "given"),
         "sweep": {f"{r['lr']:g}": round(100 * r["greedy_last3"], 1) for r in data.get("sweep", [])},
+        "best_at_edge": bool(data.get("best_at_edge", False)),
         "prompts_x_group": f"{data.get('prompts')} x {data.get('group')}",
         **(data.get("trl_config") or {}),
     }
@@ -188,6 +189,11 @@ def main() -> None:
     print(
         f"{trainer}: lr {trl_settings['lr']:g} ({trl_settings['lr_chosen_by']}"
         + (f"; sweep, greedy % of the last 3 rounds: {trl_settings['sweep']}" if trl_settings["sweep"] else "")
+        + (
+            "; the best at an end of the swept range: TRL's best may lie beyond it"
+            if trl_settings["best_at_edge"]
+            else ""
+        )
         + f"), {trl_settings['prompts_x_group']} per step; flywheel: "
         + (f"learner overrides {json.dumps(tuned)}" if tuned else "its defaults")
         + (

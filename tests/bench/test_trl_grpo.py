@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actors.policy import write_tiny_hf_model
-from bench.trl_grpo import correct, positions_from_mask, tail_mean
+from bench.trl_grpo import best_at_edge, correct, positions_from_mask, tail_mean
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,3 +41,11 @@ def test_the_reward_rule_compares_numbers() -> None:
 def test_the_sweep_ranks_runs_by_their_last_three_greedy_rounds() -> None:
     evals = [{"greedy": g, "sampled": 0.0} for g in (0.1, 0.9, 0.5, 0.6, 0.7)]
     assert tail_mean(evals) == pytest.approx(0.6)
+
+
+def test_a_sweeps_best_rate_at_either_end_of_its_range_is_flagged() -> None:
+    rates = [2e-5, 5e-5, 1e-4, 2e-4, 4e-4]
+    assert not best_at_edge(rates, 2e-4)
+    assert best_at_edge(rates, 4e-4) and best_at_edge(rates, 2e-5)
+    assert best_at_edge([4e-4, 1e-4, 2e-4], 4e-4)  # in the order given, not sorted
+    assert not best_at_edge([1e-4], 1e-4)  # one rate given: nothing was swept

@@ -82,3 +82,17 @@ def test_the_flywheel_side_carries_the_learning_rate_it_resolved(tmp_path: Path)
     assert curves["greedy"] == [(0.0, 0.4), (10.0, 0.6)]
     path.write_text(json.dumps({"variants": {"async": run}}))  # a run of an older tree: nothing resolved recorded
     assert load_flywheel(path, "async", None)[4] == {}
+
+
+def test_the_peer_side_says_when_its_sweeps_best_rate_sat_at_an_end_of_the_range(tmp_path: Path) -> None:
+    import json
+
+    from bench.vs_trl import load_trl
+
+    evals = [{"rl_s": 0.0, "greedy": 0.4, "sampled": 0.2}, {"rl_s": 15.0, "greedy": 0.6, "sampled": 0.3}]
+    run = {"evals": evals, "lr": 4e-4, "lr_chosen_by": "sweep", "prompts": 16, "group": 8, "samples_per_s": 600.0}
+    path = tmp_path / "trl_grpo.json"
+    path.write_text(json.dumps({**run, "best_at_edge": True}))
+    assert load_trl(path)[3]["best_at_edge"] is True
+    path.write_text(json.dumps(run))  # a run of an older tree: nothing recorded, nothing claimed
+    assert load_trl(path)[3]["best_at_edge"] is False
