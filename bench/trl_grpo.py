@@ -294,11 +294,8 @@ def main() -> None:
     best = max(sweep, key=lambda r: r["greedy_last3"])["lr"] if sweep else rates[0]
     at_edge = best_at_edge(rates, best)
     if sweep:
-        print(f"best lr {best:g}: the full run", flush=True)
-    if at_edge:
-        print(
-            f"warning: the best lr {best:g} is at an end of the swept range: TRL's best may lie beyond it", flush=True
-        )
+        edge = ", at an end of the swept range: TRL's best may lie beyond it" if at_edge else ""
+        print(f"best lr {best:g}{edge}: the full run", flush=True)
     result = train(args, best, args.duration)
     rows = result["evals"]
     first = rows[0]
