@@ -17,15 +17,16 @@ with ``eval_temperature``/``eval_samples``) over wall-clock (eval rows), samples
 (step rows), the training rollouts' accuracy per domain when RL starts and when it ends (see
 ``rollout_accuracy``) and, from the sync run, the pipelining ceiling: in sync mode one cycle generates and
 verifies a batch (``T_gen``: per step the slowest group's ``generate_s + verify_s``, median over steps) then trains on
-it
-(``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
+it (``T_train``: ``step_s``), so ``ceiling = (T_gen + T_train) / max(T_gen, T_train)``; async/sync throughput is
 reported beside it, and the sync cycle's remaining time (waiting for weights to reach the generators) as overhead.
 The "learner drift" table gives, per ``DRIFT_WINDOW_S`` of a run's steps, the gradient's norm before clipping
 (median, 95th percentile, largest) and the mean behavior KL per token (how far the policy moved from the one that
 sampled the batch): a run whose gradients and moves grow while its held-out rounds start to swing shows it there.
 The "no signal" column is the share of a domain's groups the learner consumed without a step because all their
 rewards were equal (generated, verified and thrown away), and in brackets the shares that were all full marks
-(solved) and all zero (failed).
+(solved) and all zero (failed). "cores used" gives, per run, the CPU time of each actor's processes (and
+nats-server's, and the supervising runtime's) over the run, in cores (``bench/_cpu.py``): on a machine the loop
+fills, the learner's share is what its steps get.
 
 Held-out rounds are decoded greedy (what a served model answers) and sampled at T=1 (the policy RL trains) side by
 side (``--decodings both``, the default: the learner's ``eval_temperature`` becomes the spec's decoding plus the
@@ -55,6 +56,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -71,6 +73,7 @@ if str(ROOT) not in sys.path:
 from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from actors.protocol import policy_of  # noqa: E402
 from bench._common import RESULTS_DIR, markdown_table, percentile, write_results  # noqa: E402
+from bench._cpu import CpuSampler  # noqa: E402
 
 _STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1))}
 _QUICK = {"actors": {"learner": {"eval_every_steps": 10, "eval_size": 32, "checkpoint_every_steps": 10}}}
@@ -467,11 +470,13 @@ def main() -> None:
                     f"(overrides {json.dumps(overrides)})",
                     flush=True,
                 )
-                run_dir, run_started, wall_s = run_topology(spec_file, duration, runtime_kind)
+                with CpuSampler() as cpu:
+                    run_dir, run_started, wall_s = run_topology(spec_file, duration, runtime_kind)
                 results[key] = {
                     "overrides": overrides,
                     "runtime": runtime_kind,
                     "wall_s": wall_s,
+                    "cpu_cores": cpu.cores(),
                     **analyse(run_dir, run_started, headline),
                 }
                 if "lr" in results[key]:
@@ -535,6 +540,7 @@ def main() -> None:
         f"rollouts: the training rollouts' running accuracy over a domain's last {ROLLOUT_WINDOW} groups, when the "
         "window first fills and at the end (same task distribution, ~4x the completions of a held-out round)"
     )
+    print_cpu(results)
     print_decodings(results)
     print_drift(results)
     summary: dict[str, Any] = {}
@@ -627,6 +633,22 @@ def main() -> None:
         },
     )
     print(f"\nwrote {path} and {png} ({time.monotonic() - started:.0f} s)")
+
+
+def print_cpu(results: dict[str, dict[str, Any]]) -> None:
+    """Where each run's cores went, by actor (``bench/_cpu.py``): what a machine-bound loop spends on what."""
+    lines = []
+    for variant, res in results.items():
+        cores = res.get("cpu_cores") or {}
+        if cores:
+            shown = {name: value for name, value in cores.items() if value >= 0.005}
+            parts = ", ".join(f"{name} {value:.2f}" for name, value in shown.items())
+            if len(shown) < len(cores):
+                parts += f" (and {len(cores) - len(shown)} others below 0.005)"
+            lines.append(f"  {variant}: {sum(cores.values()):.2f} in all: {parts}")
+    if lines:
+        print(f"cores used, by actor ({os.cpu_count()} on this machine):")
+        print("\n".join(lines))
 
 
 def print_decodings(results: dict[str, dict[str, Any]]) -> None:
