@@ -24,6 +24,18 @@ from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, Shared
 from topology.bus import Bus
 
 
+def _read_whole(path: str, buffer: bytearray) -> int:
+    """Read the file at ``path`` into ``buffer`` (as many reads as the kernel needs); the bytes read."""
+    view, got = memoryview(buffer), 0
+    with open(path, "rb", buffering=0) as handle:
+        while got < len(view):
+            n = handle.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    return got
+
+
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     sizes = args.sizes.split(",")
@@ -96,8 +108,7 @@ async def main(args: argparse.Namespace) -> None:
             buffer = raw_files.get(command["size"])
             if buffer is None or len(buffer) != command["nbytes"]:
                 buffer = raw_files[command["size"]] = bytearray(command["nbytes"])
-            with open(command["path"], "rb", buffering=0) as handle:
-                got = await asyncio.to_thread(handle.readinto, buffer)
+            got = await asyncio.to_thread(_read_whole, command["path"], buffer)
             await done(command, "raw-file", nbytes=got)
             continue
         if command["op"] == "recv":  # what a member generator does: receive into the standby weights, swap
