@@ -34,9 +34,15 @@ is acked without being applied; anything applied after that checkpoint was never
 the restored weights. Every applied message is also written to ``metrics/applied-*.parquet`` with the step and
 the learner's incarnation (flushed before each checkpoint), which is the audit trail tests use.
 
+Checkpoints taken by the train loop are written in the background: the state is copied while nothing steps it
+(milliseconds for a small model), training goes on while the copy is written, and the messages it covers are acked
+once it is on disk — a redelivery of one of them meanwhile is recognised and acked with them. A checkpoint waits for
+the one before it, and a failed write fails the run (as one awaited would).
+
 Requirements: one replica (the ledger is per process; a sibling would receive un-acked messages), and
-``bus.max_ack_pending`` ≥ ``checkpoint_every_steps × batch_size`` plus the buffer — the learner passes
-``max_ack_pending`` to its consumer accordingly. Held messages are kept alive with ``in_progress``.
+``bus.max_ack_pending`` ≥ twice ``checkpoint_every_steps × batch_size`` plus the buffer (one checkpoint's groups
+being written, the next one's applied meanwhile) — the learner passes ``max_ack_pending`` to its consumer
+accordingly. Held messages are kept alive with ``in_progress``.
 
 ``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in, weights are published
 after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
@@ -67,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import torch
 
@@ -74,7 +81,7 @@ from actors.domains import Domain, domains_from_spec
 from actors.learner._advantages import AdvantageEstimator, staleness
 from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
-from actors.learner._checkpoint import Checkpointer, learner_state
+from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
 from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
 from actors.learner._ledger import AppliedLedger
@@ -149,6 +156,9 @@ class LearnerActor(Actor[LearnerConfig]):
         )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet
         self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
+        self._writing: dict[str, Delivery[ScoredMsg]] = {}  # covered by the checkpoint being written, acked after it
+        self._written: anyio.Event | None = None  # set once the checkpoint being written is on disk
+        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: where a checkpoint is written in the background
         self._unacked_limit = config.batch_size * config.checkpoint_every_steps  # then checkpoint early (see run)
         self._rewards: dict[str, deque[tuple[float, float]]] = {}
         self._staleness_last: list[int] = []
@@ -341,7 +351,9 @@ class LearnerActor(Actor[LearnerConfig]):
     async def run(self) -> None:
         config = self.config
         channel = self.ctx.input_channel
-        window = config.buffer_size + config.batch_size * (config.checkpoint_every_steps + 1)
+        # un-acked at most: the buffer, the groups a checkpoint being written covers, and as many again applied
+        # meanwhile (the next checkpoint waits for that one) plus a batch
+        window = config.buffer_size + config.batch_size * (2 * config.checkpoint_every_steps + 1)
         max_ack_pending = max(window, self.ctx.spec.bus.max_ack_pending)
         async with (
             self.ctx.bus.consume(
@@ -353,12 +365,14 @@ class LearnerActor(Actor[LearnerConfig]):
             ) as scored,
             anyio.create_task_group() as tg,
         ):
+            self._tasks = tg
             tg.start_soon(self._consume, scored)
             tg.start_soon(self._keepalive)
             tg.start_soon(self._periodic)
             self.phase = "rl"
             await self._train_loop()
             await self.checkpoint()  # covers every step taken, then acks what it covers
+            self._tasks = None
             tg.cancel_scope.cancel()
 
     async def drain(self) -> None:
@@ -447,6 +461,9 @@ class LearnerActor(Actor[LearnerConfig]):
         if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
             self._unacked[mid] = delivery
             return
+        if mid in self._writing:  # redelivered while its checkpoint is being written: that one acks the fresh one
+            self._writing[mid] = delivery
+            return
         if mid in self.ledger:
             counters.inc("duplicates_skipped")
             await delivery.ack()
@@ -497,7 +514,8 @@ class LearnerActor(Actor[LearnerConfig]):
         every = min(_KEEPALIVE_S_MAX, self.ctx.spec.bus.ack_wait_s / 3)
         while True:
             await anyio.sleep(every)
-            for delivery in [h.delivery for h in self._held.values()] + list(self._unacked.values()):
+            waiting = [*self._unacked.values(), *self._writing.values()]
+            for delivery in [h.delivery for h in self._held.values()] + waiting:
                 try:
                     await delivery.in_progress()
                 except Exception as exc:  # a lost keepalive means a redelivery later: handled by the ledger
@@ -523,7 +541,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 self._baseline_out = self._eval_out > 0
             if self._baseline_out or not self.batcher.ready():
                 if len(self._unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
-                    await self.checkpoint()
+                    await self.checkpoint(background=True)
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
                 # time, stop requests)
                 with anyio.move_on_after(0.05):
@@ -574,7 +592,7 @@ class LearnerActor(Actor[LearnerConfig]):
         if self._publish_due():
             await self.publish_weights()
         if self.step % self.config.checkpoint_every_steps == 0:
-            await self.checkpoint()
+            await self.checkpoint(background=True)
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
             self._eval_due = True
         if self._eval_due and not self._average_round_out:
@@ -755,23 +773,47 @@ class LearnerActor(Actor[LearnerConfig]):
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
 
-    async def checkpoint(self) -> None:
-        """Snapshot everything, then ack every message the snapshot covers."""
+    async def checkpoint(self, *, background: bool = False) -> None:
+        """Snapshot everything, then ack every message the snapshot covers. ``background`` (the train loop's, while
+        run() runs): the state is copied while nothing steps it (``checkpoint_stage_s``) and written by a task of
+        run()'s own while training goes on; the messages it covers are acked once it is on disk. A checkpoint
+        first waits for the one still being written, so at most one is in flight; a failed write fails run()."""
+        if self._written is not None:
+            await self._written.wait()
         if self.step == self._last_checkpoint_step and not self._unacked:
             return
         self.metrics.flush(("applied", "step", "lifecycle"))  # the audit trail reaches disk before the snapshot
-        state = self._state()
+        step, version, pending = self.step, self.version, self._unacked
+        self._unacked, self._last_checkpoint_step = {}, step
+        # what the checkpoint holds is the state at this instant: its lifecycle row carries this time, so the audit
+        # trail (`effective_applied`) counts what was applied after it as not covered, however long the write takes
+        taken = time.time()
+        state = self._state()  # (on the event loop: the counters and the ledger are its own)
+        tasks = self._tasks if background else None
+        if tasks is None:
+            await self._write_checkpoint(step, version, taken, state, pending)
+            return
         started = time.perf_counter()
-        await anyio.to_thread.run_sync(self.checkpointer.save, self.step, state)
-        self._last_checkpoint_step = self.step
-        self.metrics.add(
-            "lifecycle", {"ts": time.time(), "event": "checkpoint", "step": self.step, "version": self.version}
-        )
+        state = await anyio.to_thread.run_sync(staged, state)
+        self.ctx.counters.set("checkpoint_stage_s", round(time.perf_counter() - started, 4))
+        self._writing, self._written = pending, anyio.Event()
+        tasks.start_soon(self._write_checkpoint, step, version, taken, state, pending)
+
+    async def _write_checkpoint(
+        self, step: int, version: int, taken: float, state: dict[str, Any], pending: dict[str, Delivery[ScoredMsg]]
+    ) -> None:
+        started = time.perf_counter()
+        await anyio.to_thread.run_sync(self.checkpointer.save, step, state)
+        self.metrics.add("lifecycle", {"ts": taken, "event": "checkpoint", "step": step, "version": version})
         self.ctx.counters.set("checkpoint_s", round(time.perf_counter() - started, 3))
-        self.ctx.counters.set("last_checkpoint_step", self.step)
-        pending, self._unacked = self._unacked, {}
-        for delivery in pending.values():
+        self.ctx.counters.set("last_checkpoint_step", step)
+        for delivery in pending.values():  # (a redelivery that came meanwhile replaced its entry: acked here)
             await delivery.ack()
+        if pending is self._writing:
+            self._writing = {}
+        if self._written is not None:
+            self._written.set()
+            self._written = None
 
     async def publish_eval(self, *, baseline: bool = False) -> None:
         """Publish a held-out round labelled with the current version (every prompt at once, once per decoding in

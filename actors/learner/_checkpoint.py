@@ -12,11 +12,15 @@ reference, only when ``kl_beta > 0``: the post-warm-start policy, which a restar
 ``extra`` (a ``torchsnapshot.StateDict`` with ``meta``, JSON of step, version, phase, advantage statistics and
 cumulative counters, and ``ledger``, the applied message ids).
 
+`staged` copies a learner state (to the CPU) so that it can be written while training goes on: the learner's
+periodic checkpoints are written in the background from such a copy.
+
 Non-goals: sharded / multi-rank checkpoints (one learner replica), cloud storage paths.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import re
@@ -26,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Checkpointer", "learner_state"]
+__all__ = ["Checkpointer", "learner_state", "staged"]
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
@@ -100,6 +104,41 @@ def learner_state(
     if average is not None:
         state["average"] = average
     return state
+
+
+class _Staged:
+    """A state dict copied once, written as the object it was copied from would be (the same containers, so the
+    same manifest); restoring goes into the live objects, never into this."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def state_dict(self) -> Any:
+        return self._state
+
+    def load_state_dict(self, state: Any) -> None:
+        raise TypeError("a staged copy is only written; restore into the live objects")
+
+
+def _copy(value: Any) -> Any:
+    """``value`` with every tensor in it copied to the CPU (containers rebuilt with their own types)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((key, _copy(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(item) for item in value)
+    return copy.deepcopy(value)
+
+
+def staged(app_state: Mapping[str, Any], *, frozen: tuple[str, ...] = ("reference",)) -> dict[str, Any]:
+    """A copy of ``app_state`` (a `learner_state`) to write while training steps the originals: each entry's
+    state dict with its tensors copied to the CPU, except the ``frozen`` entries (nothing changes them), which are
+    written from the objects themselves. ``Checkpointer.save`` takes it as it takes ``app_state``, and the
+    checkpoint restores into the live objects as one taken from them does."""
+    return {key: value if key in frozen else _Staged(_copy(value.state_dict())) for key, value in app_state.items()}
 
 
 def _refuse_code(path: Path, manifest: Mapping[str, Any]) -> None:

@@ -30,8 +30,8 @@ async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats
     async with running_learner(spec, embedded_nats.url, run_dir, crash=True) as (actor, bus):
         for i in range(6):  # 3 steps of 2 groups; the checkpoint at step 2 covers g0..g3
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
-        await wait_until(lambda: actor.step == 3)
-        assert actor.ctx.counters.get("last_checkpoint_step") == 2
+        # the checkpoint at step 2 is written in the background: on disk once its counter says so
+        await wait_until(lambda: actor.step == 3 and actor.ctx.counters.get("last_checkpoint_step") == 2)
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         assert actor.step == 2  # resumed from the checkpoint; g4, g5 come back (never acked) and apply again
         for i in range(6, 8):

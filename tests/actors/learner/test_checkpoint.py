@@ -1,5 +1,6 @@
 """Learner checkpoints load safely: every pickled entry is loaded with ``weights_only`` before torchsnapshot restores
-anything, so a checkpoint file replaced by a pickle that runs code is refused, not executed."""
+anything, so a checkpoint file replaced by a pickle that runs code is refused, not executed. A staged copy (what the
+learner writes in the background) holds the state as it was when copied, and restores like the objects'."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.learner._checkpoint import Checkpointer, learner_state
+from actors.learner._checkpoint import Checkpointer, learner_state, staged
 
 
 class _Payload:
@@ -62,3 +63,36 @@ def test_a_checkpoint_round_trips(tmp_path: Path) -> None:
     assert isinstance(model_saved, torch.nn.Module) and isinstance(model_restored, torch.nn.Module)
     for a, b in zip(model_saved.state_dict().values(), model_restored.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.randn(3, 2)).square().sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_a_staged_copy_is_written_as_it_was_when_copied_and_restores_into_the_live_objects(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    _step(model, optimizer)
+    live = learner_state(model, optimizer, None, meta='{"step": 1}', ledger="a")
+    copy = staged(live)
+    then_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    then_moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    _step(model, optimizer)  # training goes on while the copy is written
+    assert not torch.equal(model.weight, then_weights["weight"])
+    checkpoints = Checkpointer(tmp_path / "checkpoints")
+    checkpoints.save(1, copy)
+
+    fresh_model = torch.nn.Linear(2, 2)
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=0.1)
+    _step(fresh_model, fresh_optimizer)  # (an optimizer with state to fill, as a learner's is)
+    restored = learner_state(fresh_model, fresh_optimizer, None, meta="", ledger="")
+    checkpoints.restore(checkpoints.latest() or tmp_path, restored)
+    for name, value in fresh_model.state_dict().items():
+        assert torch.equal(value, then_weights[name])
+    for name, value in fresh_optimizer.state_dict()["state"][0].items():
+        assert torch.equal(value, then_moments[name])
+    assert str(restored["extra"]["meta"]) == '{"step": 1}'  # type: ignore[index]
+    with pytest.raises(TypeError, match="restore into the live objects"):
+        copy["model"].load_state_dict({})
