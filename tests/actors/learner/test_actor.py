@@ -4,13 +4,16 @@ held-out scores evaluated and never trained on, redelivered applied messages ski
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import polars as pl
 import pytest
 
-from actors.learner import read_metrics
+from actors.learner import Checkpointer, read_metrics
+from actors.learner._actor import LearnerActor
 from tests.actors.learner._helpers import effective_applied, running_learner, scored, wait_until, write_spec
 from topology.bus import EmbeddedNats
 
@@ -359,3 +362,52 @@ async def test_consumed_groups_that_fill_the_ack_window_are_checkpointed_without
         assert actor.step == 0
     events = read_metrics(tmp_path / "run", "lifecycle").filter(pl.col("event") == "checkpoint")
     assert events["step"].to_list() == [0, 0]  # the start's, and the one the consumed groups asked for
+
+
+@pytest.mark.parametrize("keepalive", [True, False])
+async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers_is_acked_after_it(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keepalive: bool
+) -> None:
+    """The checkpoint at step 2 (g0..g3) is written in the background: its real write is held until the test lets it
+    go, and meanwhile steps 3 and 4 are taken. Its groups stay un-acked until it is on disk — kept alive, or (without
+    the keepalive) redelivered after ack_wait_s, recognised as being written and neither applied again nor acked
+    early; then everything is acked, each group applied once."""
+    spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
+    release = threading.Event()
+    save = Checkpointer.save
+
+    def held(self: Checkpointer, step: int, state: Any) -> Path:
+        if step == 2:
+            assert release.wait(60), "the test never let the checkpoint go"
+        return save(self, step, state)
+
+    monkeypatch.setattr(Checkpointer, "save", held)
+    if not keepalive:
+        monkeypatch.setattr(LearnerActor, "_keepalive", lambda self: anyio.sleep_forever())
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        js = bus.nc.jetstream()
+
+        async def consumer() -> Any:
+            return await js.consumer_info(bus.stream("scored"), "learner")
+
+        async def all_acked() -> bool:
+            return int((await consumer()).num_ack_pending) == 0
+
+        try:
+            for i in range(8):
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+            await wait_until(lambda: actor.step == 4)  # two steps past the checkpoint still being written
+            assert actor.ctx.counters.get("last_checkpoint_step") != 2
+            await anyio.sleep(2.5 * spec.bus.ack_wait_s)  # past the ack wait
+            info = await consumer()
+            assert info.num_ack_pending == 8
+            assert (info.num_redelivered > 0) is not keepalive  # kept alive, or redelivered and held on to
+        finally:
+            release.set()
+        await wait_until(lambda: actor.ctx.counters.get("last_checkpoint_step") == 4)
+        await wait_until(all_acked)
+        assert not actor.ctx.counters.get("duplicates_skipped") and actor.step == 4
+    assert sorted(effective_applied(run_dir)) == [f"g{i}" for i in range(8)]
+    events = read_metrics(run_dir, "lifecycle").filter(pl.col("event") == "checkpoint")
+    assert events["step"].to_list()[-2:] == [2, 4]
