@@ -785,6 +785,8 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.flush(("applied", "step", "lifecycle"))  # the audit trail reaches disk before the snapshot
         step, version, pending = self.step, self.version, self._unacked
         self._unacked, self._last_checkpoint_step = {}, step
+        # from here on its write acks these (a redelivery meanwhile replaces its entry, never counts as a duplicate)
+        self._writing, self._written = pending, anyio.Event()
         # what the checkpoint holds is the state at this instant: its lifecycle row carries this time, so the audit
         # trail (`effective_applied`) counts what was applied after it as not covered, however long the write takes
         taken = time.time()
@@ -796,7 +798,6 @@ class LearnerActor(Actor[LearnerConfig]):
         started = time.perf_counter()
         state = await anyio.to_thread.run_sync(staged, state)
         self.ctx.counters.set("checkpoint_stage_s", round(time.perf_counter() - started, 4))
-        self._writing, self._written = pending, anyio.Event()
         tasks.start_soon(self._write_checkpoint, step, version, taken, state, pending)
 
     async def _write_checkpoint(
@@ -809,8 +810,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.ctx.counters.set("last_checkpoint_step", step)
         for delivery in pending.values():  # (a redelivery that came meanwhile replaced its entry: acked here)
             await delivery.ack()
-        if pending is self._writing:
-            self._writing = {}
+        self._writing = {}
         if self._written is not None:
             self._written.set()
             self._written = None
