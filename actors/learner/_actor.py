@@ -404,7 +404,7 @@ class LearnerActor(Actor[LearnerConfig]):
             step=self.step,
             version=self.version,
             buffered=self.batcher.completions,
-            unacked=len(self._unacked),
+            unacked=len(self._unacked) + len(self._writing),
             **LearnerStatus(buffered_groups=len(self._held), eval_out=self._eval_out).counters(),
         )
         if len(self._steps_t) >= 2:

@@ -1,9 +1,13 @@
 """Learner checkpoints with torchsnapshot: written whole or not at all, the newest two kept.
 
-Layout: ``<root>/ckpt-<step:09d>/`` (a torchsnapshot directory). A checkpoint is taken into a hidden temporary
+Layout: ``<root>/ckpt-<step:09d>/`` (a torchsnapshot directory), ``ckpt-<step:09d>-<n>/`` for the n-th later one
+taken at the same step (a learner checkpoints groups it consumed without a step, and a resumed one may reach a step
+an earlier life also reached): the newest is the highest (step, n). A checkpoint is taken into a hidden temporary
 directory next to it and renamed into place only when torchsnapshot has finished, so ``latest()`` never returns a
-half-written one — a learner killed with SIGKILL mid-checkpoint restarts from the previous one. Temporary leftovers
-of such a kill are removed by the next ``save``.
+half-written one — a learner killed with SIGKILL mid-checkpoint restarts from the previous one — and none is ever
+removed before a newer one is in place (removing a same-step one first would, for a moment, leave an older one as
+the latest: its ledger lacks messages the removed one had acked). Temporary leftovers of a kill are removed by the
+next ``save``.
 
 What goes in is the caller's ``app_state``; ``restore`` fills the same keys in place. A learner's is built by
 `learner_state`: ``model`` (the policy's weights), ``optim`` (the RL optimizer), ``reference`` (the frozen KL
@@ -32,7 +36,7 @@ from typing import Any
 
 __all__ = ["Checkpointer", "learner_state", "staged"]
 
-_NAME = re.compile(r"^ckpt-(\d{9})$")
+_NAME = re.compile(r"^ckpt-(\d{9})(?:-(\d+))?$")
 
 
 class Checkpointer:
@@ -44,13 +48,18 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first."""
+        """Complete checkpoints as (step, path), oldest first (at one step, in the order they were taken)."""
         found = []
         for path in self.root.iterdir():
             match = _NAME.match(path.name)
             if match and (path / ".snapshot_metadata").exists():
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+                found.append((int(match.group(1)), int(match.group(2) or 0), path))
+        return [(step, path) for step, _, path in sorted(found)]
+
+    def _name(self, step: int) -> str:
+        """The name of the next checkpoint at ``step``: ``ckpt-<step>``, or ``-<n>`` after the last one taken there."""
+        taken = [int(m.group(2) or 0) for m in map(_NAME.match, os.listdir(self.root)) if m and int(m.group(1)) == step]
+        return f"ckpt-{step:09d}" if not taken else f"ckpt-{step:09d}-{max(taken) + 1}"
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
@@ -63,9 +72,7 @@ class Checkpointer:
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = self.root / f".tmp-{step:09d}-{uuid.uuid4().hex[:8]}"
         Snapshot.take(str(tmp), dict(app_state))
-        final = self.root / f"ckpt-{step:09d}"
-        if final.exists():  # a previous incarnation reached this step, then was rolled back past it
-            shutil.rmtree(final)
+        final = self.root / self._name(step)  # a new name: the one it supersedes stays until it is in place
         os.replace(tmp, final)
         _fsync_dir(self.root)
         for _, old in self.checkpoints()[: -self.keep]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class MetricsWriter:
         self.incarnation = incarnation
         self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._parts = 0
+        self._flushing = threading.Lock()  # flushes come from the event loop and from a worker thread
 
     def add(self, kind: str, row: dict[str, Any]) -> None:
         self._rows[kind].append({"incarnation": self.incarnation, **row})
@@ -47,7 +49,12 @@ class MetricsWriter:
         return sum(len(rows) for rows in self._rows.values())
 
     def flush(self, kinds: tuple[str, ...] | None = None) -> list[Path]:
-        """Write the buffered rows (of ``kinds``, default all) to new part files; returns the files written."""
+        """Write the buffered rows (of ``kinds``, default all) to new part files; returns the files written. One flush
+        at a time: two at once could number two parts alike, and the second would replace the first."""
+        with self._flushing:
+            return self._flush(kinds)
+
+    def _flush(self, kinds: tuple[str, ...] | None) -> list[Path]:
         written = []
         for kind in list(self._rows):
             rows = self._rows[kind]

@@ -401,13 +401,15 @@ async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers
             assert actor.ctx.counters.get("last_checkpoint_step") != 2
             await anyio.sleep(2.5 * spec.bus.ack_wait_s)  # past the ack wait
             info = await consumer()
-            assert info.num_ack_pending == 8
-            assert (info.num_redelivered > 0) is not keepalive  # kept alive, or redelivered and held on to
+            assert info.num_ack_pending == 8  # none acked before its checkpoint is on disk
+            assert not actor.ctx.counters.get("duplicates_skipped")  # a redelivery was held on to, not acked early
+            if not keepalive:
+                assert info.num_redelivered > 0
         finally:
             release.set()
         await wait_until(lambda: actor.ctx.counters.get("last_checkpoint_step") == 4)
         await wait_until(all_acked)
-        assert not actor.ctx.counters.get("duplicates_skipped") and actor.step == 4
+        assert actor.step == 4
     assert sorted(effective_applied(run_dir)) == [f"g{i}" for i in range(8)]
     events = read_metrics(run_dir, "lifecycle").filter(pl.col("event") == "checkpoint")
     assert events["step"].to_list()[-2:] == [2, 4]

@@ -86,13 +86,44 @@ def test_a_staged_copy_is_written_as_it_was_when_copied_and_restores_into_the_li
 
     fresh_model = torch.nn.Linear(2, 2)
     fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=0.1)
-    _step(fresh_model, fresh_optimizer)  # (an optimizer with state to fill, as a learner's is)
+    for _ in range(3):  # (an optimizer with state to fill, as a learner's is, at another step count)
+        _step(fresh_model, fresh_optimizer)
     restored = learner_state(fresh_model, fresh_optimizer, None, meta="", ledger="")
     checkpoints.restore(checkpoints.latest() or tmp_path, restored)
     for name, value in fresh_model.state_dict().items():
         assert torch.equal(value, then_weights[name])
     for name, value in fresh_optimizer.state_dict()["state"][0].items():
         assert torch.equal(value, then_moments[name])
+    assert float(fresh_optimizer.state_dict()["state"][0]["step"]) == 1.0
     assert str(restored["extra"]["meta"]) == '{"step": 1}'  # type: ignore[index]
     with pytest.raises(TypeError, match="restore into the live objects"):
         copy["model"].load_state_dict({})
+
+
+def test_a_second_checkpoint_at_one_step_supersedes_the_first_without_removing_it_first(tmp_path: Path) -> None:
+    """A learner checkpoints at a step it already checkpointed (groups consumed without a step): the new one gets a
+    name of its own and becomes the latest; the earlier one is never removed before it is in place (a crash in
+    between must not leave an older checkpoint as the latest)."""
+    checkpoints = Checkpointer(tmp_path / "checkpoints", keep=3)
+    checkpoints.save(2, state())
+    first = checkpoints.save(3, state())
+    later = learner_state(
+        torch.nn.Linear(2, 2),
+        torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()),
+        None,
+        meta='{"step": 3}',
+        ledger="a\nb\nc",
+    )
+    second = checkpoints.save(3, later)
+    assert first.name == "ckpt-000000003" and second.name == "ckpt-000000003-1"
+    assert [path.name for _, path in checkpoints.checkpoints()] == [
+        "ckpt-000000002",
+        "ckpt-000000003",
+        "ckpt-000000003-1",
+    ]
+    assert checkpoints.latest() == second
+    restored = state()
+    checkpoints.restore(second, restored)
+    assert str(restored["extra"]["ledger"]) == "a\nb\nc"  # type: ignore[index]
+    third = checkpoints.save(4, state())  # keep=3: the oldest goes, once a newer one is in place
+    assert [path for _, path in checkpoints.checkpoints()] == [first, second, third]
