@@ -47,7 +47,8 @@ class LearnerConfig(SpecModel):
     publish_min_interval_s: float = Field(default=0.25, ge=0)  # ...and no sooner than this after the previous
     #   version: a floor that only binds when steps are fast (tiny models), where each version costs the generators
     #   a weight swap and a KV-cache rebuild; 0 = exactly every K steps. Sync mode publishes after every step.
-    checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint (then ack what it covers) every K steps
+    checkpoint_every_steps: int = Field(default=50, ge=1)  # checkpoint every K steps (written while training goes
+    #   on; what it covers is acked once it is on disk)
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
     # 0: greedy (what a served model answers); > 0: sampled at this temperature (the generators' measures the very
