@@ -413,3 +413,43 @@ async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers
     assert sorted(effective_applied(run_dir)) == [f"g{i}" for i in range(8)]
     events = read_metrics(run_dir, "lifecycle").filter(pl.col("event") == "checkpoint")
     assert events["step"].to_list()[-2:] == [2, 4]
+
+
+async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applies_every_group_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background write of the step-2 checkpoint fails (as a full disk would) after steps 3 and 4 and two groups
+    without signal were taken meanwhile: the run fails, nothing it covered was acked, and a new learner resumes from
+    the checkpoint before it and applies every group exactly once."""
+    spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
+    release = threading.Event()
+    save = Checkpointer.save
+
+    def failing(self: Checkpointer, step: int, state: Any) -> Path:
+        if step == 2:
+            assert release.wait(60), "the test never let the checkpoint go"
+            raise OSError(28, "No space left on device")
+        return save(self, step, state)
+
+    monkeypatch.setattr(Checkpointer, "save", failing)
+    run_dir = tmp_path / "run"
+    ids = [f"g{i}" for i in range(8)] + ["solved0", "solved1"]
+    with pytest.raises(BaseExceptionGroup) as failed:
+        async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+            try:
+                for mid in ids[:8]:
+                    await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=mid)
+                await wait_until(lambda: actor.step == 4)
+                for mid in ids[8:]:  # consumed without a step while the write is under way
+                    await bus.publish("scored", "scored", scored("arithmetic", [1.0] * 4), id=mid)
+                await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 2)
+            finally:
+                release.set()
+            await anyio.sleep(30)  # the failed write ends the run (and cancels this wait)
+    assert failed.value.subgroup(OSError) is not None
+    monkeypatch.setattr(Checkpointer, "save", save)
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        assert actor.step == 0  # the start's checkpoint: the failed one never landed
+        await wait_until(lambda: actor.step == 4)  # every group comes back (none was acked) and applies again
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 2)
+    assert sorted(effective_applied(run_dir)) == sorted(ids)
