@@ -12,9 +12,8 @@ from bench._cpu import CpuSampler, cores_by_actor, process_name
 
 
 def test_process_name_is_the_actor_else_the_executable() -> None:
-    assert process_name(
-        ["/usr/bin/python", "-m", "topology.runtime._child", "--actor", "learner", "--replica", "0"]
-    ) == ("learner")
+    replica = ["/usr/bin/python", "-m", "topology.runtime._child", "--actor", "learner", "--replica", "0"]
+    assert process_name(replica) == "learner"
     assert process_name(["/work/.venv/bin/nats-server", "-c", "nats.conf"]) == "nats-server"
     assert process_name([]) == "?"
 

@@ -364,6 +364,23 @@ async def test_consumed_groups_that_fill_the_ack_window_are_checkpointed_without
     assert events["step"].to_list() == [0, 0]  # the start's, and the one the consumed groups asked for
 
 
+def hold_checkpoint(monkeypatch: pytest.MonkeyPatch, at: int, *, fail: Exception | None = None) -> threading.Event:
+    """Hold the real write of the checkpoint at step ``at`` until the returned event is set, then write it (or raise
+    ``fail`` instead, as a full disk would)."""
+    release = threading.Event()
+    save = Checkpointer.save
+
+    def held(self: Checkpointer, step: int, state: Any) -> Path:
+        if step == at:
+            assert release.wait(60), "the test never let the checkpoint go"
+            if fail is not None:
+                raise fail
+        return save(self, step, state)
+
+    monkeypatch.setattr(Checkpointer, "save", held)
+    return release
+
+
 @pytest.mark.parametrize("keepalive", [True, False])
 async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers_is_acked_after_it(
     embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keepalive: bool
@@ -373,15 +390,7 @@ async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers
     the keepalive) redelivered after ack_wait_s, recognised as being written and neither applied again nor acked
     early; then everything is acked, each group applied once."""
     spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
-    release = threading.Event()
-    save = Checkpointer.save
-
-    def held(self: Checkpointer, step: int, state: Any) -> Path:
-        if step == 2:
-            assert release.wait(60), "the test never let the checkpoint go"
-        return save(self, step, state)
-
-    monkeypatch.setattr(Checkpointer, "save", held)
+    release = hold_checkpoint(monkeypatch, 2)
     if not keepalive:
         monkeypatch.setattr(LearnerActor, "_keepalive", lambda self: anyio.sleep_forever())
     run_dir = tmp_path / "run"
@@ -422,16 +431,8 @@ async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applie
     without signal were taken meanwhile: the run fails, nothing it covered was acked, and a new learner resumes from
     the checkpoint before it and applies every group exactly once."""
     spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
-    release = threading.Event()
     save = Checkpointer.save
-
-    def failing(self: Checkpointer, step: int, state: Any) -> Path:
-        if step == 2:
-            assert release.wait(60), "the test never let the checkpoint go"
-            raise OSError(28, "No space left on device")
-        return save(self, step, state)
-
-    monkeypatch.setattr(Checkpointer, "save", failing)
+    release = hold_checkpoint(monkeypatch, 2, fail=OSError(28, "No space left on device"))
     run_dir = tmp_path / "run"
     ids = [f"g{i}" for i in range(8)] + ["solved0", "solved1"]
     with pytest.raises(BaseExceptionGroup) as failed:
