@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import os
 import time
 from typing import Any
 
@@ -21,19 +22,18 @@ from actors.engines import TorchEngine, WeightGroup, receive_weights
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.protocol import weights_bucket
 from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, SharedMemoryTransport, WeightSubscriber
+from actors.weights._mmap import _pread_all
 from topology.bus import Bus
 
 
 def _read_whole(path: str, buffer: bytearray) -> int:
     """Read the file at ``path`` into ``buffer`` (as many reads as the kernel needs); the bytes read."""
-    view, got = memoryview(buffer), 0
-    with open(path, "rb", buffering=0) as handle:
-        while got < len(view):
-            n = handle.readinto(view[got:])
-            if not n:
-                break
-            got += n
-    return got
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _pread_all(fd, buffer, 0)
+    finally:
+        os.close(fd)
+    return len(buffer)
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -66,7 +66,7 @@ from actors.weights import (
     WeightManifest,
     WeightPublisher,
 )
-from actors.weights._mmap import serialize_safetensors
+from actors.weights._mmap import _pwrite_all, serialize_safetensors
 from bench._common import markdown_table, write_results
 from topology.bus import Bus, EmbeddedNats
 
@@ -175,9 +175,7 @@ async def raw_file(
             try:
                 os.posix_fallocate(fd, 0, len(blob))
                 started = time.time()
-                written = 0
-                while written < len(blob):
-                    written += os.pwrite(fd, blob[written:], written)
+                _pwrite_all(fd, blob, 0)
             finally:
                 os.close(fd)
             command = {"op": "raw-file", "path": str(path), "nbytes": len(blob), "size": size, "version": version}

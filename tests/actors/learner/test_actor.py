@@ -431,7 +431,6 @@ async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applie
     without signal were taken meanwhile: the run fails, nothing it covered was acked, and a new learner resumes from
     the checkpoint before it and applies every group exactly once."""
     spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
-    save = Checkpointer.save
     release = hold_checkpoint(monkeypatch, 2, fail=OSError(28, "No space left on device"))
     run_dir = tmp_path / "run"
     ids = [f"g{i}" for i in range(8)] + ["solved0", "solved1"]
@@ -448,7 +447,7 @@ async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applie
                 release.set()
             await anyio.sleep(30)  # the failed write ends the run (and cancels this wait)
     assert failed.value.subgroup(OSError) is not None
-    monkeypatch.setattr(Checkpointer, "save", save)
+    monkeypatch.undo()  # the real save again
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         assert actor.step == 0  # the start's checkpoint: the failed one never landed
         await wait_until(lambda: actor.step == 4)  # every group comes back (none was acked) and applies again
