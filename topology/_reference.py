@@ -29,6 +29,7 @@ from topology._spec import ActorCommon, BusSpec, ChannelOverride, ResourcesSpec,
 __all__ = ["reference_markdown"]
 
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:")
+_CONTINUATION = re.compile(r"^\s*#\s{2,}")  # a comment line that continues the one above it
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
@@ -39,9 +40,15 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
         return {}
     lines = source.splitlines()
     comment_at: dict[int, str] = {}
+    last_line: dict[int, int] = {}  # a statement's first line → its last (a field formatted over several lines)
+    start: int | None = None
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             comment_at[token.start[0] - 1] = token.string.lstrip("#").strip()
+        elif token.type == tokenize.NEWLINE and start is not None:
+            last_line[start], start = token.start[0] - 1, None
+        elif token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT) and start is None:
+            start = token.start[0] - 1
     found: dict[str, str] = {}
     for index, line in enumerate(lines):
         match = _FIELD.match(line)
@@ -50,20 +57,16 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
         parts: list[str] = []
         above = index - 1
         while above >= 0 and lines[above].strip().startswith("#"):
-            parts.insert(0, comment_at.get(above, ""))
             above -= 1
-        end = index  # a field formatted over several lines: its comment may sit on any of them
-        depth = (
-            line.count("(") + line.count("[") + line.count("{") - line.count(")") - line.count("]") - line.count("}")
-        )
-        while depth > 0 and end + 1 < len(lines):
-            end += 1
-            text = lines[end].split("#")[0]
-            depth += text.count("(") + text.count("[") + text.count("{") - text.count(")") - text.count("]")
-            depth -= text.count("}")
+        # The comment lines above belong to this field from the first one that is not a continuation: leading
+        # ``#   …`` lines continue the comment of the field above them.
+        block = range(above + 1, index)
+        first = next((i for i in block if not _CONTINUATION.match(lines[i])), index)
+        parts += [comment_at.get(i, "") for i in range(first, index)]
+        end = last_line.get(index, index)  # a field over several lines: its comment may sit on any of them
         parts += [comment_at[i] for i in range(index, end + 1) if i in comment_at]
         below = end + 1
-        while below < len(lines) and re.match(r"^\s*#\s{2,}", lines[below]):
+        while below < len(lines) and _CONTINUATION.match(lines[below]):
             parts.append(comment_at.get(below, ""))
             below += 1
         found[match.group(1)] = " ".join(p for p in parts if p)

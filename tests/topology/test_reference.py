@@ -11,10 +11,11 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+from pydantic import BaseModel, Field
 
 from tests.conftest import ROOT
 from topology import actor_kinds, spec_sections
-from topology._reference import reference_markdown
+from topology._reference import _comments, reference_markdown
 from topology.cli import main
 
 
@@ -58,3 +59,30 @@ def test_every_field_of_every_model_has_a_row_with_a_meaning() -> None:
 def test_the_command_prints_it() -> None:
     result = CliRunner().invoke(main, ["reference"])
     assert result.exit_code == 0 and result.output == reference_markdown()
+
+
+class _Commented(BaseModel):
+    plain: int = 1  # on the line
+    spread: int = Field(default=2, ge=0)  # a comment with a bracket (that opens here and closes
+    #   on its continuation line)
+    # above the field,
+    # over two lines
+    below: int = 3
+    long_form: int = Field(
+        default=4,
+        ge=0,
+    )  # after the closing bracket
+    #   and continued
+    last: int = 5  # the last field
+
+
+def test_each_comment_goes_to_its_own_field() -> None:
+    """A field's ``#   …`` continuation lines are its own, not the next field's; a bracket inside a comment does not
+    make the field look unfinished (both once put one field's comment into the rows of the fields below it)."""
+    assert _comments(_Commented) == {
+        "plain": "on the line",
+        "spread": "a comment with a bracket (that opens here and closes on its continuation line)",
+        "below": "above the field, over two lines",
+        "long_form": "after the closing bracket and continued",
+        "last": "the last field",
+    }
