@@ -39,13 +39,15 @@ LEARNER = (
 )
 
 
-def spawn(spec: Spec, run_dir: Path, url: str, restarts: int) -> subprocess.Popen[bytes]:
+def spawn(
+    spec: Spec, run_dir: Path, url: str, restarts: int, *, module: tuple[str, ...] = ("topology.runtime._child",)
+) -> subprocess.Popen[bytes]:
     log = open(run_dir / f"learner-{restarts}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "topology.runtime._child",
+            *module,
             "--spec",
             str(spec.source_path),
             "--actor",
@@ -128,3 +130,55 @@ async def test_sigkill_mid_run_loses_and_doubles_nothing(embedded_nats: Embedded
     final = sorted((run_dir / "state" / "learner" / "0" / "checkpoints").glob("ckpt-*"))[-1]
     ledger: object = await anyio.to_thread.run_sync(lambda: Snapshot(str(final)).read_object("0/extra/ledger"))
     assert final.name == "ckpt-000000010" and sorted(str(ledger).split("\n")) == ids
+
+
+@pytest.mark.timeout(180)
+async def test_sigkill_while_a_checkpoint_is_written_resumes_from_the_one_before(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The checkpoint at step 6 is written in the background and the process is killed before it is in place (its
+    snapshot complete in the temporary directory, not yet renamed), after steps 7 and 8 were taken meanwhile. What it
+    covers (m06..m11) and what came after it must not have been acked; the next incarnation resumes from step 3,
+    gets them all again and applies each once — and the half-done directory is never taken for a checkpoint."""
+    spec = write_spec(tmp_path, LEARNER, ack_wait_s=1.0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    marker = tmp_path / "writing"
+    ids = [f"m{i:02d}" for i in range(20)]
+    settings = BusSpec(ack_wait_s=1.0, max_deliver=spec.bus.max_deliver)
+    held = ("tests.actors.learner._held_write_child", "6", str(marker))
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test", settings=settings) as bus:
+        await bus.ensure_channel("scored")
+        js = bus.nc.jetstream()
+        first = spawn(spec, run_dir, embedded_nats.url, 0, module=held)
+        try:
+            await wait_counters(bus, spec, first, lambda c: c.get("phase") == "rl")
+            for mid in ids[:16]:  # steps 1..8: checkpoint 3 is written, checkpoint 6 is held, 7 and 8 go on
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.5, 1.0]), id=mid)
+            # training went on while checkpoint 6 was being written
+            await wait_counters(bus, spec, first, lambda c: c.get("step") == 8 and c.get("last_checkpoint_step") == 3)
+            assert marker.exists(), "step 8 was reached without the checkpoint at step 6 being written"
+            consumer = await js.consumer_info(bus.stream("scored"), "learner")
+            assert consumer.num_ack_pending == 10  # m06..m15: only what checkpoint 3 covers was acked
+        finally:
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+        unfinished = Path(marker.read_text())
+        assert unfinished.parent.name == "checkpoints" and unfinished.is_dir()
+        second = spawn(spec, run_dir, embedded_nats.url, 1)
+        try:
+            await wait_counters(bus, spec, second, lambda c: c.get("phase") == "rl")
+            for mid in ids[16:]:
+                await bus.publish("scored", "scored", scored("arithmetic", [1.0, 0.0, 0.0, 0.5]), id=mid)
+            await wait_counters(bus, spec, second, lambda c: c.get("step") == 10)  # resumed at 3: 7 more steps
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(60) == 0
+        consumer = await js.consumer_info(bus.stream("scored"), "learner")
+    assert consumer.num_pending == 0 and consumer.num_ack_pending == 0
+
+    resumes = read_metrics(run_dir, "lifecycle").filter(event="resume")
+    assert resumes["step"].to_list() == [3]
+    assert sorted(effective_applied(run_dir)) == ids  # none lost, none doubled
+    checkpoints = run_dir / "state" / "learner" / "0" / "checkpoints"
+    assert not unfinished.exists() and not list(checkpoints.glob(".tmp-*"))  # cleared by the next write
