@@ -51,8 +51,9 @@ bench *ARGS: bootstrap
         if [ -f bench/$b.py ]; then {{py}} bench/$b.py {{ARGS}}; fi; \
     done
 
-# Simulated users against specs/service.yaml (bench/users.py): served accuracy over time, feedback-to-serving latency,
-# promotions and rollbacks, the three ledgers. `just users --quick` takes about 90 s; `--duration 600 --kill` the full one.
+# (bench/users.py: served accuracy over time, feedback-to-serving latency, promotions and rollbacks, the three ledgers;
+# `just users --quick` takes about 90 s, `--duration 600 --kill` is the full run.)
+# Simulated users of the always-on service (specs/service.yaml) through the official openai client.
 users *ARGS: bootstrap
     {{py}} bench/users.py {{ARGS}}
 

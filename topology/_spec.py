@@ -59,10 +59,11 @@ def show(value: Any) -> str:
 
 
 class RetentionSpec(SpecModel):
-    """What every durable channel keeps; a channel's own ``max_age_s`` (under ``channels:``) wins."""
+    """What every durable channel keeps; a channel's own ``max_age_s`` (under ``channels:``) wins.
 
-    # Limits drop the oldest messages first, consumed or not: they bound the disk an always-on run takes, and must
-    # stay well above the longest time a consumer may be away (a stopped learner, a recorder being fixed).
+    Limits drop the oldest messages first, consumed or not: they bound the disk an always-on run takes, and must stay
+    well above the longest time a consumer may be away (a stopped learner, a recorder being fixed)."""
+
     max_age_s: float | None = Field(default=7 * 86400.0, gt=0)  # drop messages older than this; null: keep
     max_mb: int | None = Field(default=None, ge=1)  # per channel: keep at most this many MiB; null: no limit
 

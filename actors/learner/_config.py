@@ -51,8 +51,8 @@ class LearnerConfig(SpecModel):
     #   on; what it covers is acked once it is on disk)
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
-    # 0: greedy (what a served model answers); > 0: sampled at this temperature (the generators' measures the very
-    #   policy RL trains — greedy decoding of a tiny model can lag far behind it); a list: one round per decoding
+    # 0: greedy (what a served model answers); > 0: sampled at this temperature (as the generators sample: it
+    #   measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it); a list: one round per decoding
     #   (e.g. [0, 1]: greedy and sampled side by side), the first one the headline in the live view
     eval_temperature: float | tuple[float, ...] = 0.0
     eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt when sampled; accuracy is their mean
@@ -64,7 +64,7 @@ class LearnerConfig(SpecModel):
     #   that made consecutive rounds swing (actors/learner/_average.py). The generators hold the average while they
     #   decode a round (training samples of those seconds come from it, importance-weighted like any stale sample):
     #   the learner publishes no other version until the round is scored or written off (a round due meanwhile waits
-    #   for it). null: rounds and export are the current weights; sync mode always is
+    #   for it). null: rounds and export are the current weights, as always in sync mode
     ema_decay: float | None = Field(default=0.98, gt=0, lt=1)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high

@@ -89,7 +89,11 @@ class DomainSpec(SpecModel):
     """A task domain: where prompts come from and how completions are scored."""
 
     source: str  # builtin:<arithmetic|pyexpr|extract>[?option=value&…] or jsonl:<path relative to the spec>
-    source_options: dict[str, Any] = Field(default_factory=dict)  # options of a builtin source (e.g. max_operand)
+    # options of a builtin source (also accepted in its string: builtin:arithmetic?digits=3). arithmetic: digits
+    #   (per operand, 1-4, default 2), ops (operators per expression, 1-3, default 1), operators (a subset of +-*,
+    #   default +-); pyexpr: terms (digits to combine, 2-5, default 3), operators (default +-*); extract: fields (in
+    #   the record, 2-3, default 3), ask (fields asked for at most, 1-fields, default 2)
+    source_options: dict[str, Any] = Field(default_factory=dict)
     verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
     verifier_config: dict[str, Any] = Field(default_factory=dict)  # passed to the verifier as keyword arguments
     weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all

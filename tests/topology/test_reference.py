@@ -86,3 +86,18 @@ def test_each_comment_goes_to_its_own_field() -> None:
         "long_form": "after the closing bracket and continued",
         "last": "the last field",
     }
+
+
+def test_the_builtin_sources_options_are_all_documented() -> None:
+    """``source_options``' row names every option of every builtin source, with its default."""
+    import dataclasses
+
+    from actors.domains import ArithmeticOptions, ExtractOptions, PyExprOptions
+
+    row = next(line for line in reference_markdown().splitlines() if line.startswith("| `domains.<name>.source_options`"))
+    for name, options in (("arithmetic", ArithmeticOptions), ("pyexpr", PyExprOptions), ("extract", ExtractOptions)):
+        documented = row[row.index(f"{name}:") :]
+        for field in dataclasses.fields(options):
+            assert f" {field.name} (" in documented, f"{name}'s option {field.name} is not in the reference"
+            said = documented[documented.index(f" {field.name} (") :].split(")")[0]
+            assert f"default {field.default}" in said, f"{name}.{field.name}: the reference says {said!r}"
