@@ -94,7 +94,9 @@ def test_the_builtin_sources_options_are_all_documented() -> None:
 
     from actors.domains import ArithmeticOptions, ExtractOptions, PyExprOptions
 
-    row = next(line for line in reference_markdown().splitlines() if line.startswith("| `domains.<name>.source_options`"))
+    row = next(
+        line for line in reference_markdown().splitlines() if line.startswith("| `domains.<name>.source_options`")
+    )
     for name, options in (("arithmetic", ArithmeticOptions), ("pyexpr", PyExprOptions), ("extract", ExtractOptions)):
         documented = row[row.index(f"{name}:") :]
         for field in dataclasses.fields(options):
