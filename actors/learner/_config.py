@@ -52,8 +52,8 @@ class LearnerConfig(SpecModel):
     eval_every_steps: int = Field(default=20, ge=0)  # held-out evaluation cadence in steps; 0 = off
     eval_size: int = Field(default=64, ge=1)  # held-out prompts per domain per evaluation (the first N, fixed)
     # 0: greedy (what a served model answers); > 0: sampled at this temperature (as the generators sample: it
-    #   measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it); a list: one round per decoding
-    #   (e.g. [0, 1]: greedy and sampled side by side), the first one the headline in the live view
+    #   measures the very policy RL trains — greedy decoding of a tiny model can lag far behind it); a list: one
+    #   round per decoding (e.g. [0, 1]: greedy and sampled side by side), the first one the headline in the live view
     eval_temperature: float | tuple[float, ...] = 0.0
     eval_samples: int = Field(default=1, ge=1)  # completions per held-out prompt when sampled; accuracy is their mean
     # completions per prompt in the post-warm-start round, the one every gain is measured from (its noise lands on
