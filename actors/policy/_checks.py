@@ -2,7 +2,8 @@
 
 Contract: an ``hf:<dir>`` whose relative dir holds a ``config.json`` beside the spec file that set it becomes that
 absolute dir, like every path in a spec; anything else stays as written (a hub id, or a path on the machines that
-serve the model) with a warning when it is no model directory here. A relative ``checkpoint`` becomes absolute.
+serve the model) with a warning when it is no model directory here and no hub id in this machine's Hugging Face
+cache. A relative ``checkpoint`` becomes absolute.
 
 Non-goals: loading the model (the learner and generators do, and say what is wrong with ``policy.config`` then).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from actors.policy._hub import cached_hub_model, is_hub_id
 from actors.protocol import PolicySpec
 from topology import KeyPath, SectionCheck
 
@@ -26,12 +28,18 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
         candidate = given if given.is_absolute() else (check.base_dir(at) / given).resolve()
         if (candidate / "config.json").is_file():
             update["model"] = f"hf:{candidate}"
-        else:
+        elif cached_hub_model(policy.model[3:]) is None:
+            model = policy.model[3:]
+            if is_hub_id(model):
+                found = f"{candidate} is no directory here and this machine's Hugging Face cache has no {model}"
+                fetch = f" (`huggingface-cli download {model}` puts it in the cache)"
+            else:
+                found, fetch = f"{candidate} is none on this machine", ""
             check.error(
                 at,
-                f"expected a Hugging Face model directory with a config.json, but {candidate} is none on this "
-                "machine: fine for a hub id or a path that exists where the model is served (an HTTP engine's "
-                "server), an error for the builtin torch engine and the learner",
+                f"expected a Hugging Face model directory with a config.json or a cached hub id, but {found}: fine "
+                "where the model is only served by an HTTP engine's server; the builtin torch engine and the learner "
+                f"load it from a directory or the cache of the machine they run on and never download it{fetch}",
                 warning=True,
             )
     if policy.checkpoint and not Path(policy.checkpoint).is_absolute():

@@ -1,7 +1,9 @@
 """Loading a local Hugging Face causal LM, and calling it with the builtin model's forward contract.
 
 Contract: :func:`load_hf` reads a model directory with ``local_files_only=True`` — nothing is ever
-downloaded; a missing directory or a directory transformers cannot read is a one-line ``ValueError``.
+downloaded. A hub id (``Qwen/Qwen2.5-1.5B-Instruct``) that is no directory here is looked up in the local Hugging
+Face cache (where ``huggingface-cli download`` puts it; ``HF_HOME``/``HF_HUB_CACHE`` move it); a model in neither
+place, or one transformers cannot read, is a one-line ``ValueError`` that says which.
 :class:`HFCausalLM` wraps the model so that ``forward(input_ids, attention_mask, position_ids, cache,
 use_cache)`` behaves like :class:`~actors.policy._tiny_gpt.TinyGPT`'s: the cache is a list of per-layer
 ``(keys, values)`` tensors ``[B, heads, past, head_dim]`` (converted to and from transformers'
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from actors.policy._gpt2 import gpt2_forward, native_gpt2_unsupported
+from actors.policy._hub import cached_hub_model, is_hub_id
 from actors.policy._tiny_gpt import KVCache, positions_from_mask
 from actors.policy._tokenizer import HFTokenizer
 
@@ -89,14 +92,28 @@ def _cache_to_list(cache: Any) -> KVCache:
     return [(k, v) for k, v in cache.to_legacy_cache()]
 
 
+def model_directory(path: str | Path) -> Path:
+    """The directory to load ``path`` from: itself when it is one, else a hub id's cached snapshot."""
+    directory = Path(path).expanduser()
+    if directory.is_dir():
+        return directory
+    cached = cached_hub_model(str(path))
+    if cached is not None:
+        return cached
+    if is_hub_id(str(path)):
+        raise ValueError(
+            f"policy.model: {str(path)!r} is no directory here and not in the Hugging Face cache; nothing is "
+            f"downloaded at run time: fetch it first (huggingface-cli download {path}) or give the model's directory"
+        )
+    raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")
+
+
 def load_hf(
     path: str | Path, *, dtype: torch.dtype | None = None, native: bool = True
 ) -> tuple[HFCausalLM, HFTokenizer]:
     """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files);
     ``native`` lets GPT-2 models run through flywheel's own forward (see :class:`HFCausalLM`)."""
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")
+    directory = model_directory(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"policy.model: {str(directory)!r} has no config.json (not a Hugging Face model dir)")
     try:

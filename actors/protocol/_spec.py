@@ -59,7 +59,8 @@ class WarmStartSpec(SpecModel):
 class PolicySpec(SpecModel):
     """The language model being trained and served."""
 
-    model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id>
+    model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id> (a hub id: from the machine's Hugging
+    #   Face cache, never downloaded at run time)
     tokenizer: str | None = None  # null: the model's own tokenizer
     config: dict[str, Any] = Field(default_factory=dict)  # free-form model hyper-parameters (builtin models)
     checkpoint: str | None = None  # start from these weights (path, relative to the spec file); null: fresh

@@ -140,3 +140,18 @@ def test_warm_start_defaults_on_for_builtin_models_and_off_for_hf_models() -> No
     asked = hf.replace("{model: hf:Qwen/Qwen2.5-0.5B}", "{model: hf:Qwen/Qwen2.5-0.5B, warm_start: {steps: 50}}")
     assert steps(asked) == 50
     assert steps(MINIMAL.replace("{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, warm_start: {steps: 0}}")) == 0
+
+
+def test_a_hub_id_in_this_machines_cache_is_no_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    from tests.actors.policy.test_hf import hub_cache_with
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache_with(tmp_path / "hub", "tiny/adder")))
+    (tmp_path / "a.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:tiny/adder"))
+    spec = load_spec(tmp_path / "a.yaml")
+    assert policy_of(spec).model == "hf:tiny/adder"  # as written: each machine finds it in its own cache
+    assert not [w for w in spec.warnings if w.path == "policy.model"]
+    (tmp_path / "b.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:tiny/other"))
+    (warning,) = [w for w in load_spec(tmp_path / "b.yaml").warnings if w.path == "policy.model"]
+    assert "huggingface-cli download tiny/other" in warning.message

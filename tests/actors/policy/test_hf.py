@@ -47,3 +47,30 @@ def test_directory_without_config_is_a_clear_error(tmp_path: Path) -> None:
 def test_hf_config_keys_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown key 'n_layer' for hf models"):
         Policy.from_spec({"model": f"hf:{tmp_path}", "config": {"n_layer": 2}})
+
+
+def hub_cache_with(root: Path, repo: str) -> Path:
+    """A Hugging Face hub cache laid out as ``huggingface-cli download`` leaves it, holding a tiny model as ``repo``."""
+    org, name = repo.split("/")
+    entry = root / f"models--{org}--{name}"
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text("0123abcd")
+    write_tiny_hf_model(entry / "snapshots" / "0123abcd", arch="gpt2")
+    return root
+
+
+def test_a_hub_id_loads_from_the_local_cache_and_one_not_there_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache_with(tmp_path / "hub", "tiny/adder")))
+    monkeypatch.chdir(tmp_path)  # no directory named tiny/adder here
+    policy = Policy.from_spec({"model": "hf:tiny/adder"})
+    assert policy.kind == "hf" and policy.num_parameters() > 0
+    with pytest.raises(
+        ValueError,
+        match=r"'tiny/other' is no directory here and not in the Hugging Face cache.*"
+        r"huggingface-cli download tiny/other",
+    ):
+        Policy.from_spec({"model": "hf:tiny/other"})
