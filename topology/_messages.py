@@ -186,17 +186,26 @@ def issues_from_validation(
     doc: Document,
     allowed_extra: Iterable[str] = (),
 ) -> list[SpecIssue]:
-    """One issue per distinct key path in `exc` (errors of a section validated at `prefix`)."""
-    issues: list[SpecIssue] = []
-    seen: set[KeyPath] = set()
+    """One issue per distinct key path in `exc` (errors of a section validated at `prefix`). A value that fails
+    every member of a union gets one issue naming what each member expected ("expected a number or 'auto'"); a
+    member whose type did not match at all gives way to one that got further into the value (a list written for
+    ``float | list[float]`` is reported at its bad item, not as "expected a number")."""
+    located: list[tuple[KeyPath, bool, Any]] = []
     for error in exc.errors():
-        loc = tuple(error["loc"])
         kind = error["type"]
-        rel, is_key = _real_path(data, loc, keep_last=kind in ("missing", "extra_forbidden"))
+        rel, is_key = _real_path(data, tuple(error["loc"]), keep_last=kind in ("missing", "extra_forbidden"))
+        located.append((rel, is_key, error))
+    deeper = {rel[:n] for rel, _, _ in located for n in range(len(rel))}
+    by_path: dict[KeyPath, list[tuple[bool, Any]]] = {}
+    for rel, is_key, error in located:
+        if error["type"] in _EXPECTED and rel in deeper:
+            continue  # another member of the union matched this value's type and failed inside it
+        by_path.setdefault(rel, []).append((is_key, error))
+    issues: list[SpecIssue] = []
+    for rel, errors in by_path.items():
+        is_key, error = errors[0]
+        kind = error["type"]
         path = (*prefix, *rel)
-        if path in seen:
-            continue
-        seen.add(path)
         loc_at: Loc
         if kind == "extra_forbidden":
             holder_model = model_at(model, tuple(rel[:-1])) or model
@@ -210,12 +219,35 @@ def issues_from_validation(
                 message += f" ({holder.__doc__.strip().splitlines()[0].rstrip('.')})"
             loc_at = doc.key_loc(path[:-1]) if path[:-1] else doc.root
         else:
-            message = describe(error)
+            message = _union_message([e for _, e in errors]) if len(errors) > 1 else describe(error)
             # a whole-section check (model validator) reads best at the section's key line
             whole = kind in ("value_error", "assertion_error") and isinstance(_value_at(data, rel), dict)
             loc_at = doc.key_loc(path) if is_key or whole else doc.value_loc(path)
         issues.append(SpecIssue(loc_at.file, loc_at.line, loc_at.col, format_path(path), message))
     return issues
+
+
+def _union_message(errors: list[Any]) -> str:
+    """One message for a value every member of a union refused: each member's expectation, then what was given."""
+    expected: list[str] = []
+    for error in errors:
+        if error["type"] == "literal_error":
+            wanted = str((error.get("ctx") or {}).get("expected", ""))
+        elif error["type"] in _EXPECTED:
+            wanted = _EXPECTED[error["type"]].removeprefix("expected ")
+        else:
+            return describe(errors[0])  # a member's own check failed (a bound, a validator): its message says more
+        if wanted not in expected:
+            expected.append(wanted)
+    value = errors[0].get("input")
+    words = [
+        part.strip().strip("'")
+        for e in errors
+        if e["type"] == "literal_error"
+        for part in str((e.get("ctx") or {}).get("expected", "")).replace(" or ", ", ").split(",")
+    ]
+    hint = did_you_mean(value, words) if isinstance(value, str) and words else ""
+    return f"expected {' or '.join(expected)}, got {show(value)}{hint}"
 
 
 __all__ = ["describe", "did_you_mean", "issues_from_validation", "model_at", "unknown_key_message"]

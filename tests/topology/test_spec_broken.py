@@ -63,3 +63,11 @@ def test_check_spec_reports_without_raising() -> None:
     spec, issues = check_spec(HERE / "many_errors.yaml")
     assert spec is None
     assert sum(1 for i in issues if i.is_error) >= 5
+
+
+def test_a_value_no_member_of_a_union_takes_is_one_error_naming_each() -> None:
+    """``eval_temperature: [0, hot]`` is a list: one error at its bad item, not also "expected a number, got a list"
+    from the union's other member."""
+    with pytest.raises(SpecError) as caught:
+        load_spec(HERE / "learner_eval_temperature_bad_item.yaml")
+    assert [e.path for e in caught.value.errors] == ["actors.learner.eval_temperature[1]"]
