@@ -116,7 +116,9 @@ def open_source(
     for key, value in _query_options(source, query):
         if key in given:
             raise SourceError(
-                f"source {source!r}: option {key!r} given both in the source string and in options", option=key
+                f"source {source!r}: option {key!r} given both in the source string and in source_options (which "
+                "an including spec merges into, never clears): set it in source_options only",
+                option=key,
             )
         given[key] = value
     fraction = given.pop("heldout_fraction", DEFAULT_HELDOUT_FRACTION)
