@@ -4,9 +4,12 @@ Contract: ``jsonl:`` paths (source and held-out file) become absolute against th
 must exist; a builtin source or verifier must be one this library has; a ``module:function`` verifier whose
 package is not importable here is a warning (it may be installed where the verify actor runs). Then the task
 source is opened as the source actor opens it at start — builtin options, every JSONL row, the held-out split — so
-a bad option or row is reported at its spec line now, not as a traceback at ``flywheel up``.
+a bad option or row is reported at its spec line now, not as a traceback at ``flywheel up``. Last, the tasks must carry
+what the domain's builtin verifier reads (math an answer, python-expr a target, …): every row of a JSONL file (source
+or held-out file), and a task drawn from a builtin; otherwise every answer would score ``internal_error``.
 
-Non-goals: importing users' verifier modules (validation must stay side-effect free).
+Non-goals: importing users' verifier modules (validation must stay side-effect free), and so checking the fields
+their functions read.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import random
+from pathlib import Path
 
-from actors.domains._domains import BUILTIN_SOURCES, open_source
-from actors.domains._task import SourceError
-from actors.domains._verifiers._registry import verifier_names
+from actors.domains._domains import BUILTIN_SOURCES, DomainSource, open_source
+from actors.domains._jsonl import read_numbered_tasks
+from actors.domains._task import SourceError, Task
+from actors.domains._verifiers._registry import task_problem, verifier_names
 from actors.protocol import DomainSpec
 from topology import KeyPath, SectionCheck, show
 
@@ -68,13 +74,15 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
         )
     domain = domain.model_copy(update=resolved) if resolved else domain
     if ok:  # a missing file or an unknown builtin: said already
-        _check_opens(check, path, name, domain)
+        source = _check_opens(check, path, name, domain)
+        if source is not None:
+            _check_verifier_fields(check, path, name, domain, source)
     return domain
 
 
-def _check_opens(check: SectionCheck, path: KeyPath, name: str, domain: DomainSpec) -> None:
+def _check_opens(check: SectionCheck, path: KeyPath, name: str, domain: DomainSpec) -> DomainSource | None:
     try:
-        open_source(domain.source, domain=name, heldout=domain.heldout, options=domain.source_options)
+        return open_source(domain.source, domain=name, heldout=domain.heldout, options=domain.source_options)
     except SourceError as err:
         message = str(err)
         if err.option is not None and err.option in domain.source_options:
@@ -86,3 +94,48 @@ def _check_opens(check: SectionCheck, path: KeyPath, name: str, domain: DomainSp
         else:
             at = ("source",) if err.option is not None else (err.key or "source",)
         check.error((*path, *at), message)
+        return None
+
+
+def _check_verifier_fields(
+    check: SectionCheck, path: KeyPath, name: str, domain: DomainSpec, source: DomainSource
+) -> None:
+    """Each task must carry the fields the domain's builtin verifier reads: every row of a JSONL file, one draw of a
+    builtin (its tasks all have the same fields)."""
+
+    def problem(task: Task) -> str | None:
+        try:
+            return task_problem(domain.verifier, domain.verifier_config, task.verifier_fields)
+        except TypeError:  # verifier_config names a field that cannot be a key (a list, say): not this check's matter
+            return None
+
+    for field in ("source", "heldout"):
+        value = getattr(domain, field)
+        if not (isinstance(value, str) and value.startswith("jsonl:")):
+            continue
+        file = Path(value.removeprefix("jsonl:"))  # absolute, and it opened: check_domain saw to both
+        rows = read_numbered_tasks(file, name)
+        bad = [(line, found) for line, task in rows if (found := problem(task))]
+        if bad:
+            line, first = bad[0]
+            shorthand = ', or its answer as "answer"' if domain.verifier == "math" else ""
+            check.error(
+                (*path, field),
+                f"{file}:{line}: {first} ({len(bad)} of {len(rows)} rows lack it; a row gives the verifier its "
+                f'inputs under "verifier_fields"{shorthand})',
+            )
+    if domain.source.startswith("builtin:"):
+        try:
+            task = source.sample(random.Random(0))
+        except SourceError as err:  # e.g. a held-out fraction that leaves no training task: the source fails too
+            check.error((*path, "source"), str(err))
+            return
+        found = problem(task)
+        if found:
+            carried = ", ".join(sorted(task.verifier_fields)) or "none"
+            source_name = domain.source.partition("?")[0]
+            check.error(
+                (*path, "verifier"),
+                f"expected a verifier that reads what {source_name}'s tasks carry ({carried}), "
+                f"got {show(domain.verifier)} ({found})",
+            )

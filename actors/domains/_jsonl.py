@@ -32,27 +32,32 @@ import orjson
 
 from actors.domains._task import SourceError, Task, heldout_bucket, task_id
 
-__all__ = ["JsonlSource", "read_jsonl_tasks"]
+__all__ = ["JsonlSource", "read_jsonl_tasks", "read_numbered_tasks"]
 
 _ALLOWED = ("id", "prompt", "reference", "verifier_fields", "answer")
 
 
 def read_jsonl_tasks(path: Path, domain: str, *, key: str = "source") -> list[Task]:
     """Parse and validate every row of `path` into Tasks of `domain` (`key`: the spec key naming the file)."""
+    return [task for _, task in read_numbered_tasks(path, domain, key=key)]
+
+
+def read_numbered_tasks(path: Path, domain: str, *, key: str = "source") -> list[tuple[int, Task]]:
+    """`read_jsonl_tasks`, each task with its line number in the file (for messages that point at its row)."""
     try:
         return _read_jsonl_tasks(path, domain)
     except SourceError as err:
         raise SourceError(str(err), key=key) from None
 
 
-def _read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
+def _read_jsonl_tasks(path: Path, domain: str) -> list[tuple[int, Task]]:
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found (jsonl task source)") from None
     except OSError as err:
         raise SourceError(f"{path}: cannot read: {err.strerror}") from None
-    tasks: list[Task] = []
+    tasks: list[tuple[int, Task]] = []
     seen: dict[str, int] = {}
     for number, raw in enumerate(lines, start=1):
         where = f"{path}:{number}"
@@ -67,7 +72,7 @@ def _read_jsonl_tasks(path: Path, domain: str) -> list[Task]:
         if task.key in seen:
             raise SourceError(f"{where}: duplicate task key {task.key!r} (first on line {seen[task.key]})")
         seen[task.key] = number
-        tasks.append(task)
+        tasks.append((number, task))
     return tasks
 
 

@@ -71,7 +71,7 @@ channels:
 
 def test_spec_paths_resolve_against_the_file_that_wrote_them(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "tasks.jsonl").write_text('{"prompt": "1+1", "reference": "2"}\n')
+    (tmp_path / "sub" / "tasks.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
     (tmp_path / "sub" / "base.yaml").write_text(
         "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math, heldout: 0}\nruntime: {run_dir: out}\n"
     )
@@ -83,6 +83,23 @@ def test_spec_paths_resolve_against_the_file_that_wrote_them(tmp_path: Path) -> 
     assert domains_of(spec)["mine"].source == f"jsonl:{(tmp_path / 'sub' / 'tasks.jsonl').resolve()}"
     assert spec.runtime.run_dir == (tmp_path / "sub" / "out").resolve()
     assert spec.source_path == (tmp_path / "top.yaml").resolve()
+
+
+def test_jsonl_rows_must_carry_what_a_builtin_verifier_reads_but_a_users_function_is_not_checked(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    (tmp_path / "held.jsonl").write_text('{"prompt": "3+3=", "reference": "6"}\n')
+    domains = "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: VERIFIER, heldout: 'jsonl:held.jsonl'}\n"
+    text = MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", domains)
+    (tmp_path / "math.yaml").write_text(text.replace("VERIFIER", "math"))
+    with pytest.raises(SpecError) as caught:
+        load_spec(tmp_path / "math.yaml")
+    (error,) = caught.value.errors
+    assert error.path == "domains.mine.heldout" and error.line == 4
+    assert f"{(tmp_path / 'held.jsonl').resolve()}:1: math verifier: the task has no 'answer' field" in error.message
+    (tmp_path / "mine.yaml").write_text(text.replace("VERIFIER", "tests.actors.replay._verifier:exact"))
+    load_spec(tmp_path / "mine.yaml")
 
 
 def test_all_errors_are_reported_in_one_run() -> None:

@@ -94,11 +94,20 @@ class JsonFieldsVerifier:
             max_chars,
         )
 
+    @staticmethod
+    def task_problem(task: Mapping[str, Any], /, **_config: Any) -> str | None:
+        """Why no answer to ``task`` can be scored (its fields lack the expected fields), or None."""
+        expected = task.get("fields")
+        if isinstance(expected, Mapping) and expected:
+            return None
+        return "json-fields verifier: the task has no non-empty 'fields' mapping"
+
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
-        expected = task.get("fields")
-        if not isinstance(expected, Mapping) or not expected:
-            raise VerifierError("json-fields verifier: the task has no non-empty 'fields' mapping")
+        problem = self.task_problem(task)
+        if problem is not None:
+            raise VerifierError(problem)
+        expected = task["fields"]
         got = first_json_object(completion_text[: self.max_chars])
         if got is None:
             return VerifyResult(0.0, "fail", "no JSON object found", time.monotonic() - started)

@@ -43,6 +43,7 @@ _FUNCS = {"sqrt", "pi", "exp", "log", "sin", "cos", "tan"}
 SYMPY_TIMEOUT_S = 2.0  # a symbolic comparison (or a long answer's) is killed after this
 HELPER_MEMORY_MB = 1024  # address space of the helper process that runs them
 _INLINE_CHARS = 200  # answers up to this long are compared on the event loop (regexes and a Fraction: microseconds)
+ANSWER_FIELD = "answer"  # the task's field holding the reference answer, unless verifier_config names another
 
 
 def _boxed(text: str) -> str | None:
@@ -174,13 +175,19 @@ def answers_equal(candidate: str, reference: str) -> bool:
 class MathVerifier:
     name = "math"
 
-    def __init__(self, *, answer_field: str = "answer") -> None:
+    def __init__(self, *, answer_field: str = ANSWER_FIELD) -> None:
         self.answer_field = answer_field
+
+    @staticmethod
+    def task_problem(task: Mapping[str, Any], /, *, answer_field: str = ANSWER_FIELD, **_config: Any) -> str | None:
+        """Why no answer to ``task`` can be scored (its fields lack the reference answer), or None."""
+        return None if answer_field in task else f"math verifier: the task has no {answer_field!r} field"
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
-        if self.answer_field not in task:
-            raise VerifierError(f"math verifier: the task has no {self.answer_field!r} field")
+        problem = self.task_problem(task, answer_field=self.answer_field)
+        if problem is not None:
+            raise VerifierError(problem)
         reference = str(task[self.answer_field])
         answer = extract_answer(completion_text[-4000:])
         if answer is None:

@@ -34,6 +34,7 @@ from actors.domains._verifiers._base import VerifierError, VerifyResult, read_li
 from actors.sandbox import SandboxPool, SandboxResult, Verdict
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+TESTS_FIELD = "tests"  # python-tests: the task's field holding the tests, unless verifier_config names another
 
 
 def extract_code(text: str) -> str:
@@ -44,13 +45,22 @@ def extract_code(text: str) -> str:
 class PythonTestsVerifier:
     name = "python-tests"
 
-    def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, tests_field: str = "tests") -> None:
+    def __init__(self, pool: SandboxPool, *, timeout_s: float | None = None, tests_field: str = TESTS_FIELD) -> None:
         self.pool, self.timeout_s, self.tests_field = pool, timeout_s, tests_field
 
+    @staticmethod
+    def task_problem(task: Mapping[str, Any], /, *, tests_field: str = TESTS_FIELD, **_config: Any) -> str | None:
+        """Why no answer to ``task`` can be scored (its fields hold no test source), or None."""
+        tests = task.get(tests_field)
+        if isinstance(tests, str) and tests.strip():
+            return None
+        return f"python-tests verifier: the task has no {tests_field!r} source"
+
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
-        tests = task.get(self.tests_field)
-        if not isinstance(tests, str) or not tests.strip():
-            raise VerifierError(f"python-tests verifier: the task has no {self.tests_field!r} source")
+        problem = self.task_problem(task, tests_field=self.tests_field)
+        if problem is not None:
+            raise VerifierError(problem)
+        tests = task[self.tests_field]
         result = await self.pool.run(extract_code(completion_text), tests=tests, timeout_s=self.timeout_s)
         reward = 1.0 if result.passed else 0.0
         return VerifyResult(reward, str(result.verdict), result.detail, result.elapsed_s, result.isolation)
@@ -136,10 +146,16 @@ class PythonExprVerifier:
             old_expr, old = self._memo.popitem(last=False)
             self.memo_bytes -= _memo_cost(old_expr, old)
 
+    @staticmethod
+    def task_problem(task: Mapping[str, Any], /, **_config: Any) -> str | None:
+        """Why no answer to ``task`` can be scored (its fields lack the target value), or None."""
+        return None if "target" in task else "python-expr verifier: the task has no 'target' field"
+
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
-        if "target" not in task:
-            raise VerifierError("python-expr verifier: the task has no 'target' field")
+        problem = self.task_problem(task)
+        if problem is not None:
+            raise VerifierError(problem)
         lines = completion_text.strip().splitlines()
         expr = lines[0].strip() if lines else ""
         if not expr or len(expr) > self.max_chars:

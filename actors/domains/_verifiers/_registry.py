@@ -38,6 +38,15 @@ def needs_sandbox(name: str) -> bool:
     return name in _SANDBOXED
 
 
+def task_problem(name: str, config: Mapping[str, Any], task: Mapping[str, Any]) -> str | None:
+    """Why the builtin verifier ``name``, configured with the domain's ``verifier_config``, could score no answer to a
+    task with these verifier fields (the message its ``verify`` would raise on every answer), or None: it could, or
+    ``name`` is a user's ``module:function``, which reads what it likes. Cheap: no verifier is built."""
+    verifier: Any = _PLAIN.get(name) or _SANDBOXED.get(name)
+    check = getattr(verifier, "task_problem", None)
+    return check(task, **config) if check is not None else None
+
+
 class FunctionVerifier:
     """A user's ``fn(completion_text, task)`` (sync or async), called in a helper process."""
 

@@ -136,7 +136,7 @@ async def test_rate_limit_caps_publishing(embedded_nats: EmbeddedNats, tmp_path:
 
 
 async def test_bad_domain_source_fails_start_with_one_line(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "answer": "4"}\n')
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
     spec = write_spec(tmp_path, domains="domains:\n  mine: {source: jsonl:mine.jsonl, verifier: math, heldout: 0}")
     # the spec check opens the file too; it goes bad after that, between `plan` and the source's start
     (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1="}\n{"prompt": "2+2=", "anwser": "4"}\n')
