@@ -3,7 +3,8 @@
 Contract: an ``hf:<dir>`` whose relative dir holds a ``config.json`` beside the spec file that set it becomes that
 absolute dir, like every path in a spec; anything else stays as written (a hub id, or a path on the machines that
 serve the model) with a warning when it is no model directory here and no hub id in this machine's Hugging Face
-cache. A relative ``checkpoint`` becomes absolute.
+cache. A relative ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
+the learner and generators load it (otherwise both crash-loop at start).
 
 Non-goals: loading the model (the learner and generators do, and say what is wrong with ``policy.config`` then).
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from actors.policy._hub import cached_hub_model, is_hub_id
 from actors.protocol import PolicySpec
-from topology import KeyPath, SectionCheck
+from topology import KeyPath, SectionCheck, show
 
 __all__ = ["check_policy"]
 
@@ -42,6 +43,17 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
                 f"load it from a directory or the cache of the machine they run on and never download it{fetch}",
                 warning=True,
             )
-    if policy.checkpoint and not Path(policy.checkpoint).is_absolute():
-        update["checkpoint"] = str((check.base_dir((*path, "checkpoint")) / policy.checkpoint).resolve())
+    if policy.checkpoint:
+        at = (*path, "checkpoint")
+        checkpoint = Path(policy.checkpoint).expanduser()
+        if not checkpoint.is_absolute():
+            checkpoint = (check.base_dir(at) / checkpoint).resolve()
+            update["checkpoint"] = str(checkpoint)
+        if not (checkpoint.is_file() or (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors")))):
+            what = "holds no *.safetensors file" if checkpoint.is_dir() else "does not exist"
+            check.error(
+                at,
+                f"expected a safetensors file or a directory holding some, got {show(policy.checkpoint)} "
+                f"({checkpoint} {what})",
+            )
     return policy.model_copy(update=update) if update else policy

@@ -147,6 +147,16 @@ def test_hf_model_dirs_resolve_against_the_spec_and_a_missing_one_is_a_warning(t
     assert warning.severity == "warning" and "config.json" in warning.message and warning.line == 2
 
 
+def test_a_checkpoint_must_be_safetensors_weights_on_this_machine(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    text = MINIMAL.replace("{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, checkpoint: ckpt}")
+    (tmp_path / "a.yaml").write_text(text)
+    with pytest.raises(SpecError, match=r"a\.yaml:2:\d+: policy\.checkpoint: .*ckpt holds no \*\.safetensors file"):
+        load_spec(tmp_path / "a.yaml")
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"")
+    assert policy_of(load_spec(tmp_path / "a.yaml")).checkpoint == str((tmp_path / "ckpt").resolve())
+
+
 def test_warm_start_defaults_on_for_builtin_models_and_off_for_hf_models() -> None:
     def steps(text: str) -> int:
         return policy_of(load_spec_text(text, "t.yaml", {})).warm_start_steps
