@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,6 +73,9 @@ class _Checker:
     def where(self, path: KeyPath) -> str:
         loc = self.doc.value_loc(path)
         return f"{loc.file}:{loc.line}"
+
+    def unknown_key(self, path: KeyPath, allowed: Iterable[str]) -> None:
+        self.error(path, unknown_key_message(str(path[-1]), allowed), at_key=True)
 
     def validate(
         self, model: type[ModelT], data: Any, path: KeyPath, allowed_extra: tuple[str, ...] = ()

@@ -24,7 +24,7 @@ import importlib
 import importlib.metadata
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -78,6 +78,10 @@ class SectionCheck(Protocol):
 
     def where(self, path: KeyPath) -> str:
         """``file:line`` of the value at ``path``, for messages that point elsewhere."""
+
+    def unknown_key(self, path: KeyPath, allowed: Iterable[str]) -> None:
+        """Report the last key of ``path`` as unknown, at the key, as every unknown key of a spec is reported (with a
+        did-you-mean and the ``allowed`` keys): for keys of a mapping the section's model leaves free-form."""
 
 
 # A section hook: (checker, key path of the section or entry, its validated model) → the model to keep (for

@@ -11,6 +11,8 @@ from topology import lazy_exports
 
 if TYPE_CHECKING:
     from actors.policy._checks import check_policy as check_policy
+    from actors.policy._gpt_config import PRESETS as PRESETS
+    from actors.policy._gpt_config import GPTConfig as GPTConfig
     from actors.policy._policy import Policy as Policy
     from actors.policy._policy import StateDictError as StateDictError
     from actors.policy._policy import all_finite as all_finite
@@ -21,8 +23,6 @@ if TYPE_CHECKING:
     from actors.policy._prompting import strip_eos as strip_eos
     from actors.policy._testing import HF_CHARS as HF_CHARS
     from actors.policy._testing import write_tiny_hf_model as write_tiny_hf_model
-    from actors.policy._tiny_gpt import PRESETS as PRESETS
-    from actors.policy._tiny_gpt import GPTConfig as GPTConfig
     from actors.policy._tiny_gpt import KVCache as KVCache
     from actors.policy._tiny_gpt import TinyGPT as TinyGPT
     from actors.policy._tiny_gpt import positions_from_mask as positions_from_mask
@@ -36,14 +36,14 @@ _EXPORTS = {
     "check_policy": "_checks",
     "encode_completion": "_prompting",
     "encode_prompt": "_prompting",
-    "GPTConfig": "_tiny_gpt",
+    "GPTConfig": "_gpt_config",
     "HF_CHARS": "_testing",
     "HFTokenizer": "_tokenizer",
     "KVCache": "_tiny_gpt",
     "native_bfloat16": "_policy",
     "Policy": "_policy",
     "positions_from_mask": "_tiny_gpt",
-    "PRESETS": "_tiny_gpt",
+    "PRESETS": "_gpt_config",
     "read_safetensors": "_policy",
     "SPECIAL_TOKENS": "_tokenizer",
     "StateDictError": "_policy",

@@ -4,15 +4,18 @@ Contract: an ``hf:<dir>`` whose relative dir holds a ``config.json`` beside the 
 absolute dir, like every path in a spec; anything else stays as written (a hub id, or a path on the machines that
 serve the model) with a warning when it is no model directory here and no hub id in this machine's Hugging Face
 cache. A relative ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
-the learner and generators load it (otherwise both crash-loop at start).
+the learner and generators load it (otherwise both crash-loop at start). ``policy.config`` may hold only the keys
+the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), and a builtin's ``preset`` must be one of its named sizes.
 
-Non-goals: loading the model (the learner and generators do, and say what is wrong with ``policy.config`` then).
+Non-goals: loading the model (the learner and generators do, and say then what is wrong with the values in
+``policy.config``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, HF_CONFIG_KEYS, PRESETS
 from actors.policy._hub import cached_hub_model, is_hub_id
 from actors.protocol import PolicySpec
 from topology import KeyPath, SectionCheck, show
@@ -22,6 +25,14 @@ __all__ = ["check_policy"]
 
 def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> PolicySpec:
     """Resolve the policy's paths against the spec file that set them; warn about a model dir that is not here."""
+    builtin = policy.model.startswith("builtin:")
+    allowed = BUILTIN_CONFIG_KEYS if builtin else HF_CONFIG_KEYS
+    for key in policy.config:
+        if key not in allowed:
+            check.unknown_key((*path, "config", key), allowed)
+    preset = policy.config.get("preset")
+    if builtin and "preset" in policy.config and not (isinstance(preset, str) and preset in PRESETS):
+        check.error((*path, "config", "preset"), f"expected a preset ({', '.join(PRESETS)}), got {show(preset)}")
     update: dict[str, str] = {}
     if policy.model.startswith("hf:"):
         given = Path(policy.model[3:]).expanduser()

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from actors.policy._tiny_gpt import PRESETS, GPTConfig, KVCache, TinyGPT, positions_from_mask
+from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, HF_CONFIG_KEYS, PRESETS, GPTConfig
+from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
 from actors.policy._tokenizer import CharTokenizer, HFTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_BUILTIN_EXTRA_KEYS = ("preset", "seed", "dtype")
 
 
 class StateDictError(ValueError):
@@ -106,9 +106,9 @@ class Policy:
         config_dtype = config.pop("dtype", "float32")
         torch_dtype = _dtype(dtype if dtype is not None else config_dtype)
         if model == "builtin:tiny-gpt":
-            unknown = sorted(set(config) - set(GPTConfig.field_names()) - set(_BUILTIN_EXTRA_KEYS))
+            unknown = sorted(set(config) - set(BUILTIN_CONFIG_KEYS))
             if unknown:
-                allowed = ", ".join((*GPTConfig.field_names(), *_BUILTIN_EXTRA_KEYS))
+                allowed = ", ".join(BUILTIN_CONFIG_KEYS)
                 raise ValueError(f"policy.config: unknown key {unknown[0]!r} for builtin:tiny-gpt (allowed: {allowed})")
             preset = config.pop("preset", "tiny")
             if preset not in PRESETS:
@@ -120,9 +120,8 @@ class Policy:
             if not isinstance(native_forward, bool):
                 raise ValueError(f"policy.config.native_forward: expected true or false, got {native_forward!r}")
             if config:
-                raise ValueError(
-                    f"policy.config: unknown key {sorted(config)[0]!r} for hf models (allowed: dtype, native_forward)"
-                )
+                allowed = ", ".join(HF_CONFIG_KEYS)
+                raise ValueError(f"policy.config: unknown key {sorted(config)[0]!r} for hf models (allowed: {allowed})")
             policy = cls.from_hf(model[3:], dtype=torch_dtype, native_forward=native_forward)
         else:
             raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")

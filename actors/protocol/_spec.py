@@ -6,8 +6,8 @@ error at its ``file:line`` — and then checked by the hooks in `actors.domains.
 (files exist, task sources open, builtin names are known). Every actor reads them through `policy_of` and
 `domains_of`; a spec without ``domains:`` has none.
 
-Non-goals: validating ``policy.config`` (the policy library owns the model's hyper-parameters and says what is
-wrong with them when the model is built).
+Non-goals: validating ``policy.config`` here (the policy library owns the model's hyper-parameters: its check names
+an unknown key, and the model says what is wrong with a value when it is built).
 """
 
 from __future__ import annotations
