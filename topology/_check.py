@@ -6,9 +6,9 @@ any error. Each top-level section, each entry of a keyed section (an application
 and each actor block is validated on its own, so one bad block does not hide the errors of the others. Then each
 application section's hook runs on its validated value (it may resolve paths and open files, reporting through the
 checker). Cross-reference checks: unknown actor kinds (with a did-you-mean), config fields a kind declares as
-references to a keyed section that name no entry of it, channels consumed with no producer (unless ``external:
-true``); warnings for channels nobody consumes, channel settings no actor uses, and resources this machine cannot
-give (local runtime only: a Ray cluster is elsewhere).
+references to a keyed section that name no entry of it (or, for a required reference, none at all), channels
+consumed with no producer (unless ``external: true``); warnings for channels nobody consumes, channel settings no
+actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere).
 
 Non-goals: importing heavy actor code or user modules (validation must stay fast and side-effect free; what a
 section hook imports is the application's business).
@@ -280,6 +280,16 @@ class _Checker:
             names = set(self.mapping_keys(section_name))
             defined = ", ".join(sorted(names)) or "none"
             value = getattr(config, field, None)
+            if field in kind.required_references:
+                if value is None and not names:
+                    self.error(
+                        path,
+                        f"kind {kind.name} needs at least one {noun} ({field}: not given means every {noun}), "
+                        f"but the spec declares no {section_name} — add a {section_name}: section",
+                        at_key=True,
+                    )
+                elif isinstance(value, list | tuple) and not value:
+                    self.error((*path, field), f"expected at least one {noun} name, got none")
             refs: list[tuple[KeyPath, Any]]
             if isinstance(value, list | tuple):
                 refs = [((*path, field, i), v) for i, v in enumerate(value)]

@@ -58,6 +58,9 @@ class ActorKind:
     summary: str = ""  # one line for `plan` and did-you-mean help
     # config field → spec section whose entry names it holds (one name or a list), e.g. {"domains": "domains"}
     references: Mapping[str, str] = field(default_factory=dict)
+    # fields of `references` that must name at least one entry, for a kind that can do nothing without one (the
+    # source kind and its domains): an empty list is an error, and so is null (every entry) when the section has none
+    required_references: tuple[str, ...] = ()
     channels: ChannelsFn | None = None  # optional: default channels that depend on the config
 
     def default_channels(self, config: pydantic.BaseModel) -> tuple[tuple[str, ...], tuple[str, ...]]:

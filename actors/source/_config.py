@@ -44,6 +44,7 @@ register_actor_kind(
         publishes=("prompts",),
         summary="draws tasks from the domains (by weight) and publishes them as prompts",
         references={"domains": "domains"},
+        required_references=("domains",),  # no domain, nothing to draw: the source would fail at every start
     )
 )
 
