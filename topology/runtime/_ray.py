@@ -44,7 +44,7 @@ import anyio.to_thread
 import structlog
 
 from topology.runtime._actor import ActorContext
-from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, life_banner, replica_log
 from topology.runtime._session import Session, open_session
 from topology.runtime._status import ReplicaStatus, read_status
 from topology.runtime._threads import thread_env
@@ -156,12 +156,7 @@ class ReplicaHost:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError:  # a node without the run dir: Ray's own worker logs keep the output
             return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.write(
-            fd,
-            f"--- flywheel: {self.actor}[{self.replica}] start #{restarts + 1} at {stamp} "
-            f"(Ray actor, pid {os.getpid()}) ---\n".encode(),
-        )
+        os.write(fd, life_banner(self.actor, self.replica, restarts, f"Ray actor, pid {os.getpid()}").encode())
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)

@@ -7,12 +7,18 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 :class:`RunResult`. A second SIGINT/SIGTERM during the drain skips the rest of the grace period. Between
 ``started`` being set and ``run`` returning, ``run_dir``, ``bus_url`` and :meth:`statuses` are available.
 
+Crashes are told as they happen: each ``replica crashed`` warning carries the exception line the replica's log
+ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
+replica that had crashed was not running again (in its backoff, or crashing while it starts): a run whose learner
+crash-looped until ``--duration`` ran out did not run cleanly. A clean stop names the crashes replicas recovered from.
+
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -34,11 +40,23 @@ if TYPE_CHECKING:
 
 _log = structlog.get_logger("flywheel.runtime")
 _LOG_TAIL_LINES = 12
+_LIFE_BANNER = "--- flywheel: "  # opens each life of a replica in its log
+_REASON_CHARS = 160
+_TRACEBACK = "Traceback (most recent call last):"
+# The last line of a Python traceback: ``[package.module.]SomeError[: message]``, maybe behind an exception group's `|`.
+_EXCEPTION_LINE = re.compile(r"^[\s|]*(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?::\s.*|(?<=Error)|(?<=Exception)|(?<=Interrupt)))$")
+_ALIVE = frozenset({ActorState.RUNNING.value, ActorState.DRAINING.value, ActorState.STOPPING.value})
 
 
 def replica_log(run_dir: Path, actor: str, replica: int) -> Path:
     """Where a replica's stdout and stderr go (on the node it runs on)."""
     return run_dir / "logs" / f"{actor}-{replica}.log"
+
+
+def life_banner(actor: str, replica: int, restarts: int, detail: str = "") -> str:
+    """The line written to a replica's log before each of its lives (``crash_reason`` reads back to the last one)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{_LIFE_BANNER}{actor}[{replica}] start #{restarts + 1} at {stamp}{f' ({detail})' if detail else ''} ---\n"
 
 
 def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
@@ -52,9 +70,38 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
+def crash_reason(path: Path) -> str | None:
+    """Why the last life in the log at ``path`` ended: the exception line its last traceback ends with
+    (``StateDictError: no …``), without the exception's module path and cut to one short line; None when that life
+    printed no traceback."""
+    lines = log_tail(path, lines=400)
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(_LIFE_BANNER):
+            lines = lines[i + 1 :]
+            break
+    tracebacks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if not tracebacks:  # killed, or it exited without a traceback: a capitalised log line is no reason
+        return None
+    for line in reversed(lines[tracebacks[-1] + 1 :]):
+        if (found := _EXCEPTION_LINE.match(line)) is not None:
+            reason = found.group(1).strip()
+            return reason if len(reason) <= _REASON_CHARS else reason[: _REASON_CHARS - 1] + "…"
+    return None
+
+
+@dataclass
+class _Crashes:
+    """One replica's crashes in this run: how many, the last one's description, and the life it ended."""
+
+    count: int
+    last: str
+    restarts: int
+
+
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended: ``ok`` unless a replica exhausted its restarts (then ``message`` says which)."""
+    """How a run ended: ``ok`` unless a replica exhausted its restarts or was still crashing when the run was
+    stopped (then ``message`` says which, and why)."""
 
     ok: bool
     message: str
@@ -117,6 +164,8 @@ class RuntimeBase:
         self._failure: str | None = None
         self._hurry = anyio.Event()  # set by a second signal: skip the rest of the drain grace period
         self._finished: set[tuple[str, int]] = set()
+        self._crashes: dict[tuple[str, int], _Crashes] = {}
+        self._still_crashing: list[tuple[str, int]] = []  # crashed, and not running again when the stop came
 
     @property
     def run_dir(self) -> Path | None:
@@ -193,9 +242,15 @@ class RuntimeBase:
         lines (when the replica has a log of its own).
         """
         actor, replica = key
+        reason = crash_reason(log) if log is not None else None
+        if how and reason and reason in how:  # a Ray actor's error came with its status record already
+            reason = None
+        described = f"{how}: {reason}" if how and reason else (how or reason)
+        crashes = self._crashes.setdefault(key, _Crashes(count=0, last="", restarts=0))
+        crashes.count, crashes.last, crashes.restarts = crashes.count + 1, described or "no reason given", restarts
         delay = self.policy.on_crash(key)
         state = ActorState.FAILED if delay is None else ActorState.RESTARTING
-        await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, how)
+        await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, described)
         if delay is None:
             message = (
                 f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
@@ -206,7 +261,8 @@ class RuntimeBase:
                 message += f"\nLast lines of {log}:\n{tail}"
             self.fail(message)
             return False
-        _log.warning("replica crashed", actor=actor, replica=replica, how=how, restart_in_s=round(delay, 2))
+        why = {"error": reason} if reason else {}
+        _log.warning("replica crashed", actor=actor, replica=replica, how=how, **why, restart_in_s=round(delay, 2))
         await anyio.sleep(delay)
         return True
 
@@ -247,11 +303,49 @@ class RuntimeBase:
         self.request_stop(f"--duration {duration_s:g}s elapsed")
 
     async def wait_stop(self) -> None:
+        """Wait for the stop; then note which crashed replicas were not running again (before they are stopped)."""
         await self._stop.wait()
+        if not self._crashes or self._failure is not None:
+            return
+        try:
+            records = {(r.actor, r.replica): r for r in await self.statuses()}
+        except Exception:  # the bus is away: no evidence either way, so no replica is called crash-looping
+            return
+        for key, crashes in self._crashes.items():
+            if key in self._finished:
+                continue
+            record = records.get(key)
+            if record is None or record.state not in _ALIVE or record.restarts <= crashes.restarts:
+                self._still_crashing.append(key)
+
+    def _crash_summary(self, keys: list[tuple[str, int]]) -> str:
+        parts = []
+        for actor, replica in keys:
+            crashes = self._crashes[(actor, replica)]
+            times = "once" if crashes.count == 1 else f"{crashes.count} times"
+            parts.append(f"{actor}[{replica}] crashed {times} (last: {crashes.last})")
+        return "; ".join(parts)
 
     def result(self, session: Session) -> RunResult:
+        """The verdict: failed when a replica exhausted its restarts or was still crashing at the stop; a clean
+        stop names the crashes its replicas recovered from."""
+        if self._failure is None and self._still_crashing:
+            logs = session.run_dir / "logs"
+            self._failure = (
+                f"stopped ({self._stop_reason}) with replicas that were crashing, not running: "
+                f"{self._crash_summary(self._still_crashing)}. Their logs: {logs}/"
+            )
         ok = self._failure is None
-        message = self._failure if self._failure is not None else f"stopped cleanly ({self._stop_reason})"
+        if self._failure is not None:
+            message = self._failure
+        elif self._crashes:
+            count = sum(c.count for c in self._crashes.values())
+            message = (
+                f"stopped cleanly ({self._stop_reason}) after {count} replica crash{'es' if count != 1 else ''}, "
+                f"all recovered: {self._crash_summary(sorted(self._crashes))}"
+            )
+        else:
+            message = f"stopped cleanly ({self._stop_reason})"
         session.info.exit = "ok" if ok else message.splitlines()[0]
         return RunResult(ok=ok, message=message, run_dir=session.run_dir)
 

@@ -9,7 +9,8 @@ Contract:
 - A replica that exits non-zero (or is killed) while the topology runs is restarted after the policy's
   backoff; its status record says ``restarting`` meanwhile. One that crashes more than ``max_restarts``
   times within ``window_s`` stops the whole topology; the result names the actor and quotes the last lines
-  of its log. A replica that exits 0 by itself is done and not restarted.
+  of its log. Each crash is logged with the exception line its log ends with. A replica that exits 0 by
+  itself is done and not restarted.
 - The embedded nats-server is supervised too: restarted on its port with its store when it dies
   (:meth:`Session.keep_bus_up`); the replicas ride the outage out on their reconnecting connections.
 - Stopping: SIGTERM to every child (they drain), wait up to ``drain_timeout_s``, SIGKILL the rest, then the
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import anyio
 import structlog
 
-from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, replica_log
+from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, life_banner, replica_log
 from topology.runtime._session import Session, open_session
 from topology.runtime._threads import thread_env
 
@@ -110,8 +111,7 @@ class LocalRuntime(RuntimeBase):
         ]
         env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus), **session.replica_env()}
         with open(log_path, "ab") as out:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            out.write(f"--- flywheel: {actor}[{replica}] start #{restarts + 1} at {stamp} ---\n".encode())
+            out.write(life_banner(actor, replica, restarts).encode())
             out.flush()
             # Popen from the event-loop thread: PDEATHSIG fires when the *forking thread* exits.
             proc = subprocess.Popen(

@@ -57,3 +57,12 @@ def test_crashing_replica_is_restarted_then_stops_the_topology(tmp_path: Path) -
     assert "actor 'boom' replica 0 crashed 3 times" in result.message
     assert "deliberate crash" in result.message
     assert lifecycle(result.run_dir, "boom") == ["start", "run", "stop"] * 3
+
+
+def test_replica_still_crashing_when_the_duration_ends_fails_the_run(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.01}", max_restarts=1000))
+    runtime = SingleProcessRuntime(spec, handle_signals=False)
+    result = anyio.run(lambda: runtime.run(duration_s=1.0), backend="asyncio")
+    assert not result.ok and result.exit_code == 1, result.message
+    assert result.message.startswith("stopped (--duration 1s elapsed) with replicas that were crashing, not running:")
+    assert "boom[0] crashed" in result.message and "deliberate crash (test kind 'crasher')" in result.message

@@ -59,7 +59,7 @@ def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path
         up.send_signal(signal.SIGTERM)
         out, err = up.communicate(timeout=30)
         assert up.returncode == 0, err
-        assert "stopped cleanly (SIGTERM received)" in out
+        assert "stopped cleanly (SIGTERM received) after 1 replica crash, all recovered: tally[0] crashed once" in out
         assert lifecycle(run_dir, "ticker")[-2:] == ["drain", "stop"]
         assert lifecycle(run_dir, "tally")[-2:] == ["drain", "stop"]
         assert "signal received" in (run_dir / "logs" / "tally-0.log").read_text()
@@ -87,3 +87,19 @@ def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
     info = json.loads((run_dir / "run.json").read_text())
     assert info["exit"].startswith("actor 'boom'")
     assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), timeout_s=5)
+
+
+def test_each_crash_says_why_and_a_run_crashing_until_its_duration_ends_is_not_clean(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05}", max_restarts=1000)
+    up = start_up(spec, "--duration", "4")
+    try:
+        _out, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    crashed = [line for line in err.splitlines() if "replica crashed" in line]
+    assert crashed, err
+    assert all("RuntimeError: deliberate crash (test kind 'crasher')" in line for line in crashed), crashed
+    assert up.returncode == 1, err
+    assert "stopped (--duration 4s elapsed) with replicas that were crashing, not running: boom[0] crashed" in err
+    assert "exited with status 1: RuntimeError: deliberate crash" in err

@@ -1,0 +1,33 @@
+"""crash_reason: the one line a crash warning quotes from a replica's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from topology.runtime._runtime import crash_reason, life_banner
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/x/_policy.py", line 284, in read_safetensors
+    raise StateDictError(f"no safetensors weights at {str(target)!r}")
+actors.policy._policy.StateDictError: no safetensors weights at '/w/nope.safetensors'
+"""
+
+
+def test_crash_reason_is_the_last_lifes_exception_line_without_its_module(tmp_path: Path) -> None:
+    log = tmp_path / "learner-0.log"
+    log.write_text(life_banner("learner", 0, 0) + TRACEBACK + life_banner("learner", 0, 1) + "loading\n" + TRACEBACK)
+    assert crash_reason(log) == "StateDictError: no safetensors weights at '/w/nope.safetensors'"
+
+
+def test_a_life_without_a_traceback_has_no_reason(tmp_path: Path) -> None:
+    log = tmp_path / "gateway-0.log"
+    log.write_text(life_banner("gateway", 0, 0) + TRACEBACK + life_banner("gateway", 0, 1) + "INFO: Started server\n")
+    assert crash_reason(log) is None, "an earlier life's exception is not this crash's reason"
+    assert crash_reason(tmp_path / "missing.log") is None
+
+
+def test_a_long_reason_is_cut_to_one_short_line(tmp_path: Path) -> None:
+    log = tmp_path / "x-0.log"
+    log.write_text("Traceback (most recent call last):\nValueError: " + "x" * 1000 + "\n")
+    reason = crash_reason(log)
+    assert reason is not None and len(reason) <= 160 and reason.endswith("…")
