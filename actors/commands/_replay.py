@@ -90,8 +90,12 @@ def replay(
         report = anyio.run(
             _replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy, backend="asyncio"
         )
-    except ValueError as exc:  # WeightsNotFound, bad weights, bad recordings
-        raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # WeightsNotFound, bad weights, bad recordings; from the replayer's task group too
+        from topology.cli._errors import user_error
+
+        if (found := user_error(exc, (ValueError,))) is None:
+            raise
+        raise click.ClickException(str(found)) from None
     from actors.replay import write_report
     from actors.replay._report import markdown
 

@@ -140,3 +140,29 @@ def test_up_serves_every_replicas_counters_as_prometheus_metrics(tmp_path: Path)
             up.kill()
             up.communicate()
     assert up.returncode == 0
+
+
+@pytest.mark.usefixtures("kinds_env")
+@pytest.mark.parametrize("problem", ["another topology", "a live run"])
+def test_a_run_that_cannot_be_resumed_is_one_line_not_a_traceback(tmp_path: Path, problem: str) -> None:
+    """RunNotFound / RunLocked are raised inside `up`'s task group, so they reach the CLI in an exception group."""
+    import os
+
+    from topology.runtime._rundir import create_run_dir, lock_run_dir
+
+    spec = write_spec(tmp_path)
+    topology = "other" if problem == "another topology" else "rt-test"
+    run = create_run_dir(tmp_path / "runs", topology)
+    info = {"bus_url": "nats://127.0.0.1:1", "pid": 1, "spec_path": str(spec), "started_at": 0.0, "heartbeat_s": 1.0}
+    (run / "run.json").write_text(json.dumps({**info, "topology": topology}))
+    held = lock_run_dir(run) if problem == "a live run" else None
+    try:
+        result = CliRunner().invoke(main, ["up", str(spec), "--resume", str(run)])
+    finally:
+        if held is not None:
+            os.close(held)
+    assert result.exit_code == 1, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    expected = "the run is topology 'other', the spec is 'rt-test'" if problem == "another topology" else "is live"
+    assert len(error) == 1 and expected in error[0], result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)

@@ -459,11 +459,14 @@ def up(
         result = anyio.run(_up_main, runtime, duration, interval_s, backend="asyncio")
     except Exception as exc:  # bus could not start, run dir not writable, no Ray, …: one line, not a traceback
         from topology.bus import BusError
+        from topology.cli._errors import user_error
         from topology.runtime import RayUnavailable, RunLocked, RunNotFound
 
-        if isinstance(exc, BusError | OSError | RayUnavailable | RunLocked | RunNotFound):
-            raise click.ClickException(str(exc)) from None
-        raise
+        # raised inside _up_main's task group, so it arrives wrapped in an exception group
+        found = user_error(exc, (BusError, OSError, RayUnavailable, RunLocked, RunNotFound))
+        if found is None:
+            raise
+        raise click.ClickException(str(found)) from None
     if result.ok:
         click.echo(f"{spec.name}: {result.message}; run dir {result.run_dir}")
         return
