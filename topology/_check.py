@@ -388,15 +388,20 @@ def load_spec(path: str | Path, environ: dict[str, str] | None = None) -> Spec:
     return spec
 
 
-def load_spec_text(text: str, filename: str = "<spec>", environ: dict[str, str] | None = None) -> Spec:
-    """Validate spec text (no ``include:``; relative paths resolve against the current directory)."""
+def load_spec_text(
+    text: str, filename: str = "<spec>", environ: dict[str, str] | None = None, *, source: Path | None = None
+) -> Spec:
+    """Validate spec text (no ``include:``). Relative paths resolve against the current directory, or against the
+    folder of ``source``: the spec file the text is a copy of (it need not exist any more; a run's ``run.json``)."""
     doc = parse_text(text, filename, os.environ.copy() if environ is None else environ)
+    if source is not None:
+        doc.sources[filename] = source.resolve()
     if isinstance(doc.data, dict) and "include" in doc.data:
         doc.issue(doc.key_loc(("include",)), ("include",), "include: needs a spec file (use load_spec with a path)")
     elif doc.data is not None and not isinstance(doc.data, dict):
         got = show(doc.data)
         doc.issue(doc.root, (), f"expected a mapping at the top of the spec (name:, actors:, …), got {got}")
-    spec, issues = _finish(doc, Path(filename))
+    spec, issues = _finish(doc, source if source is not None else Path(filename))
     if spec is None:
         raise SpecError(issues)
     return spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -77,15 +78,17 @@ def replay(
       flywheel replay runs/latest/recordings --weights v12 --against v10
       flywheel replay runs/latest --weights ckpt/model.safetensors --greedy --limit 200 --out report/
     """
-    from topology.runtime._rundir import read_run_info
+    from topology.cli._logging import configure_logging
 
+    configure_logging()  # info on stderr, as `flywheel up`: not a debug line per re-scored completion
     logging.getLogger().setLevel(logging.WARNING)
     run_dir = run_dir_opt or _run_dir_of(recordings.resolve())
-    if spec_path is None:
-        if run_dir is None:
-            raise click.ClickException("no --spec given and RECORDINGS is not inside a run dir with run.json")
-        spec_path = Path(read_run_info(run_dir).spec_path)
-    spec = _load_spec(spec_path)
+    if spec_path is not None:
+        spec = _load_spec(spec_path)
+    elif run_dir is None:
+        raise click.ClickException("no --spec given and RECORDINGS is not inside a run dir with run.json")
+    else:
+        spec = _spec_of_run(run_dir)
     try:
         report = anyio.run(
             _replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy, backend="asyncio"
@@ -102,6 +105,30 @@ def replay(
     paths = write_report(report, out_dir)
     click.echo(markdown(report))
     click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _spec_of_run(run_dir: Path) -> Any:
+    """The spec of the run in ``run_dir``: its file, or, when that is gone, the copy its run.json keeps."""
+    from topology import SpecError, load_spec_text
+    from topology.runtime._rundir import read_run_info
+
+    info = read_run_info(run_dir)
+    path = Path(info.spec_path)
+    if path.is_file():
+        return _load_spec(path)
+    if info.spec is None:
+        raise click.ClickException(
+            f"the run's spec {path} is gone and {run_dir / 'run.json'} keeps no copy of it; "
+            "pass the spec: flywheel replay … --spec SPEC"
+        )
+    copy = f"{run_dir / 'run.json'} (its spec)"
+    click.echo(
+        f"the run's spec {path} is gone; using the copy in {run_dir / 'run.json'} (--spec SPEC to override)", err=True
+    )
+    try:
+        return load_spec_text(json.dumps(info.spec), copy, source=path)
+    except SpecError as exc:
+        raise click.ClickException(f"{exc}\n(the run's spec {path} is gone; pass one with --spec SPEC)") from None
 
 
 def _load_spec(path: Path) -> Any:

@@ -21,7 +21,8 @@ from typing import Any
 
 import anyio
 import click
-import structlog
+
+from topology.cli._logging import configure_logging
 
 _STATE_STYLE = {
     "running": "green",
@@ -33,18 +34,6 @@ _STATE_STYLE = {
     "crashed": "red",
     "failed": "bold red",
 }
-
-
-def _configure_logging(level: int = logging.INFO) -> None:
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -430,7 +419,7 @@ def up(
       flywheel up --resume runs/embedded-default-20250101-120000
     In another terminal: flywheel status
     """
-    _configure_logging()
+    configure_logging()
     resume_dir: Path | None = None
     if resume is not None:
         resume_dir, spec_path = _resume_target(resume, spec_path, run_root.resolve() if run_root else None)
@@ -505,7 +494,7 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     from topology.runtime._rundir import RunNotFound, find_run
     from topology.runtime._status import read_run_status
 
-    _configure_logging(logging.WARNING)
+    configure_logging(logging.WARNING)
     where = run_dir_arg or run_dir_opt
     try:
         run_dir = find_run(where)

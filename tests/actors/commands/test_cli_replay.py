@@ -15,6 +15,7 @@ from actors.policy import Policy
 from actors.protocol import policy_of
 from tests.actors.gate._support import expected_answers, gate_spec, record_traffic
 from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
+from topology import Spec
 from topology.cli import main
 from topology.runtime._rundir import RunInfo, write_run_info
 
@@ -52,6 +53,7 @@ def test_replay_writes_a_report_against_another_version(tmp_path: Path) -> None:
     assert echo["against_mean_reward"] < 1.0
     assert report["throughput"]["replay_tokens_per_s"] > 0 and report["throughput"]["engine_tokens_per_s"] > 0
     assert "tokens/s" in result.output and "| echo |" in result.output
+    assert "verify_verdict" not in result.output, "logs at info: not a debug line per failed re-scored completion"
     assert (out / "report.png").stat().st_size > 0 and (out / "report.md").is_file()
 
 
@@ -74,26 +76,43 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     assert "version 9 not found" in result.output and "Traceback" not in result.output
 
 
-def test_replay_scores_a_service_runs_own_traffic(tmp_path: Path) -> None:
-    """A service's recordings hold users' requests (traffic, no verifier fields) and pinned serving versions: replay
-    finds the run's spec and weights from the recordings path alone and scores each request through the domain's
-    task of its prompt."""
+def _service_run(tmp_path: Path) -> tuple[Spec, Path]:
+    """A stopped service run whose recordings hold users' requests answered at a pinned serving v1; the domain's
+    file holds the policy's greedy answers as what is expected."""
     spec = gate_spec(tmp_path, "{}")
-    answers = anyio.run(expected_answers, spec, backend="asyncio")
+    anyio.run(expected_answers, spec, backend="asyncio")
     run_dir = tmp_path / "runs" / "service-1"
     record_traffic(run_dir, [(p, 1, 1.0) for p in PROMPTS])
     pinned = run_dir / "weights" / "serving-v1"
     pinned.mkdir(parents=True)
     policy = Policy.from_spec(policy_of(spec))
     save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(pinned / "model.safetensors"))
-    write_run_info(
-        run_dir,
-        RunInfo(spec.name, "nats://127.0.0.1:1", 0, str(spec.source_path), time.time(), 1.0, stopped_at=time.time()),
-    )
+    info = RunInfo(spec.name, "nats://127.0.0.1:1", 0, str(spec.source_path), time.time(), 1.0, stopped_at=time.time())
+    info.spec = dict(spec.data) if spec.data is not None else None
+    write_run_info(run_dir, info)
+    return spec, run_dir
+
+
+def test_replay_scores_a_service_runs_own_traffic(tmp_path: Path) -> None:
+    """A service's recordings hold users' requests (traffic, no verifier fields) and pinned serving versions: replay
+    finds the run's spec and weights from the recordings path alone and scores each request through the domain's
+    task of its prompt."""
+    _spec, run_dir = _service_run(tmp_path)
     out = tmp_path / "report"
     args = ["replay", str(run_dir / "recordings"), "--weights", "v1", "--greedy", "--out", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
     assert users["samples"] == users["scored"] == len(PROMPTS) and users["note"] == ""
-    assert users["replayed_mean_reward"] == 1.0 and len(answers) == len(PROMPTS)
+    assert users["replayed_mean_reward"] == 1.0
+
+
+def test_replay_of_a_run_whose_spec_is_gone_uses_the_copy_in_run_json(tmp_path: Path) -> None:
+    spec, run_dir = _service_run(tmp_path)
+    spec.source_path.unlink()  # the domain's users.jsonl stays beside it: relative paths still resolve there
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir / "recordings"), "--weights", "v1", "--greedy", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert f"the run's spec {spec.source_path} is gone; using the copy in {run_dir / 'run.json'}" in result.output
+    assert orjson.loads((out / "report.json").read_bytes())["domains"]["users"]["replayed_mean_reward"] == 1.0
