@@ -1,13 +1,73 @@
-"""``flywheel promote VERSION`` and ``flywheel rollback``: move what the serving generators run, by hand."""
+"""``flywheel promote VERSION`` and ``flywheel rollback``: move what the serving generators run, by hand.
+
+Both first read the run's spec (the copy its run.json keeps, :func:`run_roles`): a run with neither a gate nor a
+serving generator (``follow: serving``) promotes nothing, and they say so instead of acting on the bus.
+"""
 
 from __future__ import annotations
 
 import getpass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import click
+
+
+@dataclass(frozen=True)
+class RunRoles:
+    """The actors of a run's spec that promote, rollback and review act through (names; empty: none)."""
+
+    gates: tuple[str, ...]
+    serving: tuple[str, ...]  # generators with follow: serving (they run what is promoted)
+    joiners: tuple[str, ...]
+    reviewing: tuple[str, ...]  # joiners with review_fraction > 0 (they queue answers for `flywheel review`)
+
+
+def run_roles(run_dir: Path) -> RunRoles | None:
+    """What the run's spec (the copy in its run.json) declares; None when run.json keeps no spec or a block of it no
+    longer validates (then nothing is concluded from it)."""
+    from pydantic import ValidationError
+
+    from actors.protocol import SERVING
+    from topology import actor_kinds
+    from topology._spec import ActorCommon
+    from topology.runtime._rundir import read_run_info
+
+    spec = read_run_info(run_dir).spec
+    actors = spec.get("actors") if isinstance(spec, dict) else None
+    if not isinstance(actors, dict):
+        return None
+    kinds = actor_kinds()
+    found: dict[str, list[str]] = {"gate": [], "serving": [], "joiner": [], "reviewing": []}
+    for name, block in actors.items():
+        block = block if isinstance(block, dict) else {}
+        kind = kinds.get(str(block.get("kind", name)))
+        if kind is None or kind.name not in ("gate", "generator", "joiner"):
+            continue
+        try:
+            config = kind.config.model_validate({k: v for k, v in block.items() if k not in ActorCommon.model_fields})
+        except ValidationError:
+            return None
+        if kind.name == "gate":
+            found["gate"].append(name)
+        elif kind.name == "generator" and getattr(config, "follow", None) == SERVING:
+            found["serving"].append(name)
+        elif kind.name == "joiner":
+            found["joiner"].append(name)
+            if getattr(config, "review_fraction", 0) > 0:
+                found["reviewing"].append(name)
+    return RunRoles(*(tuple(found[role]) for role in ("gate", "serving", "joiner", "reviewing")))
+
+
+def _promotes_nothing(run_dir: Path, roles: RunRoles | None) -> None:
+    """ClickException when the run has neither a gate nor a serving generator: no version is ever promoted in it."""
+    if roles is not None and not roles.gates and not roles.serving:
+        raise click.ClickException(
+            f"the run at {run_dir} has no gate and no serving generator (a generator with follow: serving), so no "
+            "version is promoted in it: its generators run the learner's current version"
+        )
 
 
 async def connect_run(run_dir: Path, name: str) -> Any:
@@ -41,27 +101,34 @@ def _who() -> str:
         return "cli"
 
 
-async def _manifest_for(bus: Any, run_dir: Path, version: int) -> Any:
+async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles | None) -> Any:
     import orjson
 
     from actors.protocol import CURRENT, SERVING, weights_bucket
-    from actors.replay import read_decisions
+    from actors.replay import decisions_path, read_decisions
     from actors.weights import WeightManifest
 
     bucket = weights_bucket(bus.topology)
+    held: dict[str, int] = {}
     for key in (CURRENT, SERVING):
         raw = await bus.kv_get(bucket, key)
         if raw:
             manifest = WeightManifest.from_json(raw)
             if manifest.version == version:
                 return manifest
+            held[key] = manifest.version
     for entry in reversed(read_decisions(run_dir)):
         if entry.get("version") == version and "manifest" in entry:
             return WeightManifest.from_json(orjson.dumps(entry["manifest"]))
-    raise click.ClickException(
-        f"version {version} is not available: it is neither current nor serving, and "
-        f"the gate never saw it (see {run_dir / 'gate' / 'decisions.jsonl'})"
-    )
+    now = ", ".join(f"{key} is v{number}" for key, number in held.items()) or "the learner has published none yet"
+    if roles is not None and not roles.gates:
+        why = "this run has no gate, so no other version is kept to promote"
+    else:
+        decisions = decisions_path(run_dir)
+        why = (
+            f"the gate never decided on it (see {decisions})" if decisions.is_file() else "the gate decided nothing yet"
+        )
+    raise click.ClickException(f"version {version} is not available ({now}): {why}")
 
 
 @click.command()
@@ -79,13 +146,15 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
     if not digits.isdigit():
         raise click.ClickException(f"expected a version like v3 or 3, got {version!r}")
     where = find_run_dir(run_dir)
+    roles = run_roles(where)
+    _promotes_nothing(where, roles)
 
     async def main() -> dict[str, Any]:
         from actors.replay import promote as do_promote
 
         bus = await connect_run(where, "flywheel-promote")
         try:
-            manifest = await _manifest_for(bus, where, int(digits))
+            manifest = await _manifest_for(bus, where, int(digits), roles)
             return await do_promote(bus, where, manifest, by=_who(), reason=reason)
         finally:
             await bus.close()
@@ -100,6 +169,9 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
 def rollback(run_dir: Path | None) -> None:
     """Point the serving generators back at the version that served before the current one."""
     where = find_run_dir(run_dir)
+    roles = run_roles(where)
+    _promotes_nothing(where, roles)
+    no_gate = roles is not None and not roles.gates
 
     async def main() -> dict[str, Any]:
         from actors.replay import rollback as do_rollback
@@ -108,7 +180,8 @@ def rollback(run_dir: Path | None) -> None:
         try:
             return await do_rollback(bus, where, by=_who())
         except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
+            hint = " (this run has no gate: only `flywheel promote` moves what serves)" if no_gate else ""
+            raise click.ClickException(f"{exc}{hint}") from None
         finally:
             await bus.close()
 
@@ -116,4 +189,4 @@ def rollback(run_dir: Path | None) -> None:
     click.echo(f"rolled back: v{entry['version']} is serving again (was v{entry['previous']})")
 
 
-__all__ = ["connect_run", "find_run_dir", "promote", "rollback"]
+__all__ = ["RunRoles", "connect_run", "find_run_dir", "promote", "rollback", "run_roles"]

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import click
 
-from actors.commands._promote import connect_run, find_run_dir
+from actors.commands._promote import connect_run, find_run_dir, run_roles
 
 __all__ = ["plain", "review", "review_samples"]
 
@@ -108,6 +108,15 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
     Labels are published on `feedback` (source "review"); the joiner turns them into training samples.
     """
     where = find_run_dir(run_dir)
+    roles = run_roles(where)
+    if roles is not None and not roles.reviewing:
+        names = ", ".join(repr(name) for name in roles.joiners)
+        why = (
+            f"review_fraction is 0 on its joiner{'s' if len(roles.joiners) > 1 else ''} {names}, so none queues answers"
+            if roles.joiners
+            else "it has no joiner (a joiner with review_fraction > 0 queues served answers for review)"
+        )
+        raise click.ClickException(f"nothing to review in the run at {where}: {why}")
     counts = anyio.run(_review, where, limit, wait_s, backend="asyncio")
     click.echo(
         f"labelled {counts['good'] + counts['bad']} (good {counts['good']}, bad {counts['bad']}), "

@@ -1,0 +1,84 @@
+"""`flywheel promote` / `rollback` / `review` on a run whose spec has no gate, serving generator or joiner: they say
+so (from the spec copy in run.json) instead of pointing at files and queues such a run never has."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from actors.commands._promote import run_roles
+from tests.conftest import fresh_topology
+from topology.bus import EmbeddedNats
+from topology.cli import main
+from topology.runtime._rundir import RunInfo, write_run_info
+
+TRAINING = {
+    "source": {},
+    "generator": {"resources": {"num_cpus": 0.5}},
+    "verify": {},
+    "learner": {"lr": 0.001},
+}
+SERVICE = {
+    **TRAINING,
+    "serving": {"kind": "generator", "consumes": [], "publishes": [], "serve": True, "follow": "serving"},
+    "gateway": {},
+    "joiner": {"review_fraction": 0.05},
+    "recorder": {},
+    "gate": {"threshold": 0.03},
+}
+
+
+def _run(tmp_path: Path, actors: dict[str, Any] | None, *, bus_url: str = "nats://127.0.0.1:1") -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    spec = None if actors is None else {"name": "t", "policy": {"model": "builtin:tiny-gpt"}, "actors": actors}
+    info = RunInfo(fresh_topology(), bus_url, os.getpid(), str(tmp_path / "gone.yaml"), time.time(), 1.0, spec=spec)
+    write_run_info(run_dir, info)
+    return run_dir
+
+
+def test_run_roles_reads_the_spec_copy(tmp_path: Path) -> None:
+    roles = run_roles(_run(tmp_path, SERVICE))
+    assert roles is not None
+    assert (roles.gates, roles.serving, roles.joiners, roles.reviewing) == (
+        ("gate",),
+        ("serving",),
+        ("joiner",),
+        ("joiner",),
+    )
+    assert run_roles(_run(tmp_path / "old", None)) is None, "a run.json without a spec concludes nothing"
+
+
+@pytest.mark.parametrize("command", [["promote", "v7"], ["rollback"]])
+def test_promote_and_rollback_say_the_run_promotes_nothing(tmp_path: Path, command: list[str]) -> None:
+    run_dir = _run(tmp_path, TRAINING)
+    result = CliRunner().invoke(main, [*command, str(run_dir)])
+    assert result.exit_code == 1
+    assert "has no gate and no serving generator (a generator with follow: serving)" in result.output
+    assert "decisions.jsonl" not in result.output and "nothing is serving yet" not in result.output
+
+
+def test_promote_without_a_gate_names_what_can_be_promoted(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    actors = {**TRAINING, "serving": SERVICE["serving"]}
+    run_dir = _run(tmp_path, actors, bus_url=embedded_nats.url)
+    result = CliRunner().invoke(main, ["promote", "v7", str(run_dir)])
+    assert result.exit_code == 1, result.output
+    assert "version 7 is not available" in result.output and "this run has no gate" in result.output
+    assert "decisions.jsonl" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("joiner", "says"),
+    [(None, "it has no joiner"), ({"review_fraction": 0}, "review_fraction is 0 on its joiner 'joiner'")],
+)
+def test_review_says_the_run_queues_nothing(tmp_path: Path, joiner: dict[str, Any] | None, says: str) -> None:
+    run_dir = _run(tmp_path, {**TRAINING, **({"joiner": joiner} if joiner is not None else {})})
+    result = CliRunner().invoke(main, ["review", str(run_dir), "--wait", "0"])
+    assert result.exit_code == 1
+    assert f"nothing to review in the run at {run_dir}: {says}" in result.output
+    assert "review queue empty" not in result.output
