@@ -9,8 +9,8 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 
 Crashes are told as they happen: each ``replica crashed`` warning carries the exception line the replica's log
 ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
-replica that had crashed was not running again (in its backoff, or crashing while it starts): a run whose learner
-crash-looped until ``--duration`` ran out did not run cleanly. A clean stop names the crashes replicas recovered from.
+replica that had crashed was not running again (in its backoff, crashing while it starts, or — after more than
+one crash — up for less than ``_RECOVERED_S``): a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A clean stop names the crashes replicas recovered from.
 
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
@@ -46,6 +46,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 # The last line of a Python traceback: ``[package.module.]SomeError[: message]``, maybe behind an exception group's `|`.
 _EXCEPTION_LINE = re.compile(r"^[\s|]*(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?::\s.*|(?<=Error)|(?<=Exception)|(?<=Interrupt)))$")
 _ALIVE = frozenset({ActorState.RUNNING.value, ActorState.DRAINING.value, ActorState.STOPPING.value})
+# A replica that crashed more than once counts as recovered once a later life has run this long: one that crashes soon
+# after it starts is seen "running" for a moment of each life, and a stop landing in that moment must not call it
+# recovered (a single crash, a kill say, is recovered as soon as the next life runs).
+_RECOVERED_S = 2.0
 
 
 def replica_log(run_dir: Path, actor: str, replica: int) -> Path:
@@ -311,11 +315,18 @@ class RuntimeBase:
             records = {(r.actor, r.replica): r for r in await self.statuses()}
         except Exception:  # the bus is away: no evidence either way, so no replica is called crash-looping
             return
+        now = time.time()
         for key, crashes in self._crashes.items():
             if key in self._finished:
                 continue
             record = records.get(key)
-            if record is None or record.state not in _ALIVE or record.restarts <= crashes.restarts:
+            recovered = (
+                record is not None
+                and record.state in _ALIVE
+                and record.restarts > crashes.restarts
+                and (crashes.count == 1 or now - record.started_at >= _RECOVERED_S)
+            )
+            if not recovered:
                 self._still_crashing.append(key)
 
     def _crash_summary(self, keys: list[tuple[str, int]]) -> str:
