@@ -8,8 +8,9 @@
 Each round SIGKILLs every replica once (waiting for the supervisor to bring it back), then nats-server (waiting
 for the supervisor to restart it on its port), then the process group of `flywheel up` — every process of the
 run must be gone — and resumes the run with `flywheel up --resume`. With a gateway in the spec a client sends
-chat requests and feedback throughout, and keeps its own ledger of what the service acknowledged. After a clean
-stop the soak checks, from what the run left on disk:
+chat requests and feedback throughout, and keeps its own ledger of what the service acknowledged; when it stops,
+the run is stopped once the recorder has written every answered request (at most 60 s). After a clean stop the soak
+checks, from what the run left on disk:
 
 - learner: the messages whose effect is in the final weights (each incarnation's applications up to the step the
   next one resumed from, all of the last one's) hold no id twice; their steps leave no gap; weight versions
@@ -251,6 +252,16 @@ def learner_checks(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def unrecorded(run_dir: Path, request_ids: list[str]) -> list[str]:
+    """The ids among ``request_ids`` that the recorder has not written to ``traffic`` (yet)."""
+    try:
+        traffic = read_recordings(run_dir / "recordings", "traffic")
+    except (OSError, pl.exceptions.PolarsError):  # nothing written yet, or a part being replaced
+        return request_ids
+    recorded = set(traffic["request_id"].to_list()) if traffic.height else set()
+    return [r for r in request_ids if r not in recorded]
+
+
 def service_checks(run_dir: Path, client: Client) -> dict[str, Any]:
     traffic = read_recordings(run_dir / "recordings", "traffic")
     feedback = read_recordings(run_dir / "recordings", "feedback")
@@ -316,11 +327,21 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         run.start("--resume", str(run.run_dir))
         wait("the resumed run to be healthy", run.healthy, timeout_s=args.start_timeout)
         time.sleep(args.settle_s)
-    log("stopping")
     client.stopping.set()
-    code = run.stop()
     if client.is_alive():
         client.join(60)
+    if client.answered:
+        # A request answered just before a stop has its traffic record stored on the bus (the gateway answers only
+        # after the store's ack) but maybe not yet consumed by the recorder, whose drain writes what it holds, not
+        # what is still on the stream (a resume would record it). Stop once the recorder has caught up, so that
+        # "answered, not recorded" means lost; if it never catches up, the check below says so.
+        log("waiting for the recorder to write every answered request")
+        try:
+            wait("the recorder to catch up", lambda: not unrecorded(run.run_dir, client.answered), timeout_s=60)
+        except RuntimeError as exc:
+            log(str(exc))
+    log("stopping")
+    code = run.stop()
     run_dir = run.run_dir
     result: dict[str, Any] = {
         "spec": str(spec),
