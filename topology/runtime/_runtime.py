@@ -10,7 +10,8 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 Crashes are told as they happen: each ``replica crashed`` warning carries the exception line the replica's log
 ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
 replica that had crashed was not running again (in its backoff, crashing while it starts, or — after more than
-one crash — up for less than ``_RECOVERED_S``): a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A clean stop names the crashes replicas recovered from.
+one crash — up for less than ``_RECOVERED_S``): a run whose learner crash-looped until ``--duration`` ran out did
+not run cleanly. A clean stop names the crashes replicas recovered from.
 
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
