@@ -9,9 +9,9 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 
 Crashes are told as they happen: each ``replica crashed`` warning carries the exception line the replica's log
 ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
-replica that had crashed was not running again (in its backoff, crashing while it starts, or — after more than
-one crash — up for less than ``_RECOVERED_S``): a run whose learner crash-looped until ``--duration`` ran out did
-not run cleanly. A clean stop names the crashes replicas recovered from.
+replica in a crash loop (two lives in a row that crashed within ``_RECOVERED_S`` of their start) had not been
+running again for that long: a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A
+clean stop names the crashes replicas recovered from.
 
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
@@ -47,10 +47,12 @@ _TRACEBACK = "Traceback (most recent call last):"
 # The last line of a Python traceback: ``[package.module.]SomeError[: message]``, maybe behind an exception group's `|`.
 _EXCEPTION_LINE = re.compile(r"^[\s|]*(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?::\s.*|(?<=Error)|(?<=Exception)|(?<=Interrupt)))$")
 _ALIVE = frozenset({ActorState.RUNNING.value, ActorState.DRAINING.value, ActorState.STOPPING.value})
-# A replica that crashed more than once counts as recovered once a later life has run this long: one that crashes soon
-# after it starts is seen "running" for a moment of each life, and a stop landing in that moment must not call it
-# recovered (a single crash, a kill say, is recovered as soon as the next life runs).
+# A life shorter than this that ends in a crash continues a crash loop; a replica in one (two such crashes in a row)
+# counts as recovered at the stop only once a later life has run this long — one that crashes right after it starts
+# is seen "running" for a moment of each life, and a stop landing in that moment must not call it recovered. A single
+# crash of a replica that had been running (a kill) is never a loop, whatever state the stop finds it in.
 _RECOVERED_S = 2.0
+_STATUS_READ_S = 2.0  # at most this long reading the replicas' states at the stop
 
 
 def replica_log(run_dir: Path, actor: str, replica: int) -> Path:
@@ -96,11 +98,13 @@ def crash_reason(path: Path) -> str | None:
 
 @dataclass
 class _Crashes:
-    """One replica's crashes in this run: how many, the last one's description, and the life it ended."""
+    """One replica's crashes in this run: how many, the last one's description, the life it ended, and how many
+    crashes in a row ended lives shorter than ``_RECOVERED_S`` (a crash loop; a kill of a healthy replica is 1)."""
 
     count: int
     last: str
     restarts: int
+    streak: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,7 @@ class RuntimeBase:
         described = f"{how}: {reason}" if how and reason else (how or reason)
         crashes = self._crashes.setdefault(key, _Crashes(count=0, last="", restarts=0))
         crashes.count, crashes.last, crashes.restarts = crashes.count + 1, described or "no reason given", restarts
+        crashes.streak = crashes.streak + 1 if time.time() - started_at < _RECOVERED_S else 1
         delay = self.policy.on_crash(key)
         state = ActorState.FAILED if delay is None else ActorState.RESTARTING
         await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, described)
@@ -308,24 +313,30 @@ class RuntimeBase:
         self.request_stop(f"--duration {duration_s:g}s elapsed")
 
     async def wait_stop(self) -> None:
-        """Wait for the stop; then note which crashed replicas were not running again (before they are stopped)."""
+        """Wait for the stop; then note which replicas in a crash loop were not running again (before they are
+        stopped)."""
         await self._stop.wait()
         if not self._crashes or self._failure is not None:
             return
-        try:
-            records = {(r.actor, r.replica): r for r in await self.statuses()}
-        except Exception:  # the bus is away: no evidence either way, so no replica is called crash-looping
+        looping = {key: c for key, c in self._crashes.items() if c.streak >= 2 and key not in self._finished}
+        if not looping:
+            return
+        records: dict[tuple[str, int], ReplicaStatus] = {}
+        with anyio.move_on_after(_STATUS_READ_S):  # the bus may be away (a restart): the stop must not wait on it
+            try:
+                records = {(r.actor, r.replica): r for r in await self.statuses()}
+            except Exception:  # no evidence either way: no replica is called crash-looping
+                return
+        if not records:
             return
         now = time.time()
-        for key, crashes in self._crashes.items():
-            if key in self._finished:
-                continue
+        for key, crashes in looping.items():
             record = records.get(key)
             recovered = (
                 record is not None
                 and record.state in _ALIVE
                 and record.restarts > crashes.restarts
-                and (crashes.count == 1 or now - record.started_at >= _RECOVERED_S)
+                and now - record.started_at >= _RECOVERED_S
             )
             if not recovered:
                 self._still_crashing.append(key)

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.topology.runtime._helpers import (
@@ -65,6 +66,33 @@ def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path
         assert "signal received" in (run_dir / "logs" / "tally-0.log").read_text()
         assert wait_for("children and nats-server gone", lambda: gone(pids), timeout_s=5)
         assert json.loads((run_dir / "run.json").read_text())["exit"] == "ok"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+
+
+def test_a_stop_right_after_one_kill_is_still_a_clean_stop(tmp_path: Path) -> None:
+    """One kill of a running replica is no crash loop: a stop that comes before its next life is up (in the
+    restart backoff, or while it starts) still ends the run cleanly, naming the crash."""
+    up = start_up(write_spec(tmp_path))
+    try:
+        run_dir = wait_for(
+            "the run dir",
+            lambda: (
+                (tmp_path / "runs" / "latest").resolve()
+                if (tmp_path / "runs" / "latest" / "run.json").exists()
+                else None
+            ),
+        )
+        rows = wait_for("every replica running", lambda: live_rows(run_dir))
+        tally = next(r for r in rows if r["actor"] == "tally")
+        os.kill(tally["pid"], signal.SIGKILL)
+        wait_for("the kill seen", lambda: not psutil.pid_exists(tally["pid"]) or None)
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=30)
+        assert up.returncode == 0, err
+        assert "stopped cleanly (SIGTERM received) after 1 replica crash, all recovered: tally[0] crashed once" in out
     finally:
         if up.poll() is None:
             up.kill()
