@@ -53,8 +53,10 @@ _READ_BY_PEOPLE = frozenset({"deadletter", "review"})
 
 
 class _Checker:
-    def __init__(self, doc: Document) -> None:
+    def __init__(self, doc: Document, *, thorough: bool = True) -> None:
         self.doc = doc
+        self.thorough = thorough
+        self.local = True  # until runtime.kind says otherwise
         self.issues: list[SpecIssue] = list(doc.issues)
         # key paths that already carry an error from loading (e.g. an undefined ${VAR}): no second error there
         self.blocked = {i.path for i in doc.issues if i.path}
@@ -131,6 +133,7 @@ class _Checker:
             self.error(("description",), f"expected a string, got {show(description)}")
         bus = self.validate(BusSpec, data.get("bus") or {}, ("bus",))
         runtime = self.validate(RuntimeSpec, data.get("runtime") or {}, ("runtime",))
+        self.local = runtime is None or runtime.kind == "local"
         values = {s.name: self.check_section(s, data[s.name]) for s in sections.values() if s.name in data}
         channels_raw = self.mapping(data.get("channels"), ("channels",), "channel name → settings")
         overrides: dict[str, ChannelOverride] = {}
@@ -362,8 +365,8 @@ class _Checker:
         return resolved
 
 
-def _finish(doc: Document, source_path: Path) -> tuple[Spec | None, list[SpecIssue]]:
-    checker = _Checker(doc)
+def _finish(doc: Document, source_path: Path, *, thorough: bool = True) -> tuple[Spec | None, list[SpecIssue]]:
+    checker = _Checker(doc, thorough=thorough)
     spec = checker.run(source_path)
     unique: dict[tuple[str, str, int], SpecIssue] = {}
     for issue in checker.issues:  # two checks may flag the same key (e.g. a kind that is not a string)
@@ -372,17 +375,20 @@ def _finish(doc: Document, source_path: Path) -> tuple[Spec | None, list[SpecIss
     return (spec if not any(i.is_error for i in issues) else None), issues
 
 
-def check_spec(path: str | Path, environ: dict[str, str] | None = None) -> tuple[Spec | None, list[SpecIssue]]:
-    """Validate a spec file: ``(spec, issues)``; spec is None when any issue is an error.
+def check_spec(
+    path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True
+) -> tuple[Spec | None, list[SpecIssue]]:
+    """Validate a spec file: ``(spec, issues)``; spec is None when any issue is an error. ``thorough=False``: a
+    replica re-reading the spec its supervisor checked (see ``SectionCheck.thorough``).
 
     Never raises for user mistakes."""
     doc = load_document(path, environ)
-    return _finish(doc, Path(path))
+    return _finish(doc, Path(path), thorough=thorough)
 
 
-def load_spec(path: str | Path, environ: dict[str, str] | None = None) -> Spec:
+def load_spec(path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True) -> Spec:
     """Load and validate a spec file; raises `SpecError` with every issue when any is an error."""
-    spec, issues = check_spec(path, environ)
+    spec, issues = check_spec(path, environ, thorough=thorough)
     if spec is None:
         raise SpecError(issues)
     return spec

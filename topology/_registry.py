@@ -86,6 +86,17 @@ class SectionCheck(Protocol):
         """Report the last key of ``path`` as unknown, at the key, as every unknown key of a spec is reported (with a
         did-you-mean and the ``allowed`` keys): for keys of a mapping the section's model leaves free-form."""
 
+    @property
+    def thorough(self) -> bool:
+        """False where a replica re-reads a spec its supervisor checked at start: hooks skip checks of what files
+        hold (every row of a dataset, a checkpoint still there), which would only repeat that check at every start
+        of every replica; paths still resolve."""
+
+    @property
+    def local(self) -> bool:
+        """Whether the spec runs on this machine (``runtime.kind: local``): a file it names that is not here is an
+        error; on a cluster, where files may live on other nodes, a warning."""
+
 
 # A section hook: (checker, key path of the section or entry, its validated model) → the model to keep (for
 # instance with relative paths made absolute). Errors are reported through the checker, never raised.

@@ -6,7 +6,9 @@ package is not importable here is a warning (it may be installed where the verif
 source is opened as the source actor opens it at start — builtin options, every JSONL row, the held-out split — so
 a bad option or row is reported at its spec line now, not as a traceback at ``flywheel up``. Last, the tasks must carry
 what the domain's builtin verifier reads (math an answer, python-expr a target, …): every row of a JSONL file (source
-or held-out file), and a task drawn from a builtin; otherwise every answer would score ``internal_error``.
+or held-out file), and a task drawn from a builtin; otherwise every answer would score ``internal_error`` (an error
+when no row carries it, a warning naming the count when only some lack it). That last check is skipped where a
+replica re-reads the spec (``check.thorough`` is false): it read the file once at start already.
 
 Non-goals: importing users' verifier modules (validation must stay side-effect free), and so checking the fields
 their functions read.
@@ -75,7 +77,7 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
     domain = domain.model_copy(update=resolved) if resolved else domain
     if ok:  # a missing file or an unknown builtin: said already
         source = _check_opens(check, path, name, domain)
-        if source is not None:
+        if source is not None and check.thorough:
             _check_verifier_fields(check, path, name, domain, source)
     return domain
 
@@ -119,10 +121,13 @@ def _check_verifier_fields(
         if bad:
             line, first = bad[0]
             shorthand = ', or its answer as "answer"' if domain.verifier == "math" else ""
+            some = len(bad) < len(rows)  # a few bad rows score internal_error; the rest still train
+            lack = f"{len(bad)} of {len(rows)} rows lack it{', and score no reward' if some else ''}"
             check.error(
                 (*path, field),
-                f"{file}:{line}: {first} ({len(bad)} of {len(rows)} rows lack it; a row gives the verifier its "
-                f'inputs under "verifier_fields"{shorthand})',
+                f"{file}:{line}: {first} ({lack}; a row gives the verifier its inputs under "
+                f'"verifier_fields"{shorthand})',
+                warning=some,
             )
     if domain.source.startswith("builtin:"):
         try:

@@ -4,8 +4,10 @@ Contract: an ``hf:<dir>`` whose relative dir holds a ``config.json`` beside the 
 absolute dir, like every path in a spec; anything else stays as written (a hub id, or a path on the machines that
 serve the model) with a warning when it is no model directory here and no hub id in this machine's Hugging Face
 cache. A relative ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
-the learner and generators load it (otherwise both crash-loop at start). ``policy.config`` may hold only the keys
-the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), and a builtin's ``preset`` must be one of its named sizes.
+the learner and generators load it (otherwise both crash-loop at start): an error on the local runtime, a
+warning on a cluster (it may be on the nodes), not checked where a replica re-reads the spec. ``policy.config`` may
+hold only the keys the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), and a builtin's ``preset`` must be one
+of its named sizes.
 
 Non-goals: loading the model (the learner and generators do, and say then what is wrong with the values in
 ``policy.config``).
@@ -60,11 +62,16 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
         if not checkpoint.is_absolute():
             checkpoint = (check.base_dir(at) / checkpoint).resolve()
             update["checkpoint"] = str(checkpoint)
-        if not (checkpoint.is_file() or (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors")))):
+        present = checkpoint.is_file() or (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors")))
+        if check.thorough and not present:
             what = "holds no *.safetensors file" if checkpoint.is_dir() else "does not exist"
+            elsewhere = (
+                "" if check.local else " here (fine if it is there on the nodes the learner and generators run on)"
+            )
             check.error(
                 at,
                 f"expected a safetensors file or a directory holding some, got {show(policy.checkpoint)} "
-                f"({checkpoint} {what})",
+                f"({checkpoint} {what}{elsewhere})",
+                warning=not check.local,
             )
     return policy.model_copy(update=update) if update else policy

@@ -182,3 +182,33 @@ def test_a_hub_id_in_this_machines_cache_is_no_warning(tmp_path: Path, monkeypat
     (tmp_path / "b.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:tiny/other"))
     (warning,) = [w for w in load_spec(tmp_path / "b.yaml").warnings if w.path == "policy.model"]
     assert "huggingface-cli download tiny/other" in warning.message
+
+
+def test_rows_some_of_which_lack_the_verifiers_field_are_a_warning_and_a_replica_skips_the_file_checks(
+    tmp_path: Path,
+) -> None:
+    """A few bad rows score no reward and the rest still train: a warning with the count, not an error. A replica
+    re-reading the spec (thorough=False) skips what only re-reads files: the rows, the checkpoint's presence."""
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "reference": "4"}\n')
+    domains = "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math, heldout: 1}\n"
+    text = MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", domains)
+    (tmp_path / "a.yaml").write_text(text)
+    (warning,) = [w for w in load_spec(tmp_path / "a.yaml").warnings if w.path == "domains.mine.source"]
+    assert "tasks.jsonl:2: math verifier: the task has no 'answer' field (1 of 2 rows lack it, and score no reward" in (
+        warning.message
+    )
+    assert not [w for w in load_spec(tmp_path / "a.yaml", thorough=False).warnings if w.path.startswith("domains")]
+    gone = text.replace("{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, checkpoint: gone.safetensors}")
+    (tmp_path / "b.yaml").write_text(gone)
+    with pytest.raises(SpecError, match=r"gone\.safetensors does not exist"):
+        load_spec(tmp_path / "b.yaml")
+    assert policy_of(load_spec(tmp_path / "b.yaml", thorough=False)).checkpoint == str(tmp_path / "gone.safetensors")
+
+
+def test_a_missing_checkpoint_is_a_warning_on_a_cluster(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "{model: builtin:tiny-gpt}", "{model: builtin:tiny-gpt, checkpoint: /nodes/only/w.safetensors}"
+    )
+    (tmp_path / "a.yaml").write_text(text.replace("name: t\n", "name: t\nruntime: {kind: ray}\n", 1))
+    (warning,) = [w for w in load_spec(tmp_path / "a.yaml").warnings if w.path == "policy.checkpoint"]
+    assert "fine if it is there on the nodes" in warning.message
