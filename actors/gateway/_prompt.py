@@ -123,16 +123,19 @@ class PromptBuilder:
 
 def load_tokenizer(policy_spec: Any, spec_dir: Path) -> Tokenizer:
     """The policy's tokenizer without its weights: the builtin character tokenizer, or the ``hf:<dir>``
-    model's tokenizer (local files only). Errors are one-line ``ValueError``s."""
+    model's tokenizer (local files only: a directory, or a hub id in the machine's Hugging Face cache). Errors are
+    one-line ``ValueError``s."""
     model = str(getattr(policy_spec, "model", "builtin:tiny-gpt"))
     if model.startswith("builtin:"):
         from actors.policy import CharTokenizer
 
         return CharTokenizer()
     if model.startswith("hf:"):
-        path = Path(model[3:])
-        if not path.is_absolute() and not path.exists():  # relative to the working dir, else to the spec
-            path = spec_dir / path
+        path = Path(model[3:]).expanduser()
+        if not path.is_absolute() and not path.exists():  # relative to the working dir, else to the spec, else a
+            from actors.policy import cached_hub_model  # hub id in this machine's Hugging Face cache
+
+            path = spec_dir / path if (spec_dir / path).exists() else (cached_hub_model(model[3:]) or spec_dir / path)
         try:
             import transformers
 

@@ -52,8 +52,9 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
             check.error(
                 at,
                 f"expected a Hugging Face model directory with a config.json or a cached hub id, but {found}: fine "
-                "where the model is only served by an HTTP engine's server; the builtin torch engine and the learner "
-                f"load it from a directory or the cache of the machine they run on and never download it{fetch}",
+                "where the model is only served by an HTTP engine's server; the builtin torch engine, the learner "
+                "and the gateway (its tokenizer) load it from a directory or the cache of the machine they run on "
+                f"and never download it{fetch}",
                 warning=True,
             )
     if policy.checkpoint:

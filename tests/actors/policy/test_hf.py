@@ -74,3 +74,28 @@ def test_a_hub_id_loads_from_the_local_cache_and_one_not_there_says_how_to_get_i
         r"huggingface-cli download tiny/other",
     ):
         Policy.from_spec({"model": "hf:tiny/other"})
+
+
+def test_the_gateway_finds_a_hub_ids_tokenizer_in_the_cache_and_an_orgless_id_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway loads only the tokenizer, through its own path: a hub id must resolve there as for the learner
+    (it looked under the spec's folder only). An org-less id (``gpt2``) is a hub id too."""
+    import huggingface_hub.constants
+
+    from actors.gateway._prompt import load_tokenizer
+
+    cache = hub_cache_with(tmp_path / "hub", "tiny/adder")
+    write_tiny_hf_model(cache / "models--adder" / "snapshots" / "0123abcd", arch="gpt2")
+    (cache / "models--adder" / "refs").mkdir()
+    (cache / "models--adder" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+
+    class Spec:
+        def __init__(self, model: str) -> None:
+            self.model = model
+
+    tokenizer = load_tokenizer(Spec("hf:tiny/adder"), tmp_path / "specs")
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.decode(tokenizer.encode("1+2=3")) == "1+2=3"
+    assert Policy.from_spec({"model": "hf:adder"}).kind == "hf"
