@@ -43,6 +43,7 @@ _log = structlog.get_logger("flywheel.runtime")
 _LOG_TAIL_LINES = 12
 _LIFE_BANNER = "--- flywheel: "  # opens each life of a replica in its log
 _REASON_CHARS = 160
+_REASON_LINES = 3  # a life's reason is among its last lines: a crash's traceback is the last thing it writes
 _TRACEBACK = "Traceback (most recent call last):"
 # The last line of a Python traceback: ``[package.module.]SomeError[: message]``, maybe behind an exception group's `|`.
 _EXCEPTION_LINE = re.compile(r"^[\s|]*(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?::\s.*|(?<=Error)|(?<=Exception)|(?<=Interrupt)))$")
@@ -78,20 +79,22 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
 
 
 def crash_reason(path: Path) -> str | None:
-    """Why the last life in the log at ``path`` ended: the exception line its last traceback ends with
-    (``StateDictError: no …``), without the exception's module path and cut to one short line; None when that life
-    printed no traceback."""
+    """Why the last life in the log at ``path`` ended, when its last lines say: the exception line of a traceback
+    (``StateDictError: no …``, without the exception's module path) or an ``[error]`` line, cut to one short line.
+    None when the life ended otherwise (killed, or its last words are older than its end: a traceback logged and
+    handled long before is no reason)."""
     lines = log_tail(path, lines=400)
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith(_LIFE_BANNER):
             lines = lines[i + 1 :]
             break
-    tracebacks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
-    if not tracebacks:  # killed, or it exited without a traceback: a capitalised log line is no reason
-        return None
-    for line in reversed(lines[tracebacks[-1] + 1 :]):
-        if (found := _EXCEPTION_LINE.match(line)) is not None:
-            reason = found.group(1).strip()
+    traceback = any(_TRACEBACK in line for line in lines)
+    for line in reversed(lines[-_REASON_LINES:]):
+        found = _EXCEPTION_LINE.match(line) if traceback else None
+        reason = found.group(1).strip() if found is not None else None
+        if reason is None and "[error" in line:  # a structured log line: ``12:00:00 [error    ] what happened …``
+            reason = line.split("]", 1)[1].strip()
+        if reason:
             return reason if len(reason) <= _REASON_CHARS else reason[: _REASON_CHARS - 1] + "…"
     return None
 
@@ -251,7 +254,8 @@ class RuntimeBase:
         lines (when the replica has a log of its own).
         """
         actor, replica = key
-        reason = crash_reason(log) if log is not None else None
+        signalled = bool(how) and str(how).startswith("killed by")  # its log cannot say why
+        reason = crash_reason(log) if log is not None and not signalled else None
         if how and reason and reason in how:  # a Ray actor's error came with its status record already
             reason = None
         described = f"{how}: {reason}" if how and reason else (how or reason)

@@ -31,3 +31,14 @@ def test_a_long_reason_is_cut_to_one_short_line(tmp_path: Path) -> None:
     log.write_text("Traceback (most recent call last):\nValueError: " + "x" * 1000 + "\n")
     reason = crash_reason(log)
     assert reason is not None and len(reason) <= 160 and reason.endswith("…")
+
+
+def test_a_traceback_handled_long_before_the_end_is_no_reason_but_a_last_error_line_is(tmp_path: Path) -> None:
+    """A gateway logs a request's error with its traceback and goes on serving: if it dies later (killed, say), that
+    old exception is not why. A child that exits on an error it logs (a spec no longer valid) says so instead."""
+    log = tmp_path / "gateway-0.log"
+    served = "".join(f"14:00:0{i % 10} [info     ] served request_id=r{i}\n" for i in range(20))
+    log.write_text(life_banner("gateway", 0, 0) + TRACEBACK + served)
+    assert crash_reason(log) is None
+    log.write_text(life_banner("gateway", 0, 0) + served + "14:01:00 [error    ] spec no longer valid errors='x'\n")
+    assert crash_reason(log) == "spec no longer valid errors='x'"
