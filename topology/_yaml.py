@@ -11,7 +11,9 @@ Contract:
   ``replicas: ${N:-2}`` is the integer 2; a quoted one stays a string. An undefined variable without a
   default is an error at that scalar.
 - ``include: base.yaml`` (or a list) at the top level merges other spec files first, relative to the
-  including file: mappings deep-merge, this file's values win, lists and scalars replace. Cycles are
+  including file: mappings deep-merge, this file's values win, lists and scalars replace; ``null`` over an
+  included mapping removes it (``source_options: null`` clears inherited options, ``gate: null`` drops an
+  inherited actor). Cycles are
   reported with the chain. Every value keeps the file and line it came from, so errors in an included
   file point into that file.
 - Mapping keys are taken as written (``on:`` is the key "on", not ``True``).
@@ -276,6 +278,10 @@ def _merge_into(base: Document, over: Document) -> None:
         if isinstance(b, dict) and isinstance(o, dict):
             out = dict(b)
             for key, value in o.items():
+                if value is None and isinstance(b.get(key), dict):  # null over an included mapping: remove it
+                    out.pop(key)
+                    _copy_positions(base, over, (*path, key))
+                    continue
                 out[key] = merge(b[key], value, (*path, key)) if key in b else value
                 if key not in b:
                     _copy_positions(base, over, (*path, key))

@@ -116,8 +116,8 @@ def open_source(
     for key, value in _query_options(source, query):
         if key in given:
             raise SourceError(
-                f"source {source!r}: option {key!r} given both in the source string and in source_options (which "
-                "an including spec merges into, never clears): set it in source_options only",
+                f"source {source!r}: option {key!r} given both in the source string and in source_options: set it "
+                "in one place (source_options set by an included spec are cleared with source_options: null)",
                 option=key,
             )
         given[key] = value

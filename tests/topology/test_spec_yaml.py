@@ -82,6 +82,27 @@ def test_include_deep_merges_and_keeps_positions(tmp_path: Path) -> None:
     assert ("list", 1) not in doc.values
 
 
+def test_null_over_an_included_mapping_removes_it(tmp_path: Path) -> None:
+    """The way to clear what a base spec set: without it, an inherited option could only be overridden, never
+    dropped (``source_options: {}`` merges into the base's, ``null`` was "expected a mapping")."""
+    (tmp_path / "base.yaml").write_text(
+        "name: base\ndomains:\n  a: {source: builtin:arithmetic, source_options: {digits: 2}, verifier: math}\n"
+        "actors:\n  gate: {threshold: 0.1}\n  verify: {}\n"
+    )
+    (tmp_path / "top.yaml").write_text(
+        "include: base.yaml\ndomains:\n  a: {source: 'builtin:arithmetic?digits=3', source_options: null}\n"
+        "actors:\n  gate: null\n"
+    )
+    doc = load_document(tmp_path / "top.yaml", {})
+    assert doc.issues == []
+    assert doc.data == {
+        "name": "base",
+        "domains": {"a": {"source": "builtin:arithmetic?digits=3", "verifier": "math"}},
+        "actors": {"verify": {}},
+    }
+    assert not [p for p in doc.values if p[:2] == ("actors", "gate") and len(p) > 2]  # the base's block is gone
+
+
 def test_include_list_later_wins(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("x: 1\ny: 1\n")
     (tmp_path / "b.yaml").write_text("y: 2\n")
