@@ -6,6 +6,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -23,20 +24,24 @@ from tests.topology.runtime._helpers import (
 pytestmark = pytest.mark.usefixtures("kinds_env")
 
 
+def kill_tally_when_running(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """Once the run under ``tmp_path`` has every replica running, SIGKILL tally: (run dir, tally's row before)."""
+    run_dir = wait_for(
+        "the run dir",
+        lambda: (
+            (tmp_path / "runs" / "latest").resolve() if (tmp_path / "runs" / "latest" / "run.json").exists() else None
+        ),
+    )
+    rows = wait_for("every replica running", lambda: live_rows(run_dir))
+    tally = next(r for r in rows if r["actor"] == "tally")
+    os.kill(tally["pid"], signal.SIGKILL)
+    return run_dir, tally
+
+
 def test_sigkilled_replica_is_restarted_and_messages_keep_flowing(tmp_path: Path) -> None:
     up = start_up(write_spec(tmp_path))
     try:
-        run_dir = wait_for(
-            "the run dir",
-            lambda: (
-                (tmp_path / "runs" / "latest").resolve()
-                if (tmp_path / "runs" / "latest" / "run.json").exists()
-                else None
-            ),
-        )
-        rows = wait_for("every replica running", lambda: live_rows(run_dir))
-        tally = next(r for r in rows if r["actor"] == "tally")
-        os.kill(tally["pid"], signal.SIGKILL)
+        run_dir, tally = kill_tally_when_running(tmp_path)
 
         def restarted() -> dict[str, object] | None:
             rows = live_rows(run_dir) or []
@@ -77,17 +82,7 @@ def test_a_stop_right_after_one_kill_is_still_a_clean_stop(tmp_path: Path) -> No
     restart backoff, or while it starts) still ends the run cleanly, naming the crash."""
     up = start_up(write_spec(tmp_path))
     try:
-        run_dir = wait_for(
-            "the run dir",
-            lambda: (
-                (tmp_path / "runs" / "latest").resolve()
-                if (tmp_path / "runs" / "latest" / "run.json").exists()
-                else None
-            ),
-        )
-        rows = wait_for("every replica running", lambda: live_rows(run_dir))
-        tally = next(r for r in rows if r["actor"] == "tally")
-        os.kill(tally["pid"], signal.SIGKILL)
+        _, tally = kill_tally_when_running(tmp_path)
         wait_for("the kill seen", lambda: not psutil.pid_exists(tally["pid"]) or None)
         up.send_signal(signal.SIGTERM)
         out, err = up.communicate(timeout=30)
