@@ -9,8 +9,8 @@ replica finished by itself, or a replica exhausted its restart budget), drains i
 
 Crashes are told as they happen: each ``replica crashed`` warning carries the exception line the replica's log
 ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
-replica in a crash loop (two lives in a row that crashed within ``_RECOVERED_S`` of their start) had not been
-running again for that long: a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A
+replica in a crash loop (two crashes or more within the restart policy's ``window_s``) had not been running again
+for ``_RECOVERED_S``: a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A
 clean stop names the crashes replicas recovered from.
 
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
@@ -22,7 +22,7 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
@@ -48,10 +48,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 # The last line of a Python traceback: ``[package.module.]SomeError[: message]``, maybe behind an exception group's `|`.
 _EXCEPTION_LINE = re.compile(r"^[\s|]*(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?::\s.*|(?<=Error)|(?<=Exception)|(?<=Interrupt)))$")
 _ALIVE = frozenset({ActorState.RUNNING.value, ActorState.DRAINING.value, ActorState.STOPPING.value})
-# A life shorter than this that ends in a crash continues a crash loop; a replica in one (two such crashes in a row)
-# counts as recovered at the stop only once a later life has run this long — one that crashes right after it starts
-# is seen "running" for a moment of each life, and a stop landing in that moment must not call it recovered. A single
-# crash of a replica that had been running (a kill) is never a loop, whatever state the stop finds it in.
+# A replica in a crash loop (two crashes or more within the restart policy's window) counts as recovered at the stop
+# only once a later life has run this long — one that crashes right after it starts is seen "running" for a moment of
+# each life, and a stop landing in that moment must not call it recovered. A single crash (a kill, say) is never a
+# loop, whatever state the stop finds the replica in.
 _RECOVERED_S = 2.0
 _STATUS_READ_S = 2.0  # at most this long reading the replicas' states at the stop
 
@@ -101,13 +101,13 @@ def crash_reason(path: Path) -> str | None:
 
 @dataclass
 class _Crashes:
-    """One replica's crashes in this run: how many, the last one's description, the life it ended, and how many
-    crashes in a row ended lives shorter than ``_RECOVERED_S`` (a crash loop; a kill of a healthy replica is 1)."""
+    """One replica's crashes in this run: how many, the last one's description, the life it ended, and when each
+    happened (``time.monotonic``)."""
 
     count: int
     last: str
     restarts: int
-    streak: int = 0
+    at: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class RuntimeBase:
         described = f"{how}: {reason}" if how and reason else (how or reason)
         crashes = self._crashes.setdefault(key, _Crashes(count=0, last="", restarts=0))
         crashes.count, crashes.last, crashes.restarts = crashes.count + 1, described or "no reason given", restarts
-        crashes.streak = crashes.streak + 1 if time.time() - started_at < _RECOVERED_S else 1
+        crashes.at.append(time.monotonic())
         delay = self.policy.on_crash(key)
         state = ActorState.FAILED if delay is None else ActorState.RESTARTING
         await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, described)
@@ -322,7 +322,12 @@ class RuntimeBase:
         await self._stop.wait()
         if not self._crashes or self._failure is not None:
             return
-        looping = {key: c for key, c in self._crashes.items() if c.streak >= 2 and key not in self._finished}
+        since = time.monotonic() - self.policy.window_s
+        looping = {
+            key: c
+            for key, c in self._crashes.items()
+            if key not in self._finished and sum(1 for t in c.at if t >= since) >= 2
+        }
         if not looping:
             return
         records: dict[tuple[str, int], ReplicaStatus] = {}
