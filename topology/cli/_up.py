@@ -4,7 +4,7 @@ Contract: ``up`` validates the spec first (every issue printed as ``file:line:co
 prints the run dir and bus URL (a replica's ``url`` and ``api_key_file`` once it reports them: a gateway's), serves
 every replica's heartbeat as Prometheus metrics when ``runtime.metrics_port`` is set (``topology.runtime._exporter``),
 shows replica states while it runs (a live table on a terminal, a plain line every few seconds otherwise), and exits
-0 after a clean stop, 1 when an actor exhausted its restarts or a replica that had crashed was not running again when
+0 after a clean stop, 1 when an actor exhausted its restarts or a replica in a crash loop was not running again when
 the run was stopped (its last crash's exception line is in the final message).
 ``status`` finds a run (``./runs/latest`` by default), reads its heartbeats from the bus and prints the application's
 live view (if it registered one) and a table, or ``--json``; it exits 1 with one sentence when no run is live.
@@ -398,9 +398,9 @@ def up(
 
     \b
     Exit status: 0 after a clean stop (crashes its replicas recovered from are named); 1 when an
-    actor exhausted its restarts, or when a replica that had crashed was not running again at the
-    stop (e.g. crash-looping until --duration ran out). Each crash is logged with the exception
-    line its log (logs/<actor>-<replica>.log) ends with.
+    actor exhausted its restarts, or when a replica in a crash loop (crashed twice or more within
+    runtime.restart.window_s) was not running again at the stop (e.g. until --duration ran out).
+    Each crash is logged with the exception line its log (logs/<actor>-<replica>.log) ends with.
 
     \b
     Resuming (after a stop, a crash, or a kill -9 of everything): --resume continues the run where

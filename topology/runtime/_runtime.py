@@ -22,7 +22,7 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
@@ -101,13 +101,11 @@ def crash_reason(path: Path) -> str | None:
 
 @dataclass
 class _Crashes:
-    """One replica's crashes in this run: how many, the last one's description, the life it ended, and when each
-    happened (``time.monotonic``)."""
+    """One replica's crashes in this run: how many, the last one's description, and the life it ended."""
 
     count: int
     last: str
     restarts: int
-    at: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -177,7 +175,7 @@ class RuntimeBase:
         self._hurry = anyio.Event()  # set by a second signal: skip the rest of the drain grace period
         self._finished: set[tuple[str, int]] = set()
         self._crashes: dict[tuple[str, int], _Crashes] = {}
-        self._still_crashing: list[tuple[str, int]] = []  # crashed, and not running again when the stop came
+        self._still_crashing: list[tuple[str, int]] = []  # in a crash loop, and not running again when the stop came
 
     @property
     def run_dir(self) -> Path | None:
@@ -261,7 +259,6 @@ class RuntimeBase:
         described = f"{how}: {reason}" if how and reason else (how or reason)
         crashes = self._crashes.setdefault(key, _Crashes(count=0, last="", restarts=0))
         crashes.count, crashes.last, crashes.restarts = crashes.count + 1, described or "no reason given", restarts
-        crashes.at.append(time.monotonic())
         delay = self.policy.on_crash(key)
         state = ActorState.FAILED if delay is None else ActorState.RESTARTING
         await self.put_status(session, key, state, pid, restarts + (delay is not None), started_at, described)
@@ -322,11 +319,10 @@ class RuntimeBase:
         await self._stop.wait()
         if not self._crashes or self._failure is not None:
             return
-        since = time.monotonic() - self.policy.window_s
         looping = {
             key: c
             for key, c in self._crashes.items()
-            if key not in self._finished and sum(1 for t in c.at if t >= since) >= 2
+            if key not in self._finished and self.policy.crashes_in_window(key) >= 2
         }
         if not looping:
             return
