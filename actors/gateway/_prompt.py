@@ -132,16 +132,15 @@ def load_tokenizer(policy_spec: Any, spec_dir: Path) -> Tokenizer:
         return CharTokenizer()
     if model.startswith("hf:"):
         path = Path(model[3:]).expanduser()
-        if not path.is_absolute() and not path.exists():  # relative to the working dir, else to the spec, else a
-            from actors.policy import cached_hub_model  # hub id in this machine's Hugging Face cache
-
-            path = spec_dir / path if (spec_dir / path).exists() else (cached_hub_model(model[3:]) or spec_dir / path)
+        if not path.is_absolute() and not path.exists() and (spec_dir / path).exists():  # relative to the spec
+            path = spec_dir / path
         try:
             import transformers
 
-            from actors.policy import HFTokenizer
+            from actors.policy import HFTokenizer, model_directory
 
-            return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+            directory = model_directory(path)  # a directory, or a hub id in this machine's Hugging Face cache
+            return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
         except (OSError, ValueError) as exc:
             raise ValueError(f"policy.model: cannot load the tokenizer of {model!r}: {exc}") from None
     raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from actors.policy._checks import check_policy as check_policy
     from actors.policy._gpt_config import PRESETS as PRESETS
     from actors.policy._gpt_config import GPTConfig as GPTConfig
-    from actors.policy._hub import cached_hub_model as cached_hub_model
+    from actors.policy._hub import model_directory as model_directory
     from actors.policy._policy import Policy as Policy
     from actors.policy._policy import StateDictError as StateDictError
     from actors.policy._policy import all_finite as all_finite
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "all_finite": "_policy",
-    "cached_hub_model": "_hub",
     "CharTokenizer": "_tokenizer",
     "check_policy": "_checks",
     "encode_completion": "_prompting",
@@ -42,6 +41,7 @@ _EXPORTS = {
     "HF_CHARS": "_testing",
     "HFTokenizer": "_tokenizer",
     "KVCache": "_tiny_gpt",
+    "model_directory": "_hub",
     "native_bfloat16": "_policy",
     "Policy": "_policy",
     "positions_from_mask": "_tiny_gpt",
@@ -66,10 +66,10 @@ __all__ = [
     "StateDictError",
     "TinyGPT",
     "all_finite",
-    "cached_hub_model",
     "check_policy",
     "encode_completion",
     "encode_prompt",
+    "model_directory",
     "native_bfloat16",
     "positions_from_mask",
     "read_safetensors",

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from actors.policy._gpt2 import gpt2_forward, native_gpt2_unsupported
-from actors.policy._hub import cached_hub_model, is_hub_id
+from actors.policy._hub import model_directory
 from actors.policy._tiny_gpt import KVCache, positions_from_mask
 from actors.policy._tokenizer import HFTokenizer
 
@@ -90,22 +90,6 @@ def _cache_to_list(cache: Any) -> KVCache:
     if layers is not None:
         return [(layer.keys, layer.values) for layer in layers]
     return [(k, v) for k, v in cache.to_legacy_cache()]
-
-
-def model_directory(path: str | Path) -> Path:
-    """The directory to load ``path`` from: itself when it is one, else a hub id's cached snapshot."""
-    directory = Path(path).expanduser()
-    if directory.is_dir():
-        return directory
-    cached = cached_hub_model(str(path))
-    if cached is not None:
-        return cached
-    if is_hub_id(str(path)):
-        raise ValueError(
-            f"policy.model: {str(path)!r} is no directory here and not in the Hugging Face cache; nothing is "
-            f"downloaded at run time: fetch it first (huggingface-cli download {path}) or give the model's directory"
-        )
-    raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")
 
 
 def load_hf(

@@ -2,7 +2,8 @@
 
 Contract: :func:`cached_hub_model` returns the cached snapshot directory of a hub id (``org/name`` or ``name``),
 where ``huggingface-cli download`` (or any earlier ``from_pretrained``) put it — ``HF_HOME``/``HF_HUB_CACHE`` move
-the cache — or None. Nothing here touches the network (``local_files_only``).
+the cache — or None; :func:`model_directory` is where an ``hf:`` model loads from (the directory itself, else that
+snapshot; else a one-line ``ValueError``). Nothing here touches the network (``local_files_only``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["cached_hub_model", "is_hub_id"]
+__all__ = ["cached_hub_model", "is_hub_id", "model_directory"]
 
 _HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
@@ -35,3 +36,19 @@ def cached_hub_model(model: str) -> Path | None:
         return Path(snapshot_download(model, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError, OSError):
         return None
+
+
+def model_directory(path: str | Path) -> Path:
+    """The directory to load ``path`` from: itself when it is one, else a hub id's cached snapshot."""
+    directory = Path(path).expanduser()
+    if directory.is_dir():
+        return directory
+    cached = cached_hub_model(str(path))
+    if cached is not None:
+        return cached
+    if is_hub_id(str(path)):
+        raise ValueError(
+            f"policy.model: {str(path)!r} is no directory here and not in the Hugging Face cache; nothing is "
+            f"downloaded at run time: fetch it first (huggingface-cli download {path}) or give the model's directory"
+        )
+    raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")

@@ -34,8 +34,8 @@ SURFACES: dict[str, set[str]] = {
         "Verdict",
     },
     "actors.policy": {
-        "all_finite", "cached_hub_model", "CharTokenizer", "check_policy", "encode_completion", "encode_prompt",
-        "GPTConfig", "HF_CHARS", "HFTokenizer", "KVCache", "native_bfloat16", "Policy", "positions_from_mask",
+        "all_finite", "CharTokenizer", "check_policy", "encode_completion", "encode_prompt", "GPTConfig",
+        "HF_CHARS", "HFTokenizer", "KVCache", "model_directory", "native_bfloat16", "Policy", "positions_from_mask",
         "PRESETS", "read_safetensors", "SPECIAL_TOKENS", "StateDictError", "strip_eos", "TinyGPT",
         "write_tiny_hf_model",
     },
