@@ -155,8 +155,7 @@ def describe(error: Any) -> str:
         return f"expected {noun} {sign} {shown}, got {show(value)}"
     if kind == "literal_error":
         expected = str(ctx.get("expected", ""))
-        options = [part.strip().strip("'") for part in expected.replace(" or ", ", ").split(",")]
-        hint = did_you_mean(value, options) if isinstance(value, str) else ""
+        hint = did_you_mean(value, _literal_options(error)) if isinstance(value, str) else ""
         return f"expected one of {expected}, got {show(value)}{hint}"
     if kind == "string_pattern_mismatch":
         return f"expected a name matching {ctx.get('pattern')}, got {show(value)}"
@@ -227,6 +226,12 @@ def issues_from_validation(
     return issues
 
 
+def _literal_options(error: Any) -> list[str]:
+    """The values a ``literal_error`` accepts, from pydantic's ``'a', 'b' or 'c'``."""
+    expected = str((error.get("ctx") or {}).get("expected", ""))
+    return [part.strip().strip("'") for part in expected.replace(" or ", ", ").split(",")]
+
+
 def _union_message(errors: list[Any]) -> str:
     """One message for a value every member of a union refused: each member's expectation, then what was given."""
     expected: list[str] = []
@@ -240,12 +245,7 @@ def _union_message(errors: list[Any]) -> str:
         if wanted not in expected:
             expected.append(wanted)
     value = errors[0].get("input")
-    words = [
-        part.strip().strip("'")
-        for e in errors
-        if e["type"] == "literal_error"
-        for part in str((e.get("ctx") or {}).get("expected", "")).replace(" or ", ", ").split(",")
-    ]
+    words = [word for e in errors if e["type"] == "literal_error" for word in _literal_options(e)]
     hint = did_you_mean(value, words) if isinstance(value, str) and words else ""
     return f"expected {' or '.join(expected)}, got {show(value)}{hint}"
 
