@@ -6,18 +6,27 @@ serve the model) with a warning when it is no model directory here and no hub id
 cache. A relative ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
 the learner and generators load it (otherwise both crash-loop at start): an error on the local runtime, a
 warning on a cluster (it may be on the nodes), not checked where a replica re-reads the spec. ``policy.config`` may
-hold only the keys the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), and a builtin's ``preset`` must be one
-of its named sizes.
+hold only the keys the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), with values it takes: a builtin's
+``preset`` one of its named sizes, its sizes what `GPTConfig` accepts (`config_problems`, the preset merged in), a
+``dtype`` one of `DTYPE_NAMES`.
 
-Non-goals: loading the model (the learner and generators do, and say then what is wrong with the values in
-``policy.config``).
+Non-goals: loading the model (an ``hf:`` model's own config.json is read by the learner and generators, which say
+then what is wrong with it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, HF_CONFIG_KEYS, PRESETS
+from actors.policy._gpt_config import (
+    BUILTIN_CONFIG_KEYS,
+    DTYPE_NAMES,
+    HF_CONFIG_KEYS,
+    PRESETS,
+    GPTConfig,
+    config_problems,
+)
 from actors.policy._hub import cached_hub_model, is_hub_id
 from actors.protocol import PolicySpec
 from topology import KeyPath, SectionCheck, show
@@ -35,6 +44,7 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
     preset = policy.config.get("preset")
     if builtin and "preset" in policy.config and not (isinstance(preset, str) and preset in PRESETS):
         check.error((*path, "config", "preset"), f"expected a preset ({', '.join(PRESETS)}), got {show(preset)}")
+    _check_config_values(check, path, policy.config, builtin)
     update: dict[str, str] = {}
     if policy.model.startswith("hf:"):
         given = Path(policy.model[3:]).expanduser()
@@ -76,3 +86,25 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
                 warning=not check.local,
             )
     return policy.model_copy(update=update) if update else policy
+
+
+def _check_config_values(check: SectionCheck, path: KeyPath, config: dict[str, Any], builtin: bool) -> None:
+    """The values in ``policy.config`` that the model would refuse when built (the learner and every generator would
+    crash-loop at start): a builtin's sizes with its preset merged in, ``seed``, ``dtype``, ``native_forward``."""
+    at = (*path, "config")
+    if "dtype" in config and config["dtype"] not in DTYPE_NAMES:
+        check.error((*at, "dtype"), f"expected one of {', '.join(DTYPE_NAMES)}, got {show(config['dtype'])}")
+    if not builtin:
+        if "native_forward" in config and not isinstance(config["native_forward"], bool):
+            check.error((*at, "native_forward"), f"expected true or false, got {show(config['native_forward'])}")
+        return
+    seed = config.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        check.error((*at, "seed"), f"expected an integer, got {show(seed)}")
+    preset = config.get("preset", "tiny")
+    sizes: dict[str, Any] = dict(PRESETS.get(preset, {})) if isinstance(preset, str) else {}
+    sizes.update({key: value for key, value in config.items() if key in GPTConfig.field_names()})
+    for field, message in config_problems(sizes):
+        if not field:  # two fields together: the one the spec wrote
+            field = next((name for name in ("n_embd", "n_head") if name in config), "")
+        check.error((*at, field) if field in config else at, message)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["BUILTIN_CONFIG_KEYS", "HF_CONFIG_KEYS", "PRESETS", "GPTConfig"]
+__all__ = ["BUILTIN_CONFIG_KEYS", "DTYPE_NAMES", "HF_CONFIG_KEYS", "PRESETS", "GPTConfig", "config_problems"]
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,10 @@ class GPTConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"policy.config.{name}: expected an integer >= 1, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"policy.config.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}")
-        if (self.n_embd // self.n_head) % 2:
-            raise ValueError(
-                f"policy.config: head size n_embd/n_head = {self.n_embd // self.n_head} must be even for RoPE"
-            )
-        if not self.rope_theta > 0:
-            raise ValueError(f"policy.config.rope_theta: expected a number > 0, got {self.rope_theta!r}")
+        problems = config_problems(self.as_dict())
+        if problems:
+            field, message = problems[0]
+            raise ValueError(f"policy.config{'.' + field if field else ''}: {message}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -56,3 +48,25 @@ PRESETS: dict[str, dict[str, int]] = {
 # policy.config of builtin:tiny-gpt: GPTConfig's fields, a preset to start from, the init seed and the weights' dtype
 BUILTIN_CONFIG_KEYS = (*GPTConfig.field_names(), "preset", "seed", "dtype")
 HF_CONFIG_KEYS = ("dtype", "native_forward")  # policy.config of an hf: model
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # policy.config.dtype of either kind of model
+
+
+def config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with a builtin model's hyper-parameters (GPTConfig's fields, a preset's merged in), as
+    ``(field, message)`` pairs — ``""`` for a problem of two fields together; empty when they make a model."""
+    problems: list[tuple[str, str]] = []
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        value = values.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append((name, f"expected an integer >= 1, got {value!r}"))
+    theta = values.get("rope_theta", 1.0)
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0:
+        problems.append(("rope_theta", f"expected a number > 0, got {theta!r}"))
+    if problems:
+        return problems
+    embd, heads = values.get("n_embd", GPTConfig.n_embd), values.get("n_head", GPTConfig.n_head)
+    if embd % heads:
+        problems.append(("n_embd", f"{embd} is not divisible by n_head={heads}"))
+    elif (embd // heads) % 2:
+        problems.append(("", f"head size n_embd/n_head = {embd // heads} must be even for RoPE"))
+    return problems

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, HF_CONFIG_KEYS, PRESETS, GPTConfig
+from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, DTYPE_NAMES, HF_CONFIG_KEYS, PRESETS, GPTConfig
 from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
 from actors.policy._tokenizer import CharTokenizer, HFTokenizer
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 class StateDictError(ValueError):
