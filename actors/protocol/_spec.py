@@ -62,7 +62,10 @@ class PolicySpec(SpecModel):
     model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id> (a hub id: from the machine's Hugging
     #   Face cache, never downloaded at run time)
     tokenizer: str | None = None  # null: the model's own tokenizer
-    config: dict[str, Any] = Field(default_factory=dict)  # free-form model hyper-parameters (builtin models)
+    config: dict[str, Any] = Field(default_factory=dict)  # the model's settings. builtin: preset (tiny, small,
+    #   medium), n_layer, n_head, n_embd, block_size, vocab_size, rope_theta, seed, dtype; hf: dtype (float32,
+    #   bfloat16, float16), native_forward (true: flywheel's own forward
+    #   for GPT-2 models at inference; false: transformers')
     checkpoint: str | None = None  # start from these weights (path, relative to the spec file); null: fresh
     warm_start: WarmStartSpec = WarmStartSpec()  # supervised steps on the reference answers before RL
 
