@@ -1,8 +1,9 @@
 """The check of each entry of a spec's ``domains`` section, run by the framework's spec checker (pure Python).
 
 Contract: ``jsonl:`` paths (source and held-out file) become absolute against the spec file that set them, and
-must exist; a builtin source or verifier must be one this library has; a ``module:function`` verifier whose
-package is not importable here is a warning (it may be installed where the verify actor runs). Then the task
+must exist; a builtin source or verifier must be one this library has, and a builtin verifier's ``verifier_config``
+may hold only the keyword arguments it takes; a ``module:function`` verifier whose package is not importable here
+is a warning (it may be installed where the verify actor runs). Then the task
 source is opened as the source actor opens it at start — builtin options, every JSONL row, the held-out split — so
 a bad option or row is reported at its spec line now, not as a traceback at ``flywheel up``. Last, the tasks must carry
 what the domain's builtin verifier reads (math an answer, python-expr a target, …): every row of a JSONL file (source
@@ -25,7 +26,7 @@ from pathlib import Path
 from actors.domains._domains import BUILTIN_SOURCES, DomainSource, open_source
 from actors.domains._jsonl import read_numbered_tasks
 from actors.domains._task import SourceError, Task
-from actors.domains._verifiers._registry import task_problem, verifier_names
+from actors.domains._verifiers._registry import config_keys, task_problem, verifier_names
 from actors.protocol import DomainSpec
 from topology import KeyPath, SectionCheck, show
 
@@ -68,6 +69,11 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
             f"expected one of {', '.join(known)} or module:function, got {show(domain.verifier)}"
             f"{_did_you_mean(domain.verifier, known)}",
         )
+    elif not sep:  # a builtin takes only its own keyword arguments (the verify actor would crash-loop at start)
+        allowed = config_keys(domain.verifier) or ()
+        for key in domain.verifier_config:
+            if key not in allowed:
+                check.unknown_key((*path, "verifier_config", key), allowed)
     elif sep and importlib.util.find_spec(module.split(".")[0]) is None:
         check.error(
             (*path, "verifier"),

@@ -99,7 +99,10 @@ class DomainSpec(SpecModel):
     #   the record, 2-3, default 3), ask (fields asked for at most, 1-fields, default 2)
     source_options: dict[str, Any] = Field(default_factory=dict)
     verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
-    verifier_config: dict[str, Any] = Field(default_factory=dict)  # passed to the verifier as keyword arguments
+    verifier_config: dict[str, Any] = Field(default_factory=dict)  # the verifier's keyword arguments. math:
+    #   answer_field; python-tests: tests_field, timeout_s; python-expr: timeout_s, rel_tol, abs_tol, max_chars,
+    #   memo_size, memo_max_bytes; json-fields: mode, modes, rel_tol, abs_tol, penalize_extra, max_chars;
+    #   <module>:<function>: any (handed to it as config)
     weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
     #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
     group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples

@@ -10,6 +10,7 @@ its result must therefore be JSON data (a ``VerifyResult`` is fine).
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +37,16 @@ PLAIN_VERIFIERS = frozenset(_PLAIN)  # builtins that score in this process, with
 
 def needs_sandbox(name: str) -> bool:
     return name in _SANDBOXED
+
+
+def config_keys(name: str) -> tuple[str, ...] | None:
+    """The keys a domain's ``verifier_config`` may hold for the builtin verifier ``name`` (its keyword arguments), or
+    None for a user's ``module:function``, which is handed whatever the config holds."""
+    verifier: Any = _PLAIN.get(name) or _SANDBOXED.get(name)
+    if verifier is None:
+        return None
+    parameters = inspect.signature(verifier).parameters.values()
+    return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def task_problem(name: str, config: Mapping[str, Any], task: Mapping[str, Any]) -> str | None:

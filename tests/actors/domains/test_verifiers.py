@@ -225,3 +225,18 @@ def test_in_process_verifiers_are_scored_without_a_task_each(sandbox: PoolRunner
     )
     assert [scorer.in_process(d) for d in ("a", "j", "p", "missing")] == [True, True, False, False]
     assert sandbox.call(scorer.score("a", "12", {"answer": "12"})).reward == 1.0
+
+
+def test_the_reference_names_every_key_each_builtin_verifier_takes_in_its_config() -> None:
+    """The row of ``verifier_config`` in specs/REFERENCE.md lists each builtin's keyword arguments (validate refuses
+    any other key): a verifier that gains one must say so there."""
+    from actors.domains._verifiers._registry import config_keys, verifier_names
+
+    root = Path(__file__).resolve().parents[3]
+    row = next(
+        line for line in (root / "specs" / "REFERENCE.md").read_text().splitlines() if ".verifier_config`" in line
+    )
+    for name in verifier_names():
+        listed = row.split(f"{name}: ", 1)[1].split(";", 1)[0]
+        assert set(listed.replace(" ", "").split(",")) == set(config_keys(name) or ()), name
+    assert config_keys("mypkg.scoring:score") is None
