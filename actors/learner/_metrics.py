@@ -141,7 +141,11 @@ def sampling_sd(accuracy: float, completions: int) -> float:
 
 
 def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
-    """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet."""
+    """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet.
+
+    One colour per domain, one line style per decoding; the legend goes below both panels and the figure grows
+    with it, so that any number of domains and decodings fits. The margins are set, not measured: tight_layout
+    would draw the whole figure once more (half of a render's time, and the learner renders while it trains)."""
     evals = read_metrics(run_dir, "eval")
     if evals.is_empty():
         return None
@@ -152,35 +156,48 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
 
     out = out or Path(run_dir) / "heldout_accuracy.png"
     t0 = float(evals["ts"].min())  # type: ignore[arg-type]
-    fig, (by_time, by_version) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     temperatures = decodings(evals)
-    for domain in sorted(evals["domain"].unique().to_list()):
+    domains = sorted(evals["domain"].unique().to_list())
+    columns = min(len(domains) * len(temperatures), 3)
+    legend_rows = -(-len(domains) * len(temperatures) // columns)
+    width, plots, legend = 11.0, 3.4, 0.55 + 0.25 * legend_rows  # inches: the panels' height, the legend's below
+    height = plots + legend + 0.75  # and the title above
+    fig, (by_time, by_version) = plt.subplots(1, 2, figsize=(width, height), sharey=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for d, domain in enumerate(domains):
         for i, temperature in enumerate(temperatures):
             rows = evals.filter(pl.col("domain") == domain)
             if "temperature" in evals.columns:
                 rows = rows.filter(pl.col("temperature").fill_null(0.0) == temperature)
             rows = rows.sort("ts")
-            label = domain if len(temperatures) == 1 else f"{domain}, {eval_mode(evals, temperature)}"
+            decoding = "greedy" if temperature == 0.0 else f"sampled, T={temperature:g}"
+            label = domain if len(temperatures) == 1 else f"{domain}, {decoding}"
             seconds = [float(t) - t0 for t in rows["ts"].to_list()]
-            style = ("-", "--", ":", "-.")[i % 4]
+            style = {"linestyle": ("-", "--", ":", "-.")[i % 4], "marker": "o", "color": colours[d % len(colours)]}
             accuracy = rows["accuracy"].to_list()
-            (line,) = by_time.plot(seconds, accuracy, style, marker="o", label=label)
-            by_version.plot(rows["version"].to_list(), accuracy, style, marker="o", label=label, color=line.get_color())
+            by_time.plot(seconds, accuracy, label=label, **style)
+            by_version.plot(rows["version"].to_list(), accuracy, **style)
             if temperature > 0 and "n" in rows.columns:  # sampled: a band of two standard deviations (binomial)
                 two_sd = [2 * sampling_sd(a, int(n)) for a, n in zip(accuracy, rows["n"], strict=True)]
                 low = [a - d for a, d in zip(accuracy, two_sd, strict=True)]
                 high = [a + d for a, d in zip(accuracy, two_sd, strict=True)]
-                by_time.fill_between(seconds, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+                by_time.fill_between(seconds, low, high, color=style["color"], alpha=0.12, linewidth=0)
     by_time.set_xlabel("seconds since the first evaluation")
     by_version.set_xlabel("weights version")
-    by_time.set_ylabel(f"held-out accuracy ({eval_mode(evals)})")
+    by_time.set_ylabel("held-out accuracy")
     by_time.set_ylim(-0.02, 1.02)
-    by_time.legend(loc="best")
     for axis in (by_time, by_version):
         axis.grid(alpha=0.3)
-    band = " (shaded: ±2 sd of a sampled round's own sampling noise)" if any(t > 0 for t in temperatures) else ""
-    fig.suptitle(f"held-out accuracy by domain{band}")
-    fig.tight_layout()
+    band = "; shaded: ±2 sd of a sampled round's own sampling noise" if any(t > 0 for t in temperatures) else ""
+    fig.suptitle(f"held-out accuracy by domain\n{eval_mode(evals)}{band}", fontsize=10)
+    fig.legend(loc="lower center", ncol=columns, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.subplots_adjust(
+        left=0.75 / width,
+        right=1 - 0.2 / width,
+        bottom=(legend + 0.1) / height,
+        top=1 - 0.75 / height,
+        wspace=0.06,
+    )
     tmp = out.with_name("." + out.name + ".tmp.png")
     fig.savefig(tmp, dpi=90)
     plt.close(fig)

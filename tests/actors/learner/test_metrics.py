@@ -39,3 +39,37 @@ def test_sampled_rounds_are_drawn_with_a_band_of_two_standard_deviations(
     two_sd = [2 * math.sqrt(a * (1 - a) / 400) for a in (0.25, 0.4)]
     assert low == pytest.approx([0.25 - two_sd[0], 0.4 - two_sd[1]])
     assert high == pytest.approx([0.25 + two_sd[0], 0.4 + two_sd[1]])
+
+
+def test_held_out_plot_keeps_every_label_inside_the_figure_and_the_legend_off_the_curves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three domains decoded two ways (the embedded default's rounds): the legend's six entries and the long
+    description of the decodings must neither leave the image nor sit on the panels (both did before)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    figures: list[Any] = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure plot_heldout is done with
+    writer = MetricsWriter(tmp_path, "life-1")
+    for i in range(4):
+        for domain in ("arithmetic", "extract", "pyexpr"):
+            for temperature, n in ((0.0, 200), (1.0, 400)):
+                row = {"ts": 100.0 + 30 * i, "step": 20 * i, "version": 1 + 10 * i, "domain": domain}
+                samples = 4 if i == 0 and temperature else n // 200
+                writer.add("eval", {**row, "n": n, "accuracy": 0.1 * i, "temperature": temperature, "samples": samples})
+    writer.flush()
+
+    assert plot_heldout(tmp_path) is not None
+    (figure,) = figures
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    texts = [t.get_text() for t in figure.findobj(Text)]
+    assert any("post-warm-start" in t for t in texts)  # the decodings are described somewhere
+    drawn, frame = figure.get_tightbbox(renderer), figure.bbox_inches  # everything drawn, in inches
+    assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, f"a label leaves the figure: {drawn} in {frame}"
+    assert drawn.x1 <= frame.x1 + 0.01 and drawn.y1 <= frame.y1 + 0.01, f"a label leaves the figure: {drawn} in {frame}"
+    legend = figure.legends[0].get_window_extent(renderer)
+    assert len(figure.legends[0].get_texts()) == 6
+    for axes in figure.axes:
+        assert not legend.overlaps(axes.get_window_extent(renderer)), "the legend sits on a panel"
