@@ -90,7 +90,7 @@ from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
 from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
-from actors.weights import WeightPublisher, weight_transports
+from actors.weights import SlotSpaceError, WeightPublisher, weight_transports
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
 
@@ -762,7 +762,13 @@ class LearnerActor(Actor[LearnerConfig]):
         # nothing steps them meanwhile (the train loop awaits this)
         state = {name: t.detach() for name, t in source.state_dict().items()}
         self.version = max(self.version, await self.publisher.newest()) + 1
-        await self.publisher.publish(self.version, state)
+        try:
+            await self.publisher.publish(self.version, state)
+        except SlotSpaceError as exc:
+            if self.config.weight_transport != "auto":  # asked for shared memory: say so, do not pick another
+                raise
+            self._publish_through_disk(str(exc))
+            await self.publisher.publish(self.version, state)
         self._published_step, self._published_at = self.step, time.monotonic()
         weights = "average" if source is not self.policy else "current"
         # which steps each version holds: a sample applied at step s is in every version published at step >= s
@@ -772,6 +778,20 @@ class LearnerActor(Actor[LearnerConfig]):
         )
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
+
+    def _publish_through_disk(self, reason: str) -> None:
+        """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a
+        container's /dev/shm is 64 MB unless it is given more): publish through safetensors files in the run dir from
+        now on, as with HTTP engines. Generators take whatever transport a version's manifest names; their current
+        slot stays mapped until they move on (its file is removed now)."""
+        self.ctx.log.warning(
+            "learner.weight_transport_fallback",
+            reason=reason,
+            now="disk",
+            hint="give /dev/shm room for three versions (docker run --shm-size), or set weight_transport",
+        )
+        self.publisher.close()
+        self.publisher = WeightPublisher(self.ctx.bus, self.ctx.topology, weight_transports(self.ctx)["disk"])
 
     async def checkpoint(self, *, background: bool = False) -> None:
         """Snapshot everything, then ack every message the snapshot covers. ``background`` (the train loop's, while

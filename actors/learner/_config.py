@@ -98,8 +98,9 @@ class LearnerConfig(SpecModel):
     precision: Literal["auto", "float32", "bfloat16-mixed"] = "float32"
     weight_transport: Literal["auto", "object-store", "disk", "shm", "distributed"] = "auto"  # how generators get
     #   weights; auto: on the local runtime, shm (shared-memory slots the torch engine serves from without a copy)
-    #   when every engine is torch, else disk (directories SGLang and vLLM load); the bus's object store on ray
-    #   (nodes need not share a filesystem) — see `transport_name`
+    #   when every engine is torch — disk once /dev/shm has no room for another slot — else disk (directories
+    #   SGLang and vLLM load); the bus's object store on ray (nodes need not share a filesystem) — see
+    #   `transport_name`
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)

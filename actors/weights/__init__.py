@@ -9,7 +9,7 @@ from actors.weights._manifest import (
     check_state_dict,
     describe,
 )
-from actors.weights._shared import SharedMemoryTransport, SharedTensors, shm_root
+from actors.weights._shared import SharedMemoryTransport, SharedTensors, SlotSpaceError, shm_root
 from actors.weights._transports import (
     CollectiveTransport,
     ObjectStoreTransport,
@@ -24,6 +24,7 @@ __all__ = [
     "SafetensorsDirTransport",
     "SharedMemoryTransport",
     "SharedTensors",
+    "SlotSpaceError",
     "TensorInfo",
     "WeightManifest",
     "WeightPayloadError",

@@ -49,7 +49,7 @@ from actors.weights._copy import copy_checked
 from actors.weights._manifest import TensorInfo, WeightManifest, WeightPayloadError, check_state_dict, describe
 from actors.weights._mmap import _Entry, _head, _layout, _parse, _views
 
-__all__ = ["SharedMemoryTransport", "SharedTensors", "shm_root"]
+__all__ = ["SharedMemoryTransport", "SharedTensors", "SlotSpaceError", "shm_root"]
 
 StateDict = Mapping[str, torch.Tensor]
 _RUN_FILE = "run"  # in a run's slot directory: the run dir it belongs to (stale ones are removed)
@@ -62,6 +62,10 @@ def shm_root(run_dir: Path | str) -> Path:
         key = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
         return shm / f"flywheel-{os.getuid()}" / key
     return Path(run_dir) / "weights" / "shm"
+
+
+class SlotSpaceError(WeightPayloadError):
+    """The tmpfs holding the slots has no room for one more (a container's /dev/shm is 64 MB unless given more)."""
 
 
 class SharedTensors(dict[str, torch.Tensor]):
@@ -205,9 +209,10 @@ class SharedMemoryTransport:
                 os.posix_fallocate(slot.fd, 0, size)
             except OSError as exc:
                 os.ftruncate(slot.fd, 0)
-                raise WeightPayloadError(
+                raise SlotSpaceError(
                     f"no room for a {size / 1e6:.1f} MB weight slot in {self.root}: {exc.strerror} (free space in "
-                    "/dev/shm, or set the learner's weight_transport to disk)"
+                    "/dev/shm — a container's is 64 MB unless run with --shm-size — or set the learner's "
+                    "weight_transport to disk)"
                 ) from None
             view = mmap.mmap(slot.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
             mapped = slot.mapped = _Mapped(os.fstat(slot.fd).st_ino, size, view, np.frombuffer(view, np.uint8))

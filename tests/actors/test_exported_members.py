@@ -42,6 +42,7 @@ SURFACES: dict[str, set[str]] = {
     "actors.weights": {
         "advertise_address", "check_state_dict", "CollectiveTransport", "describe", "DistributedTransport",
         "ObjectStoreTransport", "SafetensorsDirTransport", "SharedMemoryTransport", "SharedTensors", "shm_root",
+        "SlotSpaceError",
         "TensorInfo", "weight_transports",
         "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
     },

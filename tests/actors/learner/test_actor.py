@@ -135,6 +135,45 @@ async def test_weights_go_through_shared_memory_on_the_local_runtime_unless_told
         assert not shm_root(tmp_path / "run").exists(), "the learner's stop leaves its slots behind"
 
 
+async def test_auto_publishes_through_disk_once_shared_memory_has_no_room(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's /dev/shm is 64 MB unless it is given more: the first slot fits, the next does not (the tmpfs
+    says ENOSPC when the slot's pages are taken). The learner keeps training and publishes through the run dir's
+    safetensors files instead of crash-looping."""
+    import errno
+    import os
+
+    from actors.protocol import CURRENT, weights_bucket
+    from actors.weights import WeightManifest, shm_root
+
+    real = os.posix_fallocate
+
+    def full_after_one_slot(fd: int, offset: int, length: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(str(shm_root(tmp_path / "run"))) and not path.endswith("slot-0"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_after_one_slot)
+    spec = write_spec(tmp_path, learner(100, "    max_staleness: 100\n    publish_min_interval_s: 0\n"))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+
+        async def manifest() -> WeightManifest:
+            raw = await bus.kv_get(weights_bucket(spec.name), CURRENT)
+            assert raw is not None
+            return WeightManifest.from_json(raw)
+
+        assert (await manifest()).transport == "shm"  # v1, in the one slot there is room for
+        for i in range(4):  # two steps of two groups: v2 and v3
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.version == 3)
+        latest = await manifest()
+        assert (latest.version, latest.transport) == (3, "disk")
+        assert Path(latest.location).parent == tmp_path / "run" / "weights"
+        assert actor.step == 2
+
+
 async def test_auto_transport_is_the_object_store_on_ray() -> None:
     from actors.learner import LearnerConfig
 
