@@ -73,17 +73,19 @@ class LearnerConfig(SpecModel):
     # weight of a trust region around the behavior policy: the k3 KL(behavior ‖ learner) on every sampled token,
     #   0 (value and gradient) on-policy; it keeps the learner near what the gate serves when the gate holds a version
     #   and every sample comes from it (without it the learner drifts off and its candidates fail the gate) — see
-    #   _loss.py `behavior_anchor`; 0 = off
+    #   actors/learner/_loss.py `behavior_anchor`; 0 = off
     behavior_kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(default=1.0, gt=0)  # max global gradient norm
     loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"  # token-mean: every token weighs the same;
-    #   seq-mean: every completion does (domains of very different lengths share the gradient) — see _loss.py
+    #   seq-mean: every completion does (domains of very different lengths share the gradient) — see
+    #   actors/learner/_loss.py
     normalize: Literal["domain", "group", "none"] = "domain"  # advantage scale: each domain's reward units,
     #   the group's std (classic GRPO) or raw centred rewards — see actors/learner/_advantages.py
     failed_groups: Literal["skip", "reference"] = "skip"  # a group with no correct completion: skip it when it
     #   carries no signal (all 0), or add the task's reference answer as one more completion with reward 1
     #   (off-policy guidance: importance weight 1, the failed completions get a negative advantage; partial
-    #   credit counts as failed) — see _actor.py `_guidance`; a domain's own `failed_groups` overrides this
+    #   credit counts as failed) — see actors/learner/_actor.py `_guidance`; a domain's own `failed_groups`
+    #   overrides this
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain
     buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits
     fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others
@@ -94,13 +96,13 @@ class LearnerConfig(SpecModel):
     # bfloat16-mixed: the RL passes' matmuls in bfloat16 (torch autocast), weights, optimizer and log-softmax in
     #   float32 (pays where the learner's step is what the loop waits for: larger models, GPUs); auto: bfloat16-mixed
     #   where the device computes bfloat16 natively (a CUDA GPU with bf16, a CPU with AMX or AVX512-BF16), else
-    #   float32 — see `actors.policy.native_bfloat16`
+    #   float32 — see actors/policy/_policy.py `native_bfloat16`
     precision: Literal["auto", "float32", "bfloat16-mixed"] = "float32"
     weight_transport: Literal["auto", "object-store", "disk", "shm", "distributed"] = "auto"  # how generators get
     #   weights; auto: on the local runtime, shm (shared-memory slots the torch engine serves from without a copy)
     #   when every engine is torch — disk once /dev/shm has no room for another slot — else disk (directories
     #   SGLang and vLLM load); the bus's object store on ray (nodes need not share a filesystem) — see
-    #   `transport_name`
+    #   actors/learner/_config.py `transport_name`
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)

@@ -21,8 +21,8 @@ class SourceConfig(SpecModel):
     # training groups anywhere between this source and the learner (queued prompts, prompts being generated,
     # rollouts waiting for verification, scored groups not yet delivered to or still buffered in the learner).
     # Bounds staleness: a group is trained ~max_in_flight groups after it was drawn. auto: 4 of the learner's
-    # batches, fewer when publish_every_steps x max_staleness is smaller (see SourceActor.resolve_max_in_flight);
-    # null: only max_pending applies.
+    # batches, fewer when publish_every_steps x max_staleness is smaller (see actors/source/_actor.py
+    # `resolve_max_in_flight`); null: only max_pending applies.
     max_in_flight: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
     prompts_per_s: float | None = Field(default=None, gt=0)  # optional rate limit; null: as fast as backpressure allows
     seed: int = 0  # seed of the domain/task sampler (replica i uses seed + i)
