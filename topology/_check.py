@@ -8,10 +8,13 @@ application section's hook runs on its validated value (it may resolve paths and
 checker). Cross-reference checks: unknown actor kinds (with a did-you-mean), config fields a kind declares as
 references to a keyed section that name no entry of it (or, for a required reference, none at all), channels
 consumed with no producer (unless ``external: true``); warnings for channels nobody consumes, channel settings no
-actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere).
+actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere). Last, once the
+rest of the spec is valid, each kind's own check (`ActorKind.check`) runs on each of its actors in the whole spec:
+replica counts, rules across sections and actors, files a config names (so those errors come after the others are
+fixed).
 
 Non-goals: importing heavy actor code or user modules (validation must stay fast and side-effect free; what a
-section hook imports is the application's business).
+section or kind hook imports is the application's business).
 """
 
 from __future__ import annotations
@@ -167,11 +170,29 @@ class _Checker:
             data=data,
             sections=values,
         )
+        checked = self.check_kinds(spec)
+        if checked is None:
+            return None
+        spec = checked
         if runtime.kind == "local":
             for where, message in machine_issues(spec):
                 self.error(where, message, warning=True)
         warnings = tuple(sorted((i for i in self.issues if not i.is_error), key=lambda i: (i.file, i.line, i.col)))
         return dataclasses.replace(spec, warnings=warnings)
+
+    def check_kinds(self, spec: Spec) -> Spec | None:
+        """Each kind's own check (`ActorKind.check`) on each of its actors, in the whole spec; None on an error."""
+        kinds = actor_kinds()
+        actors = dict(spec.actors)
+        for name, actor in spec.actors.items():
+            check = kinds[actor.kind].check
+            if check is not None:
+                config = check(self, ("actors", name), actor, spec)
+                if config is not actor.config:
+                    actors[name] = dataclasses.replace(actor, config=config)
+        if any(i.is_error for i in self.issues):
+            return None
+        return dataclasses.replace(spec, actors=actors)
 
     def check_colocate(self, runtime: RuntimeSpec, data: dict[str, Any]) -> None:
         """Every name in ``runtime.colocate`` must be an actor of this spec."""

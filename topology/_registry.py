@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pydantic
 
 if TYPE_CHECKING:
+    from topology._spec import ActorSpec, Spec
     from topology._yaml import KeyPath
 
 ENTRY_POINT_GROUP = "flywheel.plugins"
@@ -62,6 +63,9 @@ class ActorKind:
     # source kind and its domains): an empty list is an error, and so is null (every entry) when the section has none
     required_references: tuple[str, ...] = ()
     channels: ChannelsFn | None = None  # optional: default channels that depend on the config
+    # optional: rules on an actor of this kind that its config model cannot see (its replicas, another section,
+    # other actors, files it names), run on the whole spec once everything else in it is valid
+    check: ActorCheck | None = None
 
     def default_channels(self, config: pydantic.BaseModel) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The (consumes, publishes) this kind uses when the spec does not override them."""
@@ -101,6 +105,10 @@ class SectionCheck(Protocol):
 # A section hook: (checker, key path of the section or entry, its validated model) → the model to keep (for
 # instance with relative paths made absolute). Errors are reported through the checker, never raised.
 SectionHook = Callable[[SectionCheck, "KeyPath", Any], Any]
+
+# A kind's check of one of its actors: (checker, key path of the actor block, the actor, the whole validated spec) →
+# the config to keep (for instance with relative paths made absolute). Errors are reported through the checker.
+ActorCheck = Callable[[SectionCheck, "KeyPath", "ActorSpec", "Spec"], pydantic.BaseModel]
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,7 @@ def resolve_factory(kind: ActorKind) -> type[Any]:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PLUGINS_ENV",
+    "ActorCheck",
     "ActorKind",
     "ChannelsFn",
     "Command",

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from actors.protocol import LearningRate, only_torch_engines
-from topology import ActorKind, SpecModel, register_actor_kind
+from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind
 
 if TYPE_CHECKING:
     from actors.learner._loss import PPOConfig
@@ -220,6 +220,16 @@ def _channels(config: LearnerConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return ("scored",), (("prompts",) if config.eval_every_steps > 0 else ())
 
 
+def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
+    if actor.replicas != 1:  # two would each train, checkpoint and publish their own weights under one name
+        check.error(
+            (*path, "replicas"),
+            f"expected 1 (a learner runs as exactly one replica: it owns the weights, the optimizer and the "
+            f"checkpoints), got {actor.replicas}",
+        )
+    return actor.config
+
+
 register_actor_kind(
     ActorKind(
         name="learner",
@@ -230,6 +240,7 @@ register_actor_kind(
         summary="off-policy policy-gradient learner; publishes new weight versions and held-out eval prompts",
         references={"domains": "domains"},
         channels=_channels,
+        check=_check,
     )
 )
 
