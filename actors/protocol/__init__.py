@@ -21,6 +21,7 @@ from actors.protocol._messages import ScoredCompletion as ScoredCompletion
 from actors.protocol._messages import ScoredMsg as ScoredMsg
 from actors.protocol._messages import TrafficMsg as TrafficMsg
 from actors.protocol._names import CURRENT as CURRENT
+from actors.protocol._names import RECORDED_CHANNELS as RECORDED_CHANNELS
 from actors.protocol._names import REVIEW_SOURCE as REVIEW_SOURCE
 from actors.protocol._names import SERVING as SERVING
 from actors.protocol._names import join_bucket as join_bucket
@@ -70,6 +71,7 @@ __all__ = [
     "CHANNEL_MODELS",
     "CURRENT",
     "FEEDBACK_LABELS",
+    "RECORDED_CHANNELS",
     "REVIEW_SOURCE",
     "SERVE_PROTOCOL_VERSION",
     "SERVE_QUEUE",

@@ -6,17 +6,20 @@
   replica swapped in last, put right after the swap.
 - ``fw_<topology>_<what>`` (`join_bucket`): the joiner's state buckets.
 - `REVIEW_SOURCE`: the envelope source (and the feedback ``key_id``) of labels given through ``flywheel review``.
+- `RECORDED_CHANNELS`: the channels with a recorded schema (`actors.protocol._recordings`), here without its imports
+  so that a spec check can name them.
 """
 
 from __future__ import annotations
 
 from topology import bucket_name
 
-__all__ = ["CURRENT", "REVIEW_SOURCE", "SERVING", "join_bucket", "served_key", "weights_bucket"]
+__all__ = ["CURRENT", "RECORDED_CHANNELS", "REVIEW_SOURCE", "SERVING", "join_bucket", "served_key", "weights_bucket"]
 
 CURRENT = "current"
 SERVING = "serving"
 REVIEW_SOURCE = "review"
+RECORDED_CHANNELS = ("traffic", "feedback", "scored")  # the keys of CHANNEL_MODELS
 
 
 def weights_bucket(topology: str) -> str:

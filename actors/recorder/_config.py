@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from topology import ActorKind, SpecModel, register_actor_kind
+from actors.protocol import RECORDED_CHANNELS
+from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
 
 
 class RecorderConfig(SpecModel):
@@ -23,6 +24,18 @@ class RecorderConfig(SpecModel):
     compression: Literal["zstd", "snappy", "lz4", "none"] = "zstd"  # parquet compression of the files written
 
 
+def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
+    if actor.replicas != 1:  # two writers of one directory would each write every message
+        check.error((*path, "replicas"), f"expected 1 (one writer per recordings directory), got {actor.replicas}")
+    for index, channel in enumerate(actor.consumes):
+        if channel not in RECORDED_CHANNELS:
+            check.error(
+                (*path, "consumes", index),
+                f"expected a channel with a recorded schema ({', '.join(RECORDED_CHANNELS)}), got {show(channel)}",
+            )
+    return actor.config
+
+
 register_actor_kind(
     ActorKind(
         name="recorder",
@@ -31,6 +44,7 @@ register_actor_kind(
         consumes=("traffic", "feedback", "scored"),
         publishes=(),
         summary="records traffic, feedback and scored samples to parquet for replay",
+        check=_check,
     )
 )
 
