@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from topology import ActorKind, SpecModel, register_actor_kind, show
+from actors.protocol import policy_of
+from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
 
 
 class GeneratorConfig(SpecModel):
@@ -46,6 +47,20 @@ class GeneratorConfig(SpecModel):
         return self
 
 
+def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
+    config = actor.config
+    assert isinstance(config, GeneratorConfig)
+    model = policy_of(spec).model
+    if config.engine != "torch" and not model.startswith("hf:"):  # the generator tokenizes with the model's own
+        check.error(
+            (*path, "engine"),
+            f"expected engine: torch with policy.model {model} ({check.where(('policy', 'model'))}): sglang and "
+            f"vllm serve an hf:<model dir or hub id> policy, whose tokenizer the generator loads; got "
+            f"{show(config.engine)}",
+        )
+    return config
+
+
 register_actor_kind(
     ActorKind(
         name="generator",
@@ -54,6 +69,7 @@ register_actor_kind(
         consumes=("prompts",),
         publishes=("rollouts",),
         summary="samples completions for prompts (torch, SGLang or vLLM engine); swaps weights in flight",
+        check=_check,
     )
 )
 

@@ -240,9 +240,12 @@ def test_auto_transport_on_the_local_runtime_is_shared_memory_unless_an_http_eng
     root = Path(__file__).resolve().parents[3]
     assert LearnerConfig().transport_name("local", load_spec(root / "specs" / "embedded.yaml")) == "shm"
     path = tmp_path / "spec.yaml"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     path.write_text(
-        f"include: {root / 'specs' / 'embedded.yaml'}\n"
-        "actors: {generator: {engine: sglang, url: 'http://127.0.0.1:1'}}\n"
+        "name: http\npolicy: {model: 'hf:model'}\n"
+        "domains: {arithmetic: {source: 'builtin:arithmetic', verifier: math}}\n"
+        "actors: {source: {}, verify: {}, learner: {}, generator: {engine: sglang, url: 'http://127.0.0.1:1'}}\n"
     )
     assert LearnerConfig().transport_name("local", load_spec(path)) == "disk"
 

@@ -11,7 +11,7 @@ from topology import load_spec
 SPEC = """
 name: roles
 bus: {embedded: true}
-policy: {model: builtin:tiny-gpt}
+policy: {model: "hf:model"}  # an SGLang engine serves a Hugging Face model
 domains:
   arithmetic: {source: builtin:arithmetic, verifier: math}
 actors:
@@ -29,6 +29,8 @@ actors:
 def test_roles_are_read_from_the_configs_that_have_them(tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     spec = load_spec(path)
     assert serving_replicas(spec) == 3
     # the torch generator's replicas join the group; the SGLang one receives through its server, not as a rank here
