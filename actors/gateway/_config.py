@@ -7,10 +7,11 @@ The gateway serves an OpenAI-compatible API backed by the generators, records ev
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from topology import ActorKind, SpecModel, register_actor_kind, show
+from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
 
 
 class GatewayConfig(SpecModel):
@@ -20,7 +21,8 @@ class GatewayConfig(SpecModel):
     port: int = Field(default=8000, ge=0, le=65535)  # 0 picks a free port (printed at start)
     model_name: str = "flywheel"  # the model id reported by /v1/models and accepted in requests
     api_keys_env: str = "FLYWHEEL_API_KEYS"  # env var with comma-separated keys for feedback and admin routes
-    api_keys_file: str | None = None  # file with one key per line (# comments); relative to the spec file
+    api_keys_file: str | None = None  # file with one key per line (# comments); relative to the spec file; it must
+    #   exist when the gateway starts (validate checks it on the local runtime)
     # with neither keys in the env var nor a file: make one key and write it to <run_dir>/<actor>/api_key (mode
     # 0600; kept across gateway restarts, shared by replicas), so feedback works out of the box; false: refuse
     # every feedback call until keys are configured
@@ -70,6 +72,27 @@ class GatewayConfig(SpecModel):
         return self
 
 
+def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
+    """``api_keys_file`` made absolute against the spec file that set it; it must exist (the gateway reads it at
+    start, and crash-loops when it cannot): an error on the local runtime, a warning on a cluster."""
+    config = actor.config
+    assert isinstance(config, GatewayConfig)
+    if config.api_keys_file is None:
+        return config
+    at = (*path, "api_keys_file")
+    keys_file = Path(config.api_keys_file).expanduser()
+    if not keys_file.is_absolute():
+        keys_file = (check.base_dir(at) / keys_file).resolve()
+    if check.thorough and not keys_file.is_file():
+        elsewhere = "" if check.local else " here (fine if it is there on the node the gateway runs on)"
+        check.error(
+            at,
+            f"expected a file of API keys, got {show(config.api_keys_file)} ({keys_file} is no file{elsewhere})",
+            warning=not check.local,
+        )
+    return config.model_copy(update={"api_keys_file": str(keys_file)})
+
+
 register_actor_kind(
     ActorKind(
         name="gateway",
@@ -79,6 +102,7 @@ register_actor_kind(
         publishes=("traffic", "feedback"),
         summary="OpenAI-compatible HTTP API; records traffic and accepts feedback",
         references={"default_domain": "domains"},
+        check=_check,
     )
 )
 
