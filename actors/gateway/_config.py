@@ -42,6 +42,17 @@ class GatewayConfig(SpecModel):
     trusted_hosts: list[str] | None = None
     default_domain: str | None = None  # domain recorded with requests that name none (per-domain baselines)
 
+    @field_validator("host")
+    @classmethod
+    def _listen_host(cls, host: str) -> str:
+        # an IPv6 address has two colons or more: one is a port (or a scheme), which the socket cannot bind to
+        if "/" in host or "[" in host or any(c.isspace() for c in host) or host.count(":") == 1:
+            raise ValueError(
+                "expected a host name or IP address to listen on, without scheme, brackets or port (the port is "
+                f"port:), like 127.0.0.1, 0.0.0.0 or ::, got {show(host)}"
+            )
+        return host
+
     @field_validator("api_keys_env")
     @classmethod
     def _env_name(cls, name: str) -> str:
