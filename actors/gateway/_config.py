@@ -84,10 +84,14 @@ class GatewayConfig(SpecModel):
 
 
 def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
-    """``api_keys_file`` made absolute against the spec file that set it; it must exist (the gateway reads it at
-    start, and crash-loops when it cannot): an error on the local runtime, a warning on a cluster."""
+    """On the local runtime, no two listeners on one port (every gateway replica binds host:port itself: the
+    second crash-loops). ``api_keys_file`` made absolute against the spec file that set it; it must exist (the
+    gateway reads it at start, and crash-loops when it cannot): an error on the local runtime, a warning on a
+    cluster."""
     config = actor.config
     assert isinstance(config, GatewayConfig)
+    if spec.runtime.kind == "local" and config.port != 0:
+        _check_port(check, path, actor, config, spec)
     if config.api_keys_file is None:
         return config
     at = (*path, "api_keys_file")
@@ -102,6 +106,37 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
             warning=not check.local,
         )
     return config.model_copy(update={"api_keys_file": str(keys_file)})
+
+
+_ANY_ADDRESS = ("", "0.0.0.0", "::")
+
+
+def _same_socket(host: str, port: int, other_host: str, other_port: int | None) -> bool:
+    """Whether two listeners on this machine would want one socket (a wildcard address takes every interface)."""
+    return port == other_port and (host == other_host or host in _ANY_ADDRESS or other_host in _ANY_ADDRESS)
+
+
+def _check_port(check: SectionCheck, path: KeyPath, actor: ActorSpec, config: GatewayConfig, spec: Spec) -> None:
+    at = (*path, "port")
+    if actor.replicas > 1:
+        check.error(
+            at,
+            f"expected port: 0 (a free port for each) with replicas: {actor.replicas} on the local runtime: each "
+            f"replica listens on {config.host}:{config.port} of this machine and only the first can; got {config.port}",
+        )
+        return
+    taken: list[str] = []
+    runtime = spec.runtime
+    if _same_socket(config.host, config.port, runtime.metrics_host, runtime.metrics_port):
+        taken.append(f"runtime.metrics_port ({check.where(('runtime', 'metrics_port'))})")
+    for name, other in spec.actors.items():
+        if name == actor.name:
+            break  # of two gateways on one port, the later one carries the error
+        theirs = other.config
+        if isinstance(theirs, GatewayConfig) and _same_socket(config.host, config.port, theirs.host, theirs.port):
+            taken.append(f"gateway {name}'s ({check.where(('actors', name, 'port'))})")
+    if taken:
+        check.error(at, f"expected a port other than {' and '.join(taken)}, got {config.port}")
 
 
 register_actor_kind(
