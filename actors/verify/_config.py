@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from topology import ActorKind, SpecModel, register_actor_kind
+
+_STRENGTH = ("rlimits", "unshare", "bwrap")  # isolation levels, weakest first (actors.sandbox.Isolation)
 
 
 class SandboxConfig(SpecModel):
@@ -29,6 +31,15 @@ class SandboxConfig(SpecModel):
     # refuse to start below this level; anything weaker than bwrap is an explicit opt-in
     min_isolation: Literal["bwrap", "unshare", "rlimits"] = "bwrap"
     max_jobs_per_worker: int = Field(default=1000, ge=1)  # a worker is replaced after this many jobs
+
+    @model_validator(mode="after")
+    def _isolation_allowed(self) -> SandboxConfig:
+        if self.isolation != "auto" and _STRENGTH.index(self.isolation) < _STRENGTH.index(self.min_isolation):
+            raise ValueError(
+                f"expected isolation {self.min_isolation} or stronger (min_isolation: {self.min_isolation}), got "
+                f"{self.isolation}: set min_isolation: {self.isolation} too to opt in to it"
+            )
+        return self
 
 
 class VerifyConfig(SpecModel):
