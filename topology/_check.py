@@ -135,6 +135,8 @@ class _Checker:
         if not isinstance(description, str):
             self.error(("description",), f"expected a string, got {show(description)}")
         bus = self.validate(BusSpec, data.get("bus") or {}, ("bus",))
+        if bus is not None and bus.creds_file and self.thorough:
+            self.check_creds_file(bus.creds_file)
         runtime = self.validate(RuntimeSpec, data.get("runtime") or {}, ("runtime",))
         self.local = runtime is None or runtime.kind == "local"
         values = {s.name: self.check_section(s, data[s.name]) for s in sections.values() if s.name in data}
@@ -179,6 +181,13 @@ class _Checker:
                 self.error(where, message, warning=True)
         warnings = tuple(sorted((i for i in self.issues if not i.is_error), key=lambda i: (i.file, i.line, i.col)))
         return dataclasses.replace(spec, warnings=warnings)
+
+    def check_creds_file(self, creds_file: str) -> None:
+        """``flywheel up`` connects with the creds file before anything starts (and stops when it is not there)."""
+        path = Path(creds_file)
+        if not path.is_file():
+            where = "" if path.is_absolute() else f"; relative paths start in the current directory, {Path.cwd()}"
+            self.error(("bus", "creds_file"), f"expected a NATS .creds file, got {show(creds_file)} (no file{where})")
 
     def check_kinds(self, spec: Spec) -> Spec | None:
         """Each kind's own check (`ActorKind.check`) on each of its actors, in the whole spec; None on an error."""

@@ -75,7 +75,7 @@ class BusSpec(SpecModel):
     # restarted on the same port when it dies); false when url is set
     embedded: bool = True
     url: str | None = None  # external server, nats://host:4222 (tls://, ws://, wss:// too)
-    creds_file: str | None = None  # path to a NATS .creds file ("" counts as not given)
+    creds_file: str | None = None  # path to a NATS .creds file, relative to the current directory ("": not given)
     token_env: str | None = None  # name of an environment variable holding a token
     max_ack_pending: int = Field(default=256, ge=1)  # per consumer group: bounds messages in flight
     max_deliver: int = Field(default=5, ge=1)  # deliveries before a message goes to the dead-letter channel
