@@ -15,6 +15,7 @@ from topology._check import check_spec, load_spec, load_spec_text
 from topology._errors import SpecError, SpecIssue
 from topology._graph import ActorNode, ChannelNode, Graph, build_graph
 from topology._lazy import lazy_exports
+from topology._machine import visible_gpus
 from topology._names import (
     bucket_name,
     channel_subject,
@@ -109,4 +110,5 @@ __all__ = [
     "spec_sections",
     "stream_name",
     "torch_threads",
+    "visible_gpus",
 ]

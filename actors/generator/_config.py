@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from actors.protocol import policy_of
+from actors.protocol import cuda_missing_here, policy_of
 from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
 
 
@@ -58,6 +58,9 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
             f"vllm serve an hf:<model dir or hub id> policy, whose tokenizer the generator loads; got "
             f"{show(config.engine)}",
         )
+    no_cuda = cuda_missing_here(config, spec)
+    if no_cuda:
+        check.error((*path, "device"), no_cuda, warning=True)
     return config
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from actors.protocol import LearningRate, only_torch_engines
+from actors.protocol import LearningRate, cuda_missing_here, only_torch_engines
 from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind
 
 if TYPE_CHECKING:
@@ -227,6 +227,9 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
             f"expected 1 (a learner runs as exactly one replica: it owns the weights, the optimizer and the "
             f"checkpoints), got {actor.replicas}",
         )
+    no_cuda = cuda_missing_here(actor.config, spec)
+    if no_cuda:
+        check.error((*path, "device"), no_cuda, warning=True)
     return actor.config
 
 

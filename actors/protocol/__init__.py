@@ -31,6 +31,7 @@ from actors.protocol._roles import HasDevice as HasDevice
 from actors.protocol._roles import HasEngine as HasEngine
 from actors.protocol._roles import ServesUsers as ServesUsers
 from actors.protocol._roles import SyncsWeights as SyncsWeights
+from actors.protocol._roles import cuda_missing_here as cuda_missing_here
 from actors.protocol._roles import only_torch_engines as only_torch_engines
 from actors.protocol._roles import runs_on_cpu as runs_on_cpu
 from actors.protocol._roles import serving_replicas as serving_replicas
@@ -94,6 +95,7 @@ __all__ = [
     "TrafficMsg",
     "WarmStartSpec",
     "cancel_subject",
+    "cuda_missing_here",
     "domains_of",
     "frame",
     "join_bucket",

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from topology import visible_gpus
+
 __all__ = [
     "HasDevice",
     "HasEngine",
     "ServesUsers",
     "SyncsWeights",
+    "cuda_missing_here",
     "only_torch_engines",
     "runs_on_cpu",
     "serving_replicas",
@@ -75,6 +78,19 @@ def only_torch_engines(spec: Any) -> bool:
     """Whether every actor of ``spec`` that generates with an engine runs the builtin torch engine (which can serve
     from views of shared memory; SGLang and vLLM load weights from a directory)."""
     return all(a.config.engine == "torch" for a in spec.actors.values() if isinstance(a.config, HasEngine))
+
+
+def cuda_missing_here(config: object, spec: Any) -> str | None:
+    """Why an actor whose config says ``device: cuda`` (with the torch engine, if it has an engine) cannot start on
+    the local runtime of this machine, which shows no GPU; None when it can or runs elsewhere."""
+    if not isinstance(config, HasDevice) or config.device != "cuda" or spec.runtime.kind != "local":
+        return None
+    if (isinstance(config, HasEngine) and config.engine != "torch") or visible_gpus() > 0:
+        return None
+    return (
+        "device: cuda, but this machine shows no GPU (CUDA_VISIBLE_DEVICES, nvidia-smi): on it the actor stops at "
+        "every start; fine if the spec is for another machine"
+    )
 
 
 def runs_on_cpu(config: object) -> bool:

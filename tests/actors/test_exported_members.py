@@ -16,7 +16,7 @@ SURFACES: dict[str, set[str]] = {
         "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
         "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket", "HasDevice", "HasEngine",
-        "ServesUsers", "SyncsWeights", "runs_on_cpu", "serving_replicas", "weight_receivers",
+        "ServesUsers", "SyncsWeights", "cuda_missing_here", "runs_on_cpu", "serving_replicas", "weight_receivers",
     },
     "actors.engines": {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",
