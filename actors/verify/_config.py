@@ -13,8 +13,6 @@ from pydantic import Field, model_validator
 
 from topology import ActorKind, SpecModel, register_actor_kind
 
-_STRENGTH = ("rlimits", "unshare", "bwrap")  # isolation levels, weakest first (actors.sandbox.Isolation)
-
 
 class SandboxConfig(SpecModel):
     """Limits of one sandboxed execution, and the pool that runs them."""
@@ -34,7 +32,9 @@ class SandboxConfig(SpecModel):
 
     @model_validator(mode="after")
     def _isolation_allowed(self) -> SandboxConfig:
-        if self.isolation != "auto" and _STRENGTH.index(self.isolation) < _STRENGTH.index(self.min_isolation):
+        from actors.sandbox import Isolation  # its order: weakest first
+
+        if self.isolation != "auto" and Isolation.parse(self.isolation) < Isolation.parse(self.min_isolation):
             raise ValueError(
                 f"expected isolation {self.min_isolation} or stronger (min_isolation: {self.min_isolation}), got "
                 f"{self.isolation}: set min_isolation: {self.isolation} too to opt in to it"

@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from actors.sandbox import Isolation
-from actors.verify import _config
 from actors.verify._config import SandboxConfig
-
-
-def test_the_config_orders_isolation_levels_as_the_sandbox_does() -> None:
-    assert tuple(str(level) for level in sorted(Isolation)) == _config._STRENGTH
 
 
 def test_an_isolation_below_min_isolation_is_refused_and_an_opt_in_is_not() -> None:
