@@ -242,6 +242,8 @@ class HTTPEngine(abc.ABC):
     server's API."""
 
     name = "http"
+    # the server reads weights from a safetensors directory (or a broadcast it joins), never tensors in this process
+    loads_directories = True
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
 from actors.generator._config import GeneratorConfig
 from actors.policy import encode_prompt
 from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
-from actors.weights import WeightSubscriber, weight_transports
+from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
@@ -67,6 +67,10 @@ class GeneratorActor(Actor[GeneratorConfig]):
             log=self.ctx.log,
             on_event=lambda event, fields: self.ctx.counters.inc(event),
             served_key=served_key(self.ctx.actor, self.ctx.replica),
+            # an SGLang or vLLM server reads a directory: tensors of the object store, shm or a broadcast go there
+            staging=SafetensorsDirTransport(
+                self.ctx.run_dir / "weights-staged" / f"{self.ctx.actor}-{self.ctx.replica}"
+            ),
         )
         self.ctx.log.info(
             "generator.ready",

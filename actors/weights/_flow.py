@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,7 +33,7 @@ import torch
 from actors.engines import Engine
 from actors.protocol import CURRENT, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError
-from actors.weights._transports import CollectiveTransport, WeightTransport
+from actors.weights._transports import CollectiveTransport, SafetensorsDirTransport, WeightTransport
 from topology.bus import Bus
 
 __all__ = ["WeightPublisher", "WeightSubscriber"]
@@ -107,8 +108,10 @@ class WeightSubscriber:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         served_key: str | None = None,
         fetch_timeout_s: float = 60.0,
+        staging: SafetensorsDirTransport | None = None,
     ) -> None:
         self._bus = bus
+        self._staging = staging  # where tensors are written for an engine that loads directories (SGLang, vLLM)
         self.fetch_timeout_s = fetch_timeout_s
         self._bucket = weights_bucket(topology)
         self._engine = engine
@@ -176,8 +179,8 @@ class WeightSubscriber:
                     await fill_into(manifest.version, lambda into: transport.get(manifest, into=into))
             else:
                 with anyio.fail_after(self.fetch_timeout_s):
-                    state_dict = await transport.get(manifest)
-                await self._engine.update_weights(manifest.version, state_dict)
+                    source = await self._source(manifest, transport)
+                await self._engine.update_weights(manifest.version, source)
         except TimeoutError:
             self._reject(manifest.version, f"fetching the weights took over {self.fetch_timeout_s:g} s")
             return False
@@ -200,6 +203,24 @@ class WeightSubscriber:
             {"version": manifest.version, "swap_s": round(self.last_swap_s, 4), "transport": manifest.transport},
         )
         return True
+
+    async def _source(self, manifest: WeightManifest, transport: WeightTransport) -> Any:
+        """What the engine loads the version from: its tensors; for an engine whose server reads a safetensors
+        directory (SGLang, vLLM), the disk transport's directory as it is, or the tensors of any other transport
+        written to this subscriber's ``staging`` directory first."""
+        if not getattr(self._engine, "loads_directories", False):
+            return await transport.get(manifest)
+        if isinstance(transport, SafetensorsDirTransport):
+            if not (Path(manifest.location) / "model.safetensors").is_file():
+                raise WeightPayloadError(f"v{manifest.version}: {manifest.location} holds no model.safetensors")
+            return manifest.location
+        if self._staging is None:
+            raise WeightPayloadError(
+                f"v{manifest.version}: the {manifest.transport} transport gives tensors, the engine loads a directory, "
+                "and this subscriber has no staging directory to write them to"
+            )
+        tensors = await transport.get(manifest)
+        return (await self._staging.put(manifest.version, tensors)).location
 
     def _reject(self, version: int, reason: str) -> None:
         self.rejected += 1
