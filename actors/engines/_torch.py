@@ -155,6 +155,9 @@ class TorchEngine:
         self.step_hook = step_hook
         self.recompute_cache_on_update = recompute_cache_on_update
         self.steps_per_call = steps_per_call
+        # an older version may replace the one served (a serving generator: rollback, a manual promotion); else a
+        # version at or below the current one is refused as stale
+        self.accepts_older = False
         self._cache_version = version
         self._version = version
         self._rng = torch.Generator().manual_seed(seed)
@@ -318,7 +321,7 @@ class TorchEngine:
         state.clear()  # nothing here keeps a replaced version's views (their slot is released with the last one)
 
     def _check_newer(self, version: int) -> None:
-        if version <= self._version:
+        if version == self._version or (version < self._version and not self.accepts_older):
             self._counts["weight_updates_rejected"] += 1
             raise WeightUpdateError(f"version {version} rejected: engine already serves version {self._version}")
 

@@ -58,6 +58,10 @@ class GeneratorActor(Actor[GeneratorConfig]):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.engine, self._tokenizer = await self._build_engine()
+        from actors.engines import TorchEngine
+
+        if self.config.follow == "serving" and isinstance(self.engine, TorchEngine):
+            self.engine.accepts_older = True  # the serving version moves back on a rollback
         self._subscriber = WeightSubscriber(
             self.ctx.bus,
             self.ctx.topology,

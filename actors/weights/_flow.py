@@ -8,8 +8,8 @@ the manifest (carrying the rendezvous) goes first and the transport sends after 
 
 Guarantees:
 - versions are monotonic: a publisher refuses a version ≤ the current one (read from the bus at its first publish,
-  and again after a failed one; its own publishes since: the learner is the key's only writer); a subscriber
-  ignores them;
+  and again after a failed one; its own publishes since: the learner is the key's only writer); a subscriber of
+  ``current`` ignores them, one of ``serving`` takes them (a rollback or a manual promotion moves it back);
 - a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one), and a
   fetch that takes over ``fetch_timeout_s`` is rejected (the next announcement is tried);
 - a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) is logged and
@@ -31,7 +31,7 @@ import anyio
 import torch
 
 from actors.engines import Engine
-from actors.protocol import CURRENT, weights_bucket
+from actors.protocol import CURRENT, SERVING, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError
 from actors.weights._transports import CollectiveTransport, SafetensorsDirTransport, WeightTransport
 from topology.bus import Bus
@@ -159,8 +159,9 @@ class WeightSubscriber:
         return await self.apply(manifest)
 
     async def apply(self, manifest: WeightManifest) -> bool:
-        if manifest.version <= self._engine.version:
-            return False
+        serving = self._engine.version
+        if manifest.version == serving or (manifest.version < serving and self._key != SERVING):
+            return False  # (the serving key moves back too: a rollback, a manual promotion of an older version)
         transport = self._transports.get(manifest.transport)
         if transport is None:
             self._reject(
