@@ -151,11 +151,17 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
 
     async def main() -> dict[str, Any]:
         from actors.replay import promote as do_promote
+        from actors.weights import WeightPayloadError
 
         bus = await connect_run(where, "flywheel-promote")
         try:
             manifest = await _manifest_for(bus, where, int(digits), roles)
             return await do_promote(bus, where, manifest, by=_who(), reason=reason)
+        except WeightPayloadError as exc:  # its weights were pruned, unpinned or their slot rewritten since
+            raise click.ClickException(
+                f"cannot promote v{digits}: {exc}. Promote a version the gate promoted lately, or the learner's "
+                "current one (flywheel status)"
+            ) from None
         finally:
             await bus.close()
 

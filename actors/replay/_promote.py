@@ -124,8 +124,19 @@ async def serving_manifest(bus: Bus) -> WeightManifest | None:
 
 
 async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) -> WeightManifest:
-    """``manifest``'s payload under ``name`` (disk: ``<run_dir>/weights/<name>``, hard links where possible)."""
-    if manifest.location.endswith(name):
+    """``manifest``'s payload under ``name`` (disk: ``<run_dir>/weights/<name>``, hard links where possible);
+    ``WeightPayloadError`` when it is gone (a pinned copy unpinned since, a slot rewritten, a version pruned)."""
+    if manifest.location.endswith(name):  # the copy itself: still there?
+        if manifest.transport == "object-store":
+            try:
+                await bus.object_get(weights_bucket(bus.topology), manifest.location)
+            except BusError as exc:
+                raise WeightPayloadError(f"v{manifest.version}: its copy {name} is gone ({exc})") from None
+        elif not (Path(manifest.location) / "model.safetensors").is_file():
+            raise WeightPayloadError(
+                f"v{manifest.version}: its copy {manifest.location} is gone (the newest {KEEP_PINNED} promoted "
+                "versions and the gate's best are kept)"
+            )
         return manifest
     if manifest.transport == "object-store":
         bucket = weights_bucket(bus.topology)
@@ -208,7 +219,11 @@ async def release(bus: Bus, run_dir: Path, held: WeightManifest) -> None:
 
 
 async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
-    pinned = sorted({int(e["version"]) for e in read_decisions(run_dir) if e.get("serving") and "version" in e})
+    decisions = read_decisions(run_dir)
+    pinned = sorted({int(e["version"]) for e in decisions if e.get("serving") and "version" in e})
+    best = next((e["best_version"] for e in reversed(decisions) if e.get("best_version") is not None), None)
+    if best is not None:  # the gate's champion, whoever promotes: what no later version may fall below
+        keep = {*keep, int(best)}
     for version in pinned:
         if version in keep or version in pinned[-KEEP_PINNED:]:
             continue
@@ -266,7 +281,7 @@ async def rollback(
         earlier = [e for e in history[:last] if int(e["version"]) != current.version]
     if not earlier:
         raise ValueError(f"no earlier serving version than v{current.version} in {decisions_path(run_dir)}")
-    target = WeightManifest.from_json(orjson.dumps(earlier[-1]["manifest"]))
+    target = await _pin(bus, run_dir, WeightManifest.from_json(orjson.dumps(earlier[-1]["manifest"])))  # still there?
     await bus.kv_put(weights_bucket(bus.topology), SERVING, target.to_json())
     return record(
         run_dir,

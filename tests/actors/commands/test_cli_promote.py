@@ -1,21 +1,27 @@
 """`flywheel promote` / `rollback` / `review` on a run whose spec has no gate, serving generator or joiner: they say
-so (from the spec copy in run.json) instead of pointing at files and queues such a run never has."""
+so (from the spec copy in run.json) instead of pointing at files and queues such a run never has; on a version
+whose weights are gone they say that, in one line."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import torch
 from click.testing import CliRunner
 
 from actors.commands._promote import run_roles
+from actors.replay import promote, serving_manifest
+from actors.weights import SafetensorsDirTransport
 from tests.conftest import fresh_topology
-from topology.bus import EmbeddedNats
+from topology.bus import Bus, EmbeddedNats
 from topology.cli import main
-from topology.runtime._rundir import RunInfo, write_run_info
+from topology.runtime._rundir import RunInfo, read_run_info, write_run_info
 
 TRAINING = {
     "source": {},
@@ -82,3 +88,35 @@ def test_review_says_the_run_queues_nothing(tmp_path: Path, joiner: dict[str, An
     assert result.exit_code == 1
     assert f"nothing to review in the run at {run_dir}: {says}" in result.output
     assert "review queue empty" not in result.output
+
+
+def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A promoted version's pinned copy is removed once it is neither among the newest promoted ones nor the gate's
+    best: moving ``serving`` back at it would leave the serving generators nothing to load (and the gate, comparing
+    against it, nothing to replay). Both commands say so in one line and change nothing."""
+    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    topology = read_run_info(run_dir).topology
+
+    async def serving_now() -> int:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            manifest = await serving_manifest(bus)
+            assert manifest is not None
+            return manifest.version
+
+    async def promote_two() -> None:
+        transport = SafetensorsDirTransport(run_dir / "weights")
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            for version in (1, 2):
+                manifest = await transport.put(version, {"w": torch.full((4,), float(version))})
+                await promote(bus, run_dir, manifest, by="test", reason="setup")
+
+    anyio.run(promote_two)
+    shutil.rmtree(run_dir / "weights" / "serving-v1")  # unpinned since
+    for command in (["promote", "v1"], ["rollback"]):
+        result = CliRunner().invoke(main, [*command, str(run_dir)])
+        assert result.exit_code == 1, result.output
+        assert "serving-v1 is gone" in result.output and "Traceback" not in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert anyio.run(serving_now) == 2
