@@ -120,3 +120,26 @@ def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
         assert "serving-v1 is gone" in result.output and "Traceback" not in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
         assert anyio.run(serving_now) == 2
+
+
+def test_promotions_keep_the_gates_best_version_pinned(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """The gate's best version (``best_version`` in its decisions) is what no later version may fall below: however
+    many versions are promoted after it, by the gate or by hand, its pinned copy stays."""
+    from actors.replay import record
+    from actors.replay._promote import KEEP_PINNED
+
+    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    topology = read_run_info(run_dir).topology
+
+    async def promote_many() -> None:
+        transport = SafetensorsDirTransport(run_dir / "weights", keep_versions=100)
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            for version in range(1, KEEP_PINNED + 4):
+                manifest = await transport.put(version, {"w": torch.full((4,), float(version))})
+                await promote(bus, run_dir, manifest, by="cli:test", reason="by hand")
+                if version == 1:
+                    record(run_dir, {"action": "hold", "version": 1, "by": "gate", "best_version": 1})
+
+    anyio.run(promote_many)
+    pinned = sorted(int(p.name.removeprefix("serving-v")) for p in (run_dir / "weights").glob("serving-v*"))
+    assert pinned == [1, *range(4, KEEP_PINNED + 4)], pinned  # the best, and the newest KEEP_PINNED
