@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +117,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
             tg.start_soon(self._watch_weights)
             tg.start_soon(self._report_loop)
             if self.config.serve:  # [gateway] answer gateway requests over NATS (actors.generator._serve)
-                from actors.generator._serve import default_max_in_flight, serve
-
-                tg.start_soon(
-                    partial(
-                        serve, self.ctx, self.engine, max_in_flight=default_max_in_flight(self.config.max_batch_size)
-                    )
-                )
+                tg.start_soon(self._serve)
             if channel_in is None:  # serves users only (consumes: []): no training prompts to take
                 await self.ctx.stopping.wait()
                 tg.cancel_scope.cancel()
@@ -165,6 +158,19 @@ class GeneratorActor(Actor[GeneratorConfig]):
             waited += 0.2
             if waited in (10.0, 60.0):
                 self.ctx.log.info("generator.waiting_for_weights", waited_s=waited)
+
+    async def _serve(self) -> None:
+        """Answer the gateway's requests — once there are weights worth answering with: a builtin model without a
+        checkpoint starts from random weights, which the learner's warm start and first version replace, and users
+        get "no generator serving" (503, /healthz not ok) until then, not gibberish from v0. A pretrained (hf:) model
+        or a checkpoint serves at once."""
+        from actors.generator._serve import default_max_in_flight, serve
+
+        assert self.engine is not None
+        policy = policy_of(self.ctx.spec)
+        if self._has_learner and policy.model.startswith("builtin:") and not policy.checkpoint:
+            await self._wait_for_first_weights()
+        await serve(self.ctx, self.engine, max_in_flight=default_max_in_flight(self.config.max_batch_size))
 
     async def _watch_weights(self) -> None:
         assert self._subscriber is not None

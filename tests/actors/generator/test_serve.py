@@ -163,3 +163,53 @@ async def test_a_cancel_that_overtakes_its_request_still_stops_it(bus: Bus, tmp_
             ctx.stopping.set()
     finally:
         await engine.close()
+
+
+SERVICE_SPEC = """
+name: {name}
+policy: {{model: builtin:tiny-gpt, config: {{n_layer: 1, n_embd: 32, n_head: 2}}}}
+domains: {{arithmetic: {{source: builtin:arithmetic, verifier: math}}}}
+actors:
+  source: {{}}
+  generator: {{}}
+  verify: {{}}
+  learner: {{}}
+  serving: {{kind: generator, consumes: [], publishes: [], serve: true, follow: serving, device: cpu}}
+"""
+
+
+async def test_a_serving_generator_of_an_untrained_model_answers_users_only_once_a_version_is_promoted(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A builtin model starts from random weights: until the gate promotes a version, the gateway hears that no
+    generator serves (its 503) instead of answers from them."""
+    from actors.generator._actor import GeneratorActor
+    from actors.protocol import SERVING
+    from actors.testing import running_actor
+    from actors.weights import SafetensorsDirTransport, WeightPublisher
+
+    (tmp_path / "spec.yaml").write_text(SERVICE_SPEC.format(name=bus.topology))
+    spec = load_spec(tmp_path / "spec.yaml")
+    client = ServeClient(bus.nc, bus.topology, attempts=2)
+    await client.start()
+    try:
+        async with running_actor(GeneratorActor, spec, "serving", bus, tmp_path) as actor:
+            await anyio.sleep(1.0)  # time enough to subscribe, were it going to
+            with pytest.raises(NoGenerators):
+                await client.call("r0", [1, 5, 6], params(3), stream=False, timeout_s=5)
+            assert actor.engine is not None and actor.engine.version == 0
+            state = {name: t.clone() for name, t in actor.engine.policy.state_dict().items()}
+            publisher = WeightPublisher(bus, bus.topology, SafetensorsDirTransport(tmp_path / "weights"), key=SERVING)
+            await publisher.publish(1, state)
+            with anyio.fail_after(20):
+                while True:
+                    try:
+                        call = await client.call("r1", [1, 5, 6], params(3), stream=False, timeout_s=5)
+                        break
+                    except NoGenerators:
+                        await anyio.sleep(0.1)
+            final = [m async for m in call.messages(5)][-1]
+            call.close()
+            assert final["type"] == "final" and final["versions"] == [1, 1, 1]
+    finally:
+        await client.close()
