@@ -16,7 +16,10 @@ Contract:
   ratchet what users are served down.
 - Promotion pins the version and moves ``serving`` (see ``actors.replay._promote``); a rejection logs
   ``gate.rejected`` with the figures and leaves ``serving`` alone, so the candidate stays on the training
-  generators only. Every decision is a line of ``<run_dir>/gate/decisions.jsonl`` carrying ``best_version``.
+  generators only. Every decision is a line of ``<run_dir>/gate/decisions.jsonl`` carrying ``best_version`` — but
+  holds for want of evidence (fewer than ``min_samples`` recorded requests to replay, as with every version until
+  users come) at most one a minute, the others counted (``holds_not_logged``). The log is read once at start, then
+  only its new lines (`DecisionLog`).
 - Rollback (``rollback_margin`` not null): every ``rollback_check_s`` the gate reads the new traffic and feedback
   recordings; when the serving version was promoted over a previous one and users' mean feedback score on its
   answers is below the previous version's by more than ``rollback_margin`` and by more than twice the standard
@@ -35,6 +38,7 @@ Non-goals: gating on anything but mean verifier reward; several gates per topolo
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -49,6 +53,7 @@ from actors.gate._config import GateConfig
 from actors.gate._feedback import FeedbackByVersion
 from actors.protocol import CURRENT, weights_bucket
 from actors.replay import (
+    DecisionLog,
     RecordingsTail,
     Replayer,
     ReplayItem,
@@ -60,7 +65,6 @@ from actors.replay import (
     items_from_traffic,
     mean_reward,
     promote,
-    read_decisions,
     record,
     release,
     rollback,
@@ -72,6 +76,7 @@ from topology.runtime import Actor, ActorContext, iterate_until
 __all__ = ["GateActor"]
 
 _DECIDES = ("promote", "reject", "hold")
+HOLD_LOG_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ class GateActor(Actor[GateConfig]):
         folder = Path(config.recordings)
         self.recordings = folder if folder.is_absolute() else ctx.run_dir / folder
         self.replayer: Replayer | None = None
-        decisions = read_decisions(ctx.run_dir)
+        self.log = DecisionLog(ctx.run_dir)  # read once here, then only what is appended
+        decisions = self.log.update()
         self.decided = max(
             (int(e["version"]) for e in decisions if e.get("action") in _DECIDES and "version" in e), default=0
         )
@@ -98,6 +104,7 @@ class GateActor(Actor[GateConfig]):
         self._items: dict[str, deque[ReplayItem]] = {"traffic": deque(maxlen=pool), "scored": deque(maxlen=pool)}
         self.feedback = FeedbackByVersion()
         self._refreshing = anyio.Lock()
+        self._unproven_logged = -math.inf  # when a hold for want of evidence was last written to the log
         # "<action> v<N>: <reason>" of the newest decision (heartbeats carry it as text)
         self.last_decision = next(
             (f"{e['action']} v{e['version']}: {e.get('reason', '')}" for e in reversed(decisions) if "version" in e),
@@ -179,7 +186,14 @@ class GateActor(Actor[GateConfig]):
     ) -> dict[str, Any]:
         """Serve ``held`` (the pinned copy of ``candidate``); remember it as the best version when it becomes one."""
         entry = await promote(
-            self.ctx.bus, self.ctx.run_dir, held, by=self.ctx.replica_id, reason=reason, figures=figures, keep=keep
+            self.ctx.bus,
+            self.ctx.run_dir,
+            held,
+            by=self.ctx.replica_id,
+            reason=reason,
+            figures=figures,
+            keep=keep,
+            log=self.log,
         )
         if becomes_best:
             self.best = _Best(candidate.version, WeightManifest.from_json(orjson.dumps(entry["manifest"])))
@@ -214,20 +228,27 @@ class GateActor(Actor[GateConfig]):
             keep = {self.best.version} if self.best is not None else set()
             entry = await self._promote(candidate, held, decision.reason, figures, keep=keep, becomes_best=becomes_best)
         else:
-            entry = record(
-                self.ctx.run_dir,
-                {
-                    "action": decision.action,
-                    "version": candidate.version,
-                    "by": who,
-                    "reason": decision.reason,
-                    "serving": False,
-                    "kept": serving.version,
-                    "manifest": orjson.loads(candidate.to_json()),
-                    **figures,
-                    "best_version": self.best.version if self.best is not None else None,
-                },
-            )
+            entry = {
+                "action": decision.action,
+                "version": candidate.version,
+                "by": who,
+                "reason": decision.reason,
+                "serving": False,
+                "kept": serving.version,
+                "manifest": orjson.loads(candidate.to_json()),
+                **figures,
+                "best_version": self.best.version if self.best is not None else None,
+            }
+            # a hold for want of evidence comes with every version until users' requests are recorded: one line of
+            # them a minute (the others are counted), not a line per version
+            unproven = decision.action == "hold" and figures["samples"] < self.config.min_samples
+            if unproven and time.monotonic() - self._unproven_logged < HOLD_LOG_EVERY_S:
+                self.ctx.counters.inc("holds_not_logged")
+                entry["ts"] = time.time()
+                self._counted(entry, quiet=True)
+                return entry
+            entry = record(self.ctx.run_dir, entry)
+            self._unproven_logged = time.monotonic() if unproven else -math.inf
             self.ctx.log.warning(
                 "gate.rejected" if decision.action == "reject" else "gate.held",
                 version=candidate.version,
@@ -350,7 +371,8 @@ class GateActor(Actor[GateConfig]):
         if margin is None:
             return None
         await self.refresh()
-        serving_entries = [e for e in read_decisions(self.ctx.run_dir) if e.get("serving") and "version" in e]
+        self.log.update()
+        serving_entries = self.log.serving
         if not serving_entries:
             return None
         last = serving_entries[-1]
@@ -381,6 +403,7 @@ class GateActor(Actor[GateConfig]):
         entry = await rollback(
             self.ctx.bus,
             self.ctx.run_dir,
+            log=self.log,
             by=self.ctx.replica_id,
             reason=reason,
             figures={**comparison.figures(), "best_version": best_version},
@@ -391,7 +414,7 @@ class GateActor(Actor[GateConfig]):
         self._counted(entry)
         return entry
 
-    def _counted(self, entry: dict[str, Any]) -> None:
+    def _counted(self, entry: dict[str, Any], *, quiet: bool = False) -> None:
         counters = self.ctx.counters
         counters.inc(f"decisions.{entry['action']}")
         if entry.get("serving"):
@@ -401,7 +424,8 @@ class GateActor(Actor[GateConfig]):
         self.last_decision = f"{entry['action']} v{entry['version']}: {entry['reason']}"
         counters.set("last_decision_version", entry["version"])
         counters.set("last_decision_ts", round(float(entry.get("ts", time.time())), 3))
-        self.ctx.log.info("gate.decided", action=entry["action"], version=entry["version"], reason=entry["reason"])
+        if not quiet:
+            self.ctx.log.info("gate.decided", action=entry["action"], version=entry["version"], reason=entry["reason"])
 
 
 def _at_least(value: float | None, other: float | None) -> bool:

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
         Decision as Decision,
     )
     from actors.replay._promote import (
+        DecisionLog as DecisionLog,
+    )
+    from actors.replay._promote import (
         decide as decide,
     )
     from actors.replay._promote import (
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Decision": "_promote",
+    "DecisionLog": "_promote",
     "Outcome": "_run",
     "RecordingsTail": "_items",
     "ReplayItem": "_items",
@@ -87,6 +91,7 @@ _EXPORTS = {
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "Decision",
+    "DecisionLog",
     "Outcome",
     "RecordingsTail",
     "ReplayItem",

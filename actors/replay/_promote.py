@@ -43,6 +43,7 @@ from topology.bus import Bus, BusError
 
 __all__ = [
     "Decision",
+    "DecisionLog",
     "decide",
     "decisions_path",
     "hold",
@@ -116,6 +117,43 @@ def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             continue  # a line cut short by a crash
     return entries
+
+
+class DecisionLog:
+    """What the gate keeps of ``decisions.jsonl``: the entries that moved ``serving`` and the newest ``best_version``,
+    read once, then from the lines appended since (by the gate, or by ``flywheel promote`` / ``rollback`` in another
+    process). A service appends a line per version it decides on; reading the whole file at every check took
+    seconds after a day of them."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = decisions_path(run_dir)
+        self.serving: list[dict[str, Any]] = []
+        self.best_version: int | None = None
+        self._offset = 0
+        self._rest = b""  # a line not finished yet (a writer between its bytes and its newline)
+
+    def update(self) -> list[dict[str, Any]]:
+        """Take the lines appended since the last update; returns them (every entry, at the first update)."""
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        entries = []
+        for line in lines:
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line cut short by a crash
+            entries.append(entry)
+            if entry.get("serving") and "version" in entry:
+                self.serving.append(entry)
+            if entry.get("best_version") is not None:
+                self.best_version = int(entry["best_version"])
+        return entries
 
 
 async def serving_manifest(bus: Bus) -> WeightManifest | None:
@@ -218,12 +256,13 @@ async def release(bus: Bus, run_dir: Path, held: WeightManifest) -> None:
             pass
 
 
-async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int]) -> None:
-    decisions = read_decisions(run_dir)
-    pinned = sorted({int(e["version"]) for e in decisions if e.get("serving") and "version" in e})
-    best = next((e["best_version"] for e in reversed(decisions) if e.get("best_version") is not None), None)
-    if best is not None:  # the gate's champion, whoever promotes: what no later version may fall below
-        keep = {*keep, int(best)}
+async def _unpin_old(bus: Bus, run_dir: Path, keep: set[int], log: DecisionLog | None = None) -> None:
+    if log is None:
+        log = DecisionLog(run_dir)
+    log.update()
+    pinned = sorted({int(e["version"]) for e in log.serving})
+    if log.best_version is not None:  # the gate's champion, whoever promotes: what no later version may fall below
+        keep = {*keep, log.best_version}
     for version in pinned:
         if version in keep or version in pinned[-KEEP_PINNED:]:
             continue
@@ -243,9 +282,10 @@ async def promote(
     reason: str,
     figures: dict[str, Any] | None = None,
     keep: Iterable[int] = (),
+    log: DecisionLog | None = None,
 ) -> dict[str, Any]:
     """Pin ``manifest``, point ``serving`` at it, log the decision; returns the log entry. Pinned versions in
-    ``keep`` are never unpinned here."""
+    ``keep`` are never unpinned here. ``log``: a caller's :class:`DecisionLog` of the run (else the file is read)."""
     previous = await serving_manifest(bus)
     pinned = await _pin(bus, run_dir, manifest)
     await bus.kv_put(weights_bucket(bus.topology), SERVING, pinned.to_json())
@@ -262,18 +302,28 @@ async def promote(
             **(figures or {}),
         },
     )
-    await _unpin_old(bus, run_dir, keep={manifest.version, *keep} | ({previous.version} if previous else set()))
+    await _unpin_old(bus, run_dir, {manifest.version, *keep} | ({previous.version} if previous else set()), log)
     return entry
 
 
 async def rollback(
-    bus: Bus, run_dir: Path, *, by: str, reason: str | None = None, figures: dict[str, Any] | None = None
+    bus: Bus,
+    run_dir: Path,
+    *,
+    by: str,
+    reason: str | None = None,
+    figures: dict[str, Any] | None = None,
+    log: DecisionLog | None = None,
 ) -> dict[str, Any]:
-    """Point ``serving`` at the version that served before the current one; ValueError when there is none."""
+    """Point ``serving`` at the version that served before the current one; ValueError when there is none.
+    ``log``: as for :func:`promote`."""
     current = await serving_manifest(bus)
     if current is None:
         raise ValueError("nothing is serving yet: there is no version to roll back from")
-    history = [e for e in read_decisions(run_dir) if e.get("serving") and "manifest" in e]
+    if log is None:
+        log = DecisionLog(run_dir)
+    log.update()
+    history = [e for e in log.serving if "manifest" in e]
     earlier = [e for e in history if int(e["version"]) != current.version]
     chain = [int(e["version"]) for e in history]
     if current.version in chain:  # the one that served before the current version's latest promotion

@@ -48,7 +48,8 @@ SURFACES: dict[str, set[str]] = {
         "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
     },
     "actors.replay": {
-        "build_report", "decide", "Decision", "decisions_path", "hold", "items_from_scored", "items_from_traffic",
+        "build_report", "decide", "Decision", "DecisionLog", "decisions_path", "hold", "items_from_scored",
+        "items_from_traffic",
         "load_items", "mean_reward", "Outcome", "promote", "read_decisions", "RecordingsTail", "record", "release",
         "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights",
         "ResolvedWeights", "rollback", "serving_manifest", "WeightsNotFound", "write_report",
