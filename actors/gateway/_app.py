@@ -32,7 +32,8 @@ Contract:
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
-  :data:`~actors.protocol.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0).
+  :data:`~actors.protocol.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0); a score
+  must be a JSON number, and one sent with a label must be the label's.
   Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later.
 
 Non-goals: per-key quotas, TLS (put a proxy in front), CORS.
@@ -103,7 +104,7 @@ class ApiKeys:
 class _FeedbackRequest(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
     request_id: str = pydantic.Field(min_length=1, max_length=200)
-    score: float | None = None
+    score: pydantic.StrictFloat | pydantic.StrictInt | None = None  # true is no score (pydantic would make it 1.0)
     label: str | None = pydantic.Field(default=None, max_length=64)
     comment: str = pydantic.Field(default="", max_length=8000)
 
@@ -222,6 +223,10 @@ class Gateway:
             if label is None:
                 raise ApiError(400, "feedback needs a score (0..1) or a label (good, bad, thumbs_up, …)")
             score = FEEDBACK_LABELS[label]
+        elif label is not None and FEEDBACK_LABELS[label] != score:  # which one did the user mean?
+            raise ApiError(
+                400, f"score {score} and label {body.label!r} (= {FEEDBACK_LABELS[label]}) disagree: send one"
+            )
         if not 0.0 <= score <= 1.0:
             raise ApiError(400, f"score must be between 0 and 1, got {score}")
         msg = FeedbackMsg(

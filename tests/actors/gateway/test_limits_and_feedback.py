@@ -93,8 +93,14 @@ def test_feedback_needs_a_valid_key(gateway: Running) -> None:
     assert missing.status_code == 401 and error_of(missing)["code"] == "missing_api_key"
     wrong = post(gateway, "/v1/feedback", json=body, key="not-the-key")
     assert wrong.status_code == 403 and error_of(wrong)["code"] == "invalid_api_key"
-    for bad in ({"request_id": "r", "label": "meh"}, {"request_id": "r", "score": 7}, {"request_id": "r"}):
-        assert post(gateway, "/v1/feedback", json=bad, key=API_KEY).status_code == 400
+    for bad in (
+        {"request_id": "r", "label": "meh"},
+        {"request_id": "r", "score": 7},
+        {"request_id": "r"},
+        {"request_id": "r", "score": True},  # not a score: pydantic alone would store 1.0
+        {"request_id": "r", "score": 1, "label": "bad"},  # which one?
+    ):
+        assert post(gateway, "/v1/feedback", json=bad, key=API_KEY).status_code == 400, bad
     assert gateway.stored("feedback") == before
 
 
