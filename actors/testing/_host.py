@@ -32,6 +32,7 @@ __all__ = ["EngineHost"]
 class EngineHost:
     def __init__(self, engine: TorchEngine) -> None:
         self.engine = engine
+        engine.accepts_older = True  # a server labels the weights it loads with a version; it does not order them
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight: Counter[str] = Counter()

@@ -160,8 +160,12 @@ class WeightSubscriber:
 
     async def apply(self, manifest: WeightManifest) -> bool:
         serving = self._engine.version
-        if manifest.version == serving or (manifest.version < serving and self._key != SERVING):
-            return False  # (the serving key moves back too: a rollback, a manual promotion of an older version)
+        # the serving key moves back too (a rollback, a manual promotion of an older version); and the first version
+        # announced after a start replaces whatever the engine holds: an SGLang or vLLM server that outlived another
+        # run reports that run's version, which would otherwise hold back every version of this one below it
+        back = self._key == SERVING or self.applied == 0
+        if manifest.version == serving or (manifest.version < serving and not back):
+            return False
         transport = self._transports.get(manifest.transport)
         if transport is None:
             self._reject(

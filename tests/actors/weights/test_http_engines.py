@@ -61,3 +61,37 @@ async def test_an_http_engine_takes_versions_from_disk_and_from_the_object_store
     assert [e for e, _ in events] == ["weights.swapped"] * 3, events
     staged = sorted(p.name for p in (tmp_path / "generator").iterdir() if p.name.startswith("v"))
     assert staged == ["v2"], staged  # only the object store's version went through the generator's own directory
+
+
+async def test_a_server_that_outlived_another_run_takes_this_runs_first_version(bus: Bus, tmp_path: Path) -> None:
+    """An SGLang server left running reports the version of the run that loaded it last (here 9): the first version
+    this run announces replaces it, and the next ones follow as usual."""
+    served = make_engine(version=9)
+    versions: list[int] = []
+    try:
+        async with FakeSGLangServer(served) as running:
+            client = SGLangEngine(running.url, timeout_s=30)
+            await client.start(health_timeout_s=10)
+            assert client.version == 9
+            transport = SafetensorsDirTransport(tmp_path / "learner")
+            told, heard = anyio.create_memory_object_stream[int](8)
+            subscriber = WeightSubscriber(
+                bus,
+                bus.topology,
+                client,
+                {"disk": transport},
+                on_event=lambda event, f: told.send_nowait(f["version"] if event == "weights.swapped" else -1),
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(subscriber.run)
+                for version in (1, 2):
+                    await WeightPublisher(bus, bus.topology, transport).publish(
+                        version, perturbed(served, seed=version)
+                    )
+                    with anyio.fail_after(20):
+                        versions.append(await heard.receive())
+                tg.cancel_scope.cancel()
+            await client.close()
+    finally:
+        await served.close()
+    assert versions == [1, 2] and served.version == 2
