@@ -126,7 +126,9 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles |
     else:
         decisions = decisions_path(run_dir)
         why = (
-            f"the gate never decided on it (see {decisions})" if decisions.is_file() else "the gate decided nothing yet"
+            f"the gate's log has no line for it (see {decisions}; a hold for want of evidence is logged once a minute)"
+            if decisions.is_file()
+            else "the gate decided nothing yet"
         )
     raise click.ClickException(f"version {version} is not available ({now}): {why}")
 

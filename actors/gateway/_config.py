@@ -22,7 +22,7 @@ class GatewayConfig(SpecModel):
     model_name: str = "flywheel"  # the model id reported by /v1/models and accepted in requests
     api_keys_env: str = "FLYWHEEL_API_KEYS"  # env var with comma-separated keys for feedback and admin routes
     api_keys_file: str | None = None  # file with one key per line (# comments); relative to the spec file; it must
-    #   exist when the gateway starts (validate checks it on the local runtime)
+    #   exist when the gateway starts (validate checks it: an error on the local runtime, a warning on a cluster)
     # with neither keys in the env var nor a file: make one key and write it to <run_dir>/<actor>/api_key (mode
     # 0600; kept across gateway restarts, shared by replicas), so feedback works out of the box; false: refuse
     # every feedback call until keys are configured

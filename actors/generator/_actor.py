@@ -23,6 +23,7 @@ safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.engin
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,11 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._outbox: Outbox | None = None
         self._started = time.monotonic()
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
+        self._staging_root = ctx.run_dir / "weights-staged" / f"{ctx.actor}-{ctx.replica}"
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._staging_root, True)  # an earlier life's
         self.engine, self._tokenizer = await self._build_engine()
         from actors.engines import TorchEngine
 
@@ -70,10 +73,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
             log=self.ctx.log,
             on_event=lambda event, fields: self.ctx.counters.inc(event),
             served_key=served_key(self.ctx.actor, self.ctx.replica),
-            # an SGLang or vLLM server reads a directory: tensors of the object store, shm or a broadcast go there
-            staging=SafetensorsDirTransport(
-                self.ctx.run_dir / "weights-staged" / f"{self.ctx.actor}-{self.ctx.replica}"
-            ),
+            # an SGLang or vLLM server reads a directory: the versions it loads are staged there
+            staging=SafetensorsDirTransport(self._staging_root),
         )
         self.ctx.log.info(
             "generator.ready",
@@ -148,6 +149,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def stop(self) -> None:
         if self.engine is not None:
             await self.engine.close()
+        await asyncio.to_thread(shutil.rmtree, self._staging_root, True)
 
     # ------------------------------------------------------------------ work
     async def _wait_for_first_weights(self) -> None:

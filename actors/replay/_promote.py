@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 
 from actors.protocol import SERVING, weights_bucket
 from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
+from actors.weights._transports import link_or_copy
 from topology.bus import Bus, BusError
 
 __all__ = [
@@ -130,12 +131,18 @@ class DecisionLog:
         self.serving: list[dict[str, Any]] = []
         self.best_version: int | None = None
         self._offset = 0
+        self._inode = -1
         self._rest = b""  # a line not finished yet (a writer between its bytes and its newline)
 
     def update(self) -> list[dict[str, Any]]:
-        """Take the lines appended since the last update; returns them (every entry, at the first update)."""
+        """Take the lines appended since the last update; returns them (every entry, at the first update, and after
+        the file was replaced or cut short: rotated by its owner, say)."""
         try:
             with open(self.path, "rb") as log:
+                info = os.fstat(log.fileno())
+                if info.st_ino != self._inode or info.st_size < self._offset:  # another file: read it whole
+                    self.serving, self.best_version, self._offset, self._rest = [], None, 0, b""
+                    self._inode = info.st_ino
                 log.seek(self._offset)
                 data = log.read()
         except FileNotFoundError:
@@ -167,7 +174,7 @@ async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) ->
     if manifest.location.endswith(name):  # the copy itself: still there?
         if manifest.transport == "object-store":
             try:
-                await bus.object_get(weights_bucket(bus.topology), manifest.location)
+                await bus.object_info(weights_bucket(bus.topology), manifest.location)
             except BusError as exc:
                 raise WeightPayloadError(f"v{manifest.version}: its copy {name} is gone ({exc})") from None
         elif not (Path(manifest.location) / "model.safetensors").is_file():
@@ -190,7 +197,7 @@ async def _copy(bus: Bus, run_dir: Path, manifest: WeightManifest, name: str) ->
             partial = run_dir / "weights" / f".{name}.partial-{os.getpid()}"
             shutil.rmtree(partial, ignore_errors=True)
             try:
-                shutil.copytree(manifest.location, partial, copy_function=_link_or_copy)
+                shutil.copytree(manifest.location, partial, copy_function=link_or_copy)
             except (OSError, shutil.Error) as exc:  # pruned before (or while) it was copied
                 shutil.rmtree(partial, ignore_errors=True)
                 raise WeightPayloadError(f"v{manifest.version}: cannot copy {manifest.location}: {exc}") from exc
@@ -223,15 +230,6 @@ def _write_dir(parent: Path, final: Path, state: dict[str, Any], version: int) -
     partial.mkdir(parents=True)
     save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt", "version": str(version)})
     os.rename(partial, final)
-
-
-def _link_or_copy(source: str, target: str) -> None:
-    """A hard link (versions are written once, then renamed into place: never changed) or, across filesystems,
-    a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
 
 
 async def _pin(bus: Bus, run_dir: Path, manifest: WeightManifest) -> WeightManifest:

@@ -111,7 +111,8 @@ class WeightSubscriber:
         staging: SafetensorsDirTransport | None = None,
     ) -> None:
         self._bus = bus
-        self._staging = staging  # where tensors are written for an engine that loads directories (SGLang, vLLM)
+        self._staging = staging  # directories staged for an engine that loads them (SGLang, vLLM)
+        self._staged = 0
         self.fetch_timeout_s = fetch_timeout_s
         self._bucket = weights_bucket(topology)
         self._engine = engine
@@ -126,7 +127,8 @@ class WeightSubscriber:
         self.last_swap_s = 0.0
 
     async def run(self) -> None:
-        """Apply the current version (if newer than the engine's), then the newest announced one, again and again.
+        """Apply the current version (if newer than the engine's; under ``serving``, if another one), then the newest
+        announced one, again and again.
 
         Announcements arriving while a swap is under way overwrite each other: the next swap takes the newest and
         the ones in between are skipped. Applying each in turn let a generator whose swap is slower than the
@@ -211,21 +213,26 @@ class WeightSubscriber:
 
     async def _source(self, manifest: WeightManifest, transport: WeightTransport) -> Any:
         """What the engine loads the version from: its tensors; for an engine whose server reads a safetensors
-        directory (SGLang, vLLM), the disk transport's directory as it is, or the tensors of any other transport
-        written to this subscriber's ``staging`` directory first."""
+        directory (SGLang, vLLM), a directory of this subscriber's ``staging``: the disk transport's files
+        hard-linked in (the learner prunes its own directories while a server may still be opening them), the
+        tensors of any other transport written there. Staged directories are numbered in the order they were
+        staged, not by version: a rollback's older version must not be the one pruned."""
         if not getattr(self._engine, "loads_directories", False):
             return await transport.get(manifest)
-        if isinstance(transport, SafetensorsDirTransport):
-            if not (Path(manifest.location) / "model.safetensors").is_file():
-                raise WeightPayloadError(f"v{manifest.version}: {manifest.location} holds no model.safetensors")
-            return manifest.location
+        disk = isinstance(transport, SafetensorsDirTransport)
+        if disk and not (Path(manifest.location) / "model.safetensors").is_file():
+            raise WeightPayloadError(f"v{manifest.version}: {manifest.location} holds no model.safetensors")
         if self._staging is None:
+            if disk:
+                return manifest.location
             raise WeightPayloadError(
                 f"v{manifest.version}: the {manifest.transport} transport gives tensors, the engine loads a directory, "
                 "and this subscriber has no staging directory to write them to"
             )
-        tensors = await transport.get(manifest)
-        return (await self._staging.put(manifest.version, tensors)).location
+        self._staged += 1
+        if disk:
+            return str(await self._staging.adopt(manifest.location, self._staged))
+        return (await self._staging.put(self._staged, await transport.get(manifest))).location
 
     def _reject(self, version: int, reason: str) -> None:
         self.rejected += 1

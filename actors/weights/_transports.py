@@ -154,6 +154,29 @@ class SafetensorsDirTransport:
         await asyncio.to_thread(self._write, final, tensors, version)
         return WeightManifest(version, self.name, str(final), describe(tensors), _nbytes(tensors))
 
+    async def adopt(self, source: Path | str, number: int) -> Path:
+        """Another transport's version directory, hard-linked in (copied across filesystems) as ``v<number>``: a
+        server reading it keeps its files whatever the other side prunes meanwhile (a link outlives the name it was
+        made from). Pruned like this transport's own versions."""
+        final = self.version_dir(number)
+        await asyncio.to_thread(self._link, Path(source), final, number)
+        return final
+
+    def _link(self, source: Path, final: Path, number: int) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.root / f".{final.name}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            shutil.copytree(source, partial, copy_function=link_or_copy)
+        except (OSError, shutil.Error) as exc:  # pruned before (or while) it was linked
+            shutil.rmtree(partial, ignore_errors=True)
+            raise WeightPayloadError(f"cannot take {source}: {exc}") from exc
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(partial, final)
+        with self._tidy_lock:
+            self._newest = max(self._newest, number)
+        self._after_publish(0)
+
     def _write(self, final: Path, tensors: dict[str, torch.Tensor], version: int) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.root / f".{final.name}.partial-{os.getpid()}"
@@ -211,7 +234,7 @@ class SafetensorsDirTransport:
             with self._tidy_lock:
                 newest = self._newest
             self._prune(newest)
-            if not spare.exists():  # none yet, or the publish meanwhile took it
+            if size and not spare.exists():  # none yet, or the publish meanwhile took it (none for adopted ones)
                 try:
                     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                     try:
@@ -262,3 +285,12 @@ class SafetensorsDirTransport:
             raise WeightPayloadError(f"v{manifest.version}: {path} is not a valid safetensors file: {exc}") from exc
         check_state_dict(state_dict, manifest.tensors, what=f"v{manifest.version}")
         return state_dict
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link (versions are written once, then renamed into place: never changed) or, across filesystems, a
+    copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -372,6 +372,10 @@ class Bus:
     async def object_delete(self, bucket: str, name: str) -> bool:
         return await self._stores.object_delete(bucket, name)
 
+    async def object_info(self, bucket: str, name: str) -> tuple[int, str]:
+        """``(size, digest)`` of the object, without reading it; ``BusError`` when it is missing."""
+        return await self._stores.object_info(bucket, name)
+
     # -- ephemeral (core NATS) --------------------------------------------------------------------------
     def _eph_subject(self, subject_suffix: str) -> str:
         return ephemeral_subject(self.topology, subject_suffix)

@@ -213,6 +213,14 @@ class Stores:
             await self._js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{previous.nuid}")
         return len(view), str(info.digest)
 
+    async def object_info(self, bucket: str, name: str) -> tuple[int, str]:
+        store = await self.objects(bucket)
+        try:
+            info = await store.get_info(name)
+        except js_errors.NotFoundError:
+            raise BusError(f"object {name!r} not found in object store {bucket!r}") from None
+        return int(info.size or 0), str(info.digest or "")
+
     async def object_get(
         self, bucket: str, name: str, *, expect_digest: str | None = None, stall_s: float = STALL_S
     ) -> bytearray:

@@ -133,3 +133,7 @@ def test_the_decision_log_reads_only_what_was_appended_since(tmp_path: Path) -> 
         out.write(b'version": 1}\n')
     assert [e["version"] for e in log.update()] == [1]
     assert [e["version"] for e in log.serving] == [2, 1] and log.best_version == 1
+    decisions_path(tmp_path).rename(tmp_path / "gate" / "decisions.jsonl.1")  # rotated by its owner
+    record(tmp_path, {"action": "promote", "version": 4, "serving": True, "best_version": 4})
+    assert [e["version"] for e in log.update()] == [4]  # the new file, from its start
+    assert [e["version"] for e in log.serving] == [4] and log.best_version == 4

@@ -10,8 +10,10 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from actors.engines import SGLangEngine, TorchEngine, VLLMEngine
+from actors.protocol import SERVING
 from actors.testing import FakeSGLangServer, FakeVLLMServer
 from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, WeightSubscriber
 from tests.actors.engines._rig import make_engine, perturbed
@@ -21,46 +23,66 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("server", ["sglang", "vllm"])
-async def test_an_http_engine_takes_versions_from_disk_and_from_the_object_store(
+async def test_an_http_engine_takes_versions_from_disk_and_the_object_store_and_back(
     bus: Bus, tmp_path: Path, server: str
 ) -> None:
+    """Under ``serving``: v1 through disk, v2 through the object store, v3 through disk, then a rollback to v1. Each
+    goes through the generator's staging directory (the disk transport's files as hard links: the learner prunes its
+    own while a server may still be opening them); the rollback's directory is staged last, so it is not the one
+    pruned although its version is older."""
     served: TorchEngine = make_engine()
     fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
     events: list[tuple[str, dict[str, object]]] = []
     told, heard = anyio.create_memory_object_stream[tuple[str, dict[str, object]]](16)
+    transports = {
+        "disk": SafetensorsDirTransport(tmp_path / "learner", keep_versions=10),
+        "object-store": ObjectStoreTransport(bus, "weights_http"),
+    }
+    staging = SafetensorsDirTransport(tmp_path / "generator")
+    states = {}
     try:
         async with fake(served) as running:
             client = client_type(running.url, timeout_s=30)
             await client.start(health_timeout_s=10)
-            transports = {
-                "disk": SafetensorsDirTransport(tmp_path / "learner"),
-                "object-store": ObjectStoreTransport(bus, "weights_http"),
-            }
+            served.accepts_older = True  # what the generator sets for follow: serving (the fake's own engine too)
             subscriber = WeightSubscriber(
                 bus,
                 bus.topology,
                 client,
                 transports,
-                staging=SafetensorsDirTransport(tmp_path / "generator"),
+                key=SERVING,
+                staging=staging,
                 on_event=lambda event, fields: told.send_nowait((event, fields)),
             )
+
+            async def served_now(version: int) -> None:
+                with anyio.fail_after(20):  # swapped, and told (the client's version moves a moment before)
+                    events.append(await heard.receive())
+                assert client.version == version
+                live = served.policy.state_dict()
+                assert all(torch.equal(live[k], states[version][k]) for k in live), f"v{version} is not what serves"
+
             async with anyio.create_task_group() as tg:
                 tg.start_soon(subscriber.run)
+                manifests = {}
                 for version, name in ((1, "disk"), (2, "object-store"), (3, "disk")):
-                    state = perturbed(served, seed=version)
-                    await WeightPublisher(bus, bus.topology, transports[name]).publish(version, state)
-                    with anyio.fail_after(20):  # swapped, and told (the client's version moves a moment before)
-                        events.append(await heard.receive())
-                    assert client.version == version
-                    live = served.policy.state_dict()
-                    assert all(torch.equal(live[k], state[k]) for k in state), f"v{version} is not what serves"
+                    states[version] = perturbed(served, seed=version)
+                    publisher = WeightPublisher(bus, bus.topology, transports[name], key=SERVING)
+                    manifests[version] = await publisher.publish(version, states[version])
+                    await served_now(version)
+                learners = Path(manifests[3].location) / "model.safetensors"
+                stagings = staging.version_dir(3) / "model.safetensors"
+                assert learners.stat().st_ino == stagings.stat().st_ino  # a link, not a copy
+                await publisher.point(manifests[1], SERVING)  # `flywheel rollback` (to v1, two back)
+                await served_now(1)
+                await anyio.to_thread.run_sync(staging.wait_tidy, 10.0)  # the staging's pruning has run
+                kept = [load_file(str(p)) for p in (tmp_path / "generator").glob("v*/model.safetensors")]
+                assert any(all(torch.equal(t[k], states[1][k]) for k in t) for t in kept), "v1 was pruned"
                 tg.cancel_scope.cancel()
             await client.close()
     finally:
         await served.close()
-    assert [e for e, _ in events] == ["weights.swapped"] * 3, events
-    staged = sorted(p.name for p in (tmp_path / "generator").iterdir() if p.name.startswith("v"))
-    assert staged == ["v2"], staged  # only the object store's version went through the generator's own directory
+    assert [e for e, _ in events] == ["weights.swapped"] * 4, events
 
 
 async def test_a_server_that_outlived_another_run_takes_this_runs_first_version(bus: Bus, tmp_path: Path) -> None:

@@ -52,6 +52,10 @@ async def test_object_store_roundtrip_of_a_few_megabytes(bus: Bus) -> None:
     assert await bus.object_get("weights", "v1.safetensors") == blob
     with pytest.raises(BusError, match="not found"):
         await bus.object_get("weights", "v2.safetensors")
+    assert await bus.object_info("weights", "v1.safetensors") == (size, digest)  # without reading it
+    await bus.object_delete("weights", "v1.safetensors")
+    with pytest.raises(BusError, match="not found"):
+        await bus.object_info("weights", "v1.safetensors")
 
 
 async def test_ephemeral_publish_subscribe(bus: Bus) -> None:
