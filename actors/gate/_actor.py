@@ -27,7 +27,8 @@ Contract:
   (logged as ``rollback`` with the figures; the champion too, when it was the rolled-back version). A version
   that served after a rollback is judged again only once a new version is promoted.
 - Versions published while a decision runs are not queued: the next decision takes the newest one.
-- A restart resumes after the newest version in the decisions log, with its champion.
+- A restart resumes after the newest version in the decisions log, with its champion (after holds that were only
+  counted, it decides on the learner's current version again).
 
 Counters: ``serving_version``, ``best_version``, ``last_decision`` (text), ``last_decision_version``,
 ``last_decision_ts``, ``decisions.<action>``, ``superseded`` (versions pruned before the gate could hold them),
