@@ -31,7 +31,9 @@ class GeneratorConfig(SpecModel):
     top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
     top_k: int = Field(default=0, ge=0)  # top-k sampling; 0 = off
     serve: bool = False  # also answer the gateway's requests (over core NATS request/reply)
-    weight_sync: Literal["object-store", "disk", "shm", "distributed"] = "object-store"  # how new weights arrive
+    weight_sync: Literal["object-store", "disk", "shm", "distributed"] = "object-store"  # how new weights arrive;
+    #   distributed (the learner's broadcast group): the torch engine only — an SGLang or vLLM generator loads each
+    #   version from a directory on its node
     follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
     #   serving: only versions the promotion gate promoted (for generators that answer users)
     request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request
@@ -57,6 +59,12 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
             f"expected engine: torch with policy.model {model} ({check.where(('policy', 'model'))}): sglang and "
             f"vllm serve an hf:<model dir or hub id> policy, whose tokenizer the generator loads; got "
             f"{show(config.engine)}",
+        )
+    if config.engine != "torch" and config.weight_sync == "distributed":
+        check.error(
+            (*path, "weight_sync"),
+            f"expected object-store, disk or shm with engine: {config.engine}: an {config.engine} server does not join "
+            "the learner's broadcast (not built yet), so this generator would never get a version; got 'distributed'",
         )
     no_cuda = cuda_missing_here(config, spec)
     if no_cuda:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from actors.protocol import LearningRate, SyncsWeights, cuda_missing_here, only_torch_engines
+from actors.protocol import LearningRate, cuda_missing_here, only_torch_engines, weight_receivers
 from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind
 
 if TYPE_CHECKING:
@@ -229,12 +229,11 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
         )
     config = actor.config
     assert isinstance(config, LearnerConfig)
-    syncs = [a.config.weight_sync for a in spec.actors.values() if isinstance(a.config, SyncsWeights)]
-    if config.weight_transport == "distributed" and "distributed" not in syncs:
+    if config.weight_transport == "distributed" and not weight_receivers(spec):
         check.error(  # the broadcast would reach no one, and every generator would wait for its first weights
             (*path, "weight_transport"),
             "expected a transport the generators read (auto, object-store, disk, shm): distributed broadcasts to "
-            "the actors with weight_sync: distributed, and none has it; got 'distributed'",
+            "the torch-engine actors with weight_sync: distributed, and none has it; got 'distributed'",
         )
     no_cuda = cuda_missing_here(actor.config, spec)
     if no_cuda:

@@ -18,7 +18,7 @@ actors:
   source: {}
   generator: {replicas: 2, weight_sync: distributed, device: cpu}
   serving: {kind: generator, replicas: 3, serve: true, consumes: []}
-  remote: {kind: generator, engine: sglang, weight_sync: distributed, url: "http://127.0.0.1:1"}
+  remote: {kind: generator, engine: sglang, url: "http://127.0.0.1:1"}
   verify: {}
   learner: {weight_transport: distributed}
   gateway: {}
@@ -33,7 +33,7 @@ def test_roles_are_read_from_the_configs_that_have_them(tmp_path: Path) -> None:
     (tmp_path / "model" / "config.json").write_text("{}")
     spec = load_spec(path)
     assert serving_replicas(spec) == 3
-    # the torch generator's replicas join the group; the SGLang one receives through its server, not as a rank here
+    # the torch generator's replicas join the group; an SGLang one never does (validate refuses it)
     assert weight_receivers(spec) == [("generator", 0), ("generator", 1)]
     assert runs_on_cpu(spec.actors["generator"].config)
     assert not runs_on_cpu(spec.actors["serving"].config)  # device: auto
