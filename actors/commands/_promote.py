@@ -101,6 +101,17 @@ def _who() -> str:
         return "cli"
 
 
+async def _current(bus: Any) -> Any:
+    """The learner's newest version's manifest; ClickException when it published none yet."""
+    from actors.protocol import CURRENT, weights_bucket
+    from actors.weights import WeightManifest
+
+    raw = await bus.kv_get(weights_bucket(bus.topology), CURRENT)
+    if not raw:
+        raise click.ClickException("the learner has published no version yet")
+    return WeightManifest.from_json(raw)
+
+
 async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles | None) -> Any:
     import orjson
 
@@ -138,15 +149,17 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles |
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--reason", default="manual promotion", show_default=True, help="Why (goes to the decisions log).")
 def promote(version: str, run_dir: Path | None, reason: str) -> None:
-    """Make VERSION (v3 or 3) the version the serving generators run, bypassing the gate.
+    """Make VERSION (v3, 3, or current) the version the serving generators run, bypassing the gate.
 
     \b
-    The version must be the learner's current one, the serving one, or one the gate decided on.
+    The version must be the learner's current one, the serving one, or one the gate decided on;
+    `current` takes the learner's newest version at the moment the command reads it (a small
+    model's learner publishes several a second: a number read from `flywheel status` is gone by then).
     The move is logged in RUN_DIR/gate/decisions.jsonl; `flywheel rollback` undoes it.
     """
     digits = version.removeprefix("v")
-    if not digits.isdigit():
-        raise click.ClickException(f"expected a version like v3 or 3, got {version!r}")
+    if not digits.isdigit() and version != "current":
+        raise click.ClickException(f"expected a version like v3 or 3, or current, got {version!r}")
     where = find_run_dir(run_dir)
     roles = run_roles(where)
     _promotes_nothing(where, roles)
@@ -157,12 +170,14 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
 
         bus = await connect_run(where, "flywheel-promote")
         try:
-            manifest = await _manifest_for(bus, where, int(digits), roles)
+            manifest = (
+                await _current(bus) if version == "current" else await _manifest_for(bus, where, int(digits), roles)
+            )
             return await do_promote(bus, where, manifest, by=_who(), reason=reason)
         except WeightPayloadError as exc:  # its weights were pruned, unpinned or their slot rewritten since
             raise click.ClickException(
-                f"cannot promote v{digits}: {exc}. Promote a version the gate promoted lately, or the learner's "
-                "current one (flywheel status)"
+                f"cannot promote {version}: {exc}. Promote a version the gate promoted lately, or the learner's "
+                "newest one (flywheel promote current)"
             ) from None
         finally:
             await bus.close()

@@ -39,6 +39,13 @@ SERVICE = {
 }
 
 
+async def _serving_version(url: str, topology: str) -> int:
+    async with await Bus.connect(url, topology=topology, name="test") as bus:
+        manifest = await serving_manifest(bus)
+        assert manifest is not None
+        return manifest.version
+
+
 def _run(tmp_path: Path, actors: dict[str, Any] | None, *, bus_url: str = "nats://127.0.0.1:1") -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True)
@@ -99,12 +106,6 @@ def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
     run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
     topology = read_run_info(run_dir).topology
 
-    async def serving_now() -> int:
-        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
-            manifest = await serving_manifest(bus)
-            assert manifest is not None
-            return manifest.version
-
     async def promote_two() -> None:
         transport = SafetensorsDirTransport(run_dir / "weights")
         async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
@@ -119,7 +120,7 @@ def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
         assert result.exit_code == 1, result.output
         assert "serving-v1 is gone" in result.output and "Traceback" not in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
-        assert anyio.run(serving_now) == 2
+        assert anyio.run(_serving_version, embedded_nats.url, topology) == 2
 
 
 def test_promotions_keep_the_gates_best_version_pinned(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
@@ -143,3 +144,25 @@ def test_promotions_keep_the_gates_best_version_pinned(embedded_nats: EmbeddedNa
     anyio.run(promote_many)
     pinned = sorted(int(p.name.removeprefix("serving-v")) for p in (run_dir / "weights").glob("serving-v*"))
     assert pinned == [1, *range(4, KEEP_PINNED + 4)], pinned  # the best, and the newest KEEP_PINNED
+
+
+def test_promote_current_takes_the_learners_newest_version(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """A small model's learner publishes several versions a second: `promote current` reads the newest one itself
+    (a number read from `flywheel status` is gone by the time a command starts)."""
+    from actors.weights import WeightPublisher
+
+    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    topology = read_run_info(run_dir).topology
+
+    async def publish() -> None:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            publisher = WeightPublisher(bus, topology, SafetensorsDirTransport(run_dir / "weights"))
+            for version in (1, 2, 3):
+                await publisher.publish(version, {"w": torch.full((4,), float(version))})
+
+    anyio.run(publish)
+    result = CliRunner().invoke(main, ["promote", "current", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "v3 is now serving"
+
+    assert anyio.run(_serving_version, embedded_nats.url, topology) == 3
