@@ -167,7 +167,11 @@ async def test_auto_publishes_through_disk_once_shared_memory_has_no_room(
         assert (await manifest()).transport == "shm"  # v1, in the one slot there is room for
         for i in range(4):  # two steps of two groups: v2 and v3
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
-        await wait_until(lambda: actor.version == 3)
+
+        async def announced(version: int) -> bool:  # (actor.version moves before its publish is announced)
+            return (await manifest()).version == version
+
+        await wait_until(lambda: announced(3))
         latest = await manifest()
         assert (latest.version, latest.transport) == (3, "disk")
         assert Path(latest.location).parent == tmp_path / "run" / "weights"
