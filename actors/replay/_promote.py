@@ -108,16 +108,8 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
-    path = decisions_path(run_dir)
-    if not path.is_file():
-        return []
-    entries = []
-    for line in path.read_bytes().splitlines():
-        try:
-            entries.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue  # a line cut short by a crash
-    return entries
+    """Every entry of the run's decisions log (a line cut short by a crash left out)."""
+    return DecisionLog(run_dir).update()
 
 
 class DecisionLog:
