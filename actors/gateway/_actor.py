@@ -30,7 +30,8 @@ from actors.gateway._app import ApiKeys, Gateway
 from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._http import http_protocol
-from actors.gateway._prompt import PromptBuilder, load_tokenizer
+from actors.gateway._prompt import PromptBuilder
+from actors.policy import load_tokenizer
 from actors.protocol import domains_of, ping_subject, policy_of, serving_replicas
 from topology.runtime import Actor, ActorContext
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
 from actors.generator._config import GeneratorConfig
-from actors.policy import encode_prompt
+from actors.policy import encode_prompt, load_tokenizer
 from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
 from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
 from topology.bus import Delivery, Outbox
@@ -96,7 +95,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
                 seed=1000 + self.ctx.replica,
             )
             return engine, engine.tokenizer
-        tokenizer = await asyncio.to_thread(_load_tokenizer, policy_of(self.ctx.spec))
+        spec_dir = self.ctx.spec.source_path.parent
+        tokenizer = await asyncio.to_thread(load_tokenizer, policy_of(self.ctx.spec), spec_dir)
         url = self.config.url or ""
         http_engine: Any
         if self.config.engine == "sglang":
@@ -286,16 +286,3 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
 def _token(delivery: Delivery[PromptMsg], index: int) -> tuple[str, int]:
     return (delivery.id, index)
-
-
-def _load_tokenizer(policy_spec: Any) -> Any:
-    """The tokenizer of an HTTP-served model: the HF tokenizer of the ``hf:<dir>`` policy (no weights loaded)."""
-    model = str(getattr(policy_spec, "model", ""))
-    if not model.startswith("hf:"):
-        raise ValueError(f"engines sglang/vllm need policy.model: hf:<model dir> for the tokenizer, got {model!r}")
-    import transformers
-
-    from actors.policy import HFTokenizer
-
-    path = Path(model[3:])
-    return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from actors.policy._tokenizer import SPECIAL_TOKENS as SPECIAL_TOKENS
     from actors.policy._tokenizer import CharTokenizer as CharTokenizer
     from actors.policy._tokenizer import HFTokenizer as HFTokenizer
+    from actors.policy._tokenizer import load_tokenizer as load_tokenizer
 
 _EXPORTS = {
     "all_finite": "_policy",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "HF_CHARS": "_testing",
     "HFTokenizer": "_tokenizer",
     "KVCache": "_tiny_gpt",
+    "load_tokenizer": "_tokenizer",
     "model_directory": "_hub",
     "native_bfloat16": "_policy",
     "Policy": "_policy",
@@ -69,6 +71,7 @@ __all__ = [
     "check_policy",
     "encode_completion",
     "encode_prompt",
+    "load_tokenizer",
     "model_directory",
     "native_bfloat16",
     "positions_from_mask",

@@ -3,7 +3,9 @@
 Contract: an ``hf:<dir>`` whose relative dir holds a ``config.json`` beside the spec file that set it becomes that
 absolute dir, like every path in a spec; anything else stays as written (a hub id, or a path on the machines that
 serve the model) with a warning when it is no model directory here and no hub id in this machine's Hugging Face
-cache. A relative ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
+cache. A ``tokenizer`` (another tokenizer for an ``hf:`` model; none for a builtin one) resolves the same way: a
+directory with tokenizer files, else a cached hub id (an error on the local runtime when it is neither). A relative
+``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
 the learner and generators load it (otherwise both crash-loop at start): an error on the local runtime, a
 warning on a cluster (it may be on the nodes), not checked where a replica re-reads the spec. ``policy.config`` may
 hold only the keys the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), with values it takes: a builtin's
@@ -67,6 +69,8 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
                 f"and never download it{fetch}",
                 warning=True,
             )
+    if policy.tokenizer is not None:
+        _check_tokenizer(check, (*path, "tokenizer"), policy, update)
     if policy.checkpoint:
         at = (*path, "checkpoint")
         checkpoint = Path(policy.checkpoint).expanduser()
@@ -86,6 +90,31 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
                 warning=not check.local,
             )
     return policy.model_copy(update=update) if update else policy
+
+
+def _check_tokenizer(check: SectionCheck, at: KeyPath, policy: PolicySpec, update: dict[str, str]) -> None:
+    """``policy.tokenizer``: only for an ``hf:`` model; a relative directory with tokenizer files beside the spec file
+    that set it becomes absolute; anything else must be a hub id in this machine's cache (a warning, as for the
+    model: it may be on the nodes that run it)."""
+    given = str(policy.tokenizer)
+    if policy.model.startswith("builtin:"):
+        check.error(at, f"expected null: a builtin model has its own character tokenizer, got {show(given)}")
+        return
+    candidate = Path(given).expanduser()
+    if not candidate.is_absolute():
+        candidate = (check.base_dir(at) / candidate).resolve()
+    if any((candidate / name).is_file() for name in _TOKENIZER_FILES):
+        update["tokenizer"] = str(candidate)
+    elif cached_hub_model(given) is None:
+        check.error(
+            at,
+            f"expected a directory with a Hugging Face tokenizer ({' or '.join(_TOKENIZER_FILES)}) or a cached hub "
+            f"id, got {show(given)} ({candidate} has none on this machine; nothing is downloaded at run time)",
+            warning=not check.local,
+        )
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def _check_config_values(check: SectionCheck, path: KeyPath, config: dict[str, Any], builtin: bool) -> None:

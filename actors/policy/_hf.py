@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from actors.policy._gpt2 import gpt2_forward, native_gpt2_unsupported
 from actors.policy._hub import model_directory
 from actors.policy._tiny_gpt import KVCache, positions_from_mask
-from actors.policy._tokenizer import HFTokenizer
+from actors.policy._tokenizer import HFTokenizer, load_hf_tokenizer
 
 
 class HFCausalLM(nn.Module):
@@ -93,10 +93,11 @@ def _cache_to_list(cache: Any) -> KVCache:
 
 
 def load_hf(
-    path: str | Path, *, dtype: torch.dtype | None = None, native: bool = True
+    path: str | Path, *, dtype: torch.dtype | None = None, native: bool = True, tokenizer_path: str | Path | None = None
 ) -> tuple[HFCausalLM, HFTokenizer]:
-    """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files);
-    ``native`` lets GPT-2 models run through flywheel's own forward (see :class:`HFCausalLM`)."""
+    """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files), the tokenizer
+    from ``tokenizer_path`` when given (``policy.tokenizer``); ``native`` lets GPT-2 models run through flywheel's
+    own forward (see :class:`HFCausalLM`)."""
     directory = model_directory(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"policy.model: {str(directory)!r} has no config.json (not a Hugging Face model dir)")
@@ -113,9 +114,18 @@ def load_hf(
         kwargs[dtype_kw] = dtype
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"policy.model: cannot load {str(directory)!r}: {first_line}") from exc
+    if tokenizer_path is None:
+        tokenizer = load_hf_tokenizer(directory, "policy.model")
+    else:
+        tokenizer = load_hf_tokenizer(tokenizer_path, "policy.tokenizer")
     model.eval()
-    return HFCausalLM(model, native=native).eval(), HFTokenizer(tokenizer)
+    module = HFCausalLM(model, native=native).eval()
+    if tokenizer_path is not None and tokenizer.vocab_size > module.vocab_size:  # ids past the embeddings: an error
+        raise ValueError(
+            f"policy.tokenizer: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+            f"{module.vocab_size} embeddings ({str(directory)!r}): expected the model's tokenizer or one of its size"
+        )
+    return module, tokenizer

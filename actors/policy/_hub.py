@@ -38,8 +38,9 @@ def cached_hub_model(model: str) -> Path | None:
         return None
 
 
-def model_directory(path: str | Path) -> Path:
-    """The directory to load ``path`` from: itself when it is one, else a hub id's cached snapshot."""
+def model_directory(path: str | Path, field: str = "policy.model") -> Path:
+    """The directory to load ``path`` from: itself when it is one, else a hub id's cached snapshot; ``field`` names
+    the spec key in the error."""
     directory = Path(path).expanduser()
     if directory.is_dir():
         return directory
@@ -48,7 +49,7 @@ def model_directory(path: str | Path) -> Path:
         return cached
     if is_hub_id(str(path)):
         raise ValueError(
-            f"policy.model: {str(path)!r} is no directory here and not in the Hugging Face cache; nothing is "
+            f"{field}: {str(path)!r} is no directory here and not in the Hugging Face cache; nothing is "
             f"downloaded at run time: fetch it first (huggingface-cli download {path}) or give the model's directory"
         )
-    raise ValueError(f"policy.model: hf model directory {str(directory)!r} does not exist")
+    raise ValueError(f"{field}: hf model directory {str(directory)!r} does not exist")

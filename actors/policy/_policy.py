@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, DTYPE_NAMES, HF_CONFIG_KEYS, PRESETS, GPTConfig
 from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
-from actors.policy._tokenizer import CharTokenizer, HFTokenizer
+from actors.policy._tokenizer import CharTokenizer, HFTokenizer, spec_field
 
 _DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -80,10 +80,18 @@ class Policy:
         )
 
     @classmethod
-    def from_hf(cls, path: str | Path, *, dtype: torch.dtype | None = None, native_forward: bool = True) -> Policy:
+    def from_hf(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        native_forward: bool = True,
+        tokenizer_path: str | Path | None = None,
+    ) -> Policy:
+        """A local Hugging Face model; ``tokenizer_path``: a tokenizer from another directory (or cached hub id)."""
         from actors.policy._hf import load_hf
 
-        module, tokenizer = load_hf(path, dtype=dtype, native=native_forward)
+        module, tokenizer = load_hf(path, dtype=dtype, native=native_forward, tokenizer_path=tokenizer_path)
         return cls(
             kind="hf",
             name=f"hf:{path}",
@@ -97,15 +105,21 @@ class Policy:
     @classmethod
     def from_spec(cls, spec: Any, *, dtype: str | None = None, device: str | torch.device | None = None) -> Policy:
         """Build from the spec's ``policy`` section: a mapping or an object with ``model``, ``config``,
-        ``checkpoint``. ``model`` is ``builtin:tiny-gpt`` or ``hf:<dir>``. ``dtype`` (``float32`` /
+        ``checkpoint`` (and ``tokenizer``: another tokenizer for an ``hf:`` model). ``model`` is ``builtin:tiny-gpt``
+        or ``hf:<dir>``. ``dtype`` (``float32`` /
         ``bfloat16`` / ``float16``) overrides ``config.dtype``; ``device`` (``cpu``, ``cuda``, ``auto``)
         places the model (default cpu). Errors are one-line ``ValueError``s."""
-        model = _field(spec, "model", "builtin:tiny-gpt")
-        config = dict(_field(spec, "config", None) or {})
-        checkpoint = _field(spec, "checkpoint", None)
+        model = spec_field(spec, "model", "builtin:tiny-gpt")
+        config = dict(spec_field(spec, "config", None) or {})
+        checkpoint = spec_field(spec, "checkpoint", None)
+        tokenizer_path = spec_field(spec, "tokenizer", None)
         config_dtype = config.pop("dtype", "float32")
         torch_dtype = _dtype(dtype if dtype is not None else config_dtype)
         if model == "builtin:tiny-gpt":
+            if tokenizer_path:
+                raise ValueError(
+                    f"policy.tokenizer: builtin models have their own character tokenizer, got {tokenizer_path!r}"
+                )
             unknown = sorted(set(config) - set(BUILTIN_CONFIG_KEYS))
             if unknown:
                 allowed = ", ".join(BUILTIN_CONFIG_KEYS)
@@ -122,7 +136,9 @@ class Policy:
             if config:
                 allowed = ", ".join(HF_CONFIG_KEYS)
                 raise ValueError(f"policy.config: unknown key {sorted(config)[0]!r} for hf models (allowed: {allowed})")
-            policy = cls.from_hf(model[3:], dtype=torch_dtype, native_forward=native_forward)
+            policy = cls.from_hf(
+                model[3:], dtype=torch_dtype, native_forward=native_forward, tokenizer_path=tokenizer_path
+            )
         else:
             raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")
         if checkpoint:
@@ -285,12 +301,6 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
     for file in files:
         tensors.update(load_file(str(file)))
     return tensors
-
-
-def _field(spec: Any, name: str, default: Any) -> Any:
-    if isinstance(spec, Mapping):
-        return spec.get(name, default)
-    return getattr(spec, name, default)
 
 
 def _dtype(name: Any) -> torch.dtype:

@@ -5,6 +5,7 @@
   101 ids in all, identical in every process, so no vocabulary file ever has to travel with weights.
   Characters outside the vocabulary encode to ``<unk>`` (and decode to ``"?"``).
 * :class:`HFTokenizer` — an adapter over a Hugging Face ``PreTrainedTokenizerBase``.
+* :func:`load_tokenizer` — a spec's policy's tokenizer without its weights (``policy.tokenizer``, else the model's).
 
 Contract: ``encode`` adds no special tokens (callers add ``bos`` if they want it); ``decode`` skips
 special tokens, so an ``eos`` kept in a completion's token ids does not show up in its text.
@@ -14,7 +15,8 @@ Non-goals: chat templates, byte fallback, normalisation.
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -76,3 +78,45 @@ class HFTokenizer:
 
     def __repr__(self) -> str:
         return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"
+
+
+def load_hf_tokenizer(path: str | Path, field: str = "policy.model") -> HFTokenizer:
+    """The Hugging Face tokenizer in a local directory or a hub id in this machine's cache (never downloaded);
+    errors are one-line ``ValueError``s that start with ``field``, the spec key that named it."""
+    from actors.policy._hub import model_directory
+
+    directory = model_directory(path, field)
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ValueError(f"{field}: hf models need the 'hf' extra (pip install 'flywheel[hf]')") from exc
+    try:
+        return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{field}: cannot load a tokenizer from {str(directory)!r}: {first_line}") from None
+
+
+def load_tokenizer(policy_spec: Any, base_dir: Path | None = None) -> CharTokenizer | HFTokenizer:
+    """The tokenizer of a spec's ``policy`` (a mapping or an object with ``model`` and ``tokenizer``) without its
+    weights: ``policy.tokenizer`` when set, else the model's own (the builtin character tokenizer, or the ``hf:``
+    model's). A relative path that is not there as written is looked up under ``base_dir`` (the spec's folder; the
+    spec check already made the paths it could resolve absolute)."""
+    model = str(spec_field(policy_spec, "model") or "builtin:tiny-gpt")
+    tokenizer = spec_field(policy_spec, "tokenizer")
+    if model.startswith("builtin:"):
+        if tokenizer:
+            raise ValueError(f"policy.tokenizer: builtin models have their own character tokenizer, got {tokenizer!r}")
+        return CharTokenizer()
+    if not model.startswith("hf:"):
+        raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")
+    field, given = ("policy.tokenizer", str(tokenizer)) if tokenizer else ("policy.model", model[3:])
+    path = Path(given).expanduser()
+    if base_dir is not None and not path.is_absolute() and not path.exists() and (base_dir / path).exists():
+        path = base_dir / path
+    return load_hf_tokenizer(path, field)
+
+
+def spec_field(spec: Any, name: str, default: Any = None) -> Any:
+    """``spec[name]`` of a mapping, else ``spec.name``; ``default`` when absent."""
+    return spec.get(name, default) if isinstance(spec, Mapping) else getattr(spec, name, default)

@@ -61,7 +61,8 @@ class PolicySpec(SpecModel):
 
     model: str  # builtin:<name> (builtin:tiny-gpt) or hf:<model dir or hub id> (a hub id: from the machine's Hugging
     #   Face cache, never downloaded at run time)
-    tokenizer: str | None = None  # null: the model's own tokenizer
+    tokenizer: str | None = None  # another tokenizer for an hf: model (a directory relative to the spec file, or a
+    #   cached hub id); null: the model's own. Its vocabulary must fit the model's embeddings
     config: dict[str, Any] = Field(default_factory=dict)  # the model's settings. builtin: preset (tiny, small,
     #   medium), n_layer, n_head, n_embd, block_size, vocab_size, rope_theta, seed, dtype; hf: dtype (float32,
     #   bfloat16, float16), native_forward (true: flywheel's own forward

@@ -79,11 +79,12 @@ def test_a_hub_id_loads_from_the_local_cache_and_one_not_there_says_how_to_get_i
 def test_the_gateway_finds_a_hub_ids_tokenizer_in_the_cache_and_an_orgless_id_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The gateway loads only the tokenizer, through its own path: a hub id must resolve there as for the learner
-    (it looked under the spec's folder only). An org-less id (``gpt2``) is a hub id too."""
+    """The gateway (and an HTTP engine's generator) loads only the tokenizer, through `load_tokenizer`: a hub id must
+    resolve there as for the learner (it looked under the spec's folder only). An org-less id (``gpt2``) is a hub id
+    too."""
     import huggingface_hub.constants
 
-    from actors.gateway._prompt import load_tokenizer
+    from actors.policy import load_tokenizer
 
     cache = hub_cache_with(tmp_path / "hub", "tiny/adder")
     write_tiny_hf_model(cache / "models--adder" / "snapshots" / "0123abcd", arch="gpt2")
@@ -95,7 +96,40 @@ def test_the_gateway_finds_a_hub_ids_tokenizer_in_the_cache_and_an_orgless_id_to
     class Spec:
         def __init__(self, model: str) -> None:
             self.model = model
+            self.tokenizer = None
 
     tokenizer = load_tokenizer(Spec("hf:tiny/adder"), tmp_path / "specs")
     assert isinstance(tokenizer, HFTokenizer) and tokenizer.decode(tokenizer.encode("1+2=3")) == "1+2=3"
     assert Policy.from_spec({"model": "hf:adder"}).kind == "hf"
+
+
+def test_policy_tokenizer_replaces_the_models_own_everywhere_it_is_loaded(tmp_path: Path) -> None:
+    """``policy.tokenizer`` is the tokenizer the learner, the generators and the gateway use (it was accepted and never
+    read). The model's own tokenizer has ``<bos>`` (id 2, every id after it one higher); the other one has none."""
+    from actors.policy import load_tokenizer
+
+    model = write_tiny_hf_model(tmp_path / "model", bos=True)
+    other = write_tiny_hf_model(tmp_path / "other", bos=False)
+    own = Policy.from_spec({"model": f"hf:{model}"}).tokenizer
+    spec = {"model": f"hf:{model}", "tokenizer": str(other)}
+    for tokenizer in (Policy.from_spec(spec).tokenizer, load_tokenizer(spec)):
+        assert tokenizer.bos_id is None and own.bos_id == 2
+        assert tokenizer.encode("1+1") == [i - 1 for i in own.encode("1+1")]
+    relative = load_tokenizer({"model": f"hf:{model}", "tokenizer": "other"}, base_dir=tmp_path)
+    assert relative.bos_id is None
+
+
+def test_a_tokenizer_larger_than_the_models_embeddings_or_one_for_a_builtin_model_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    from actors.policy import load_tokenizer
+
+    model = write_tiny_hf_model(tmp_path / "model", bos=False)
+    larger = write_tiny_hf_model(tmp_path / "larger", bos=True)
+    with pytest.raises(ValueError, match=r"^policy\.tokenizer: the tokenizer has \d+ tokens, more than the model's"):
+        Policy.from_spec({"model": f"hf:{model}", "tokenizer": str(larger)})
+    with pytest.raises(ValueError, match=r"^policy\.tokenizer: hf model directory .*nowhere' does not exist"):
+        Policy.from_spec({"model": f"hf:{model}", "tokenizer": str(tmp_path / "nowhere")})
+    for load in (Policy.from_spec, load_tokenizer):
+        with pytest.raises(ValueError, match=r"^policy\.tokenizer: builtin models have their own character tokenizer"):
+            load({"model": "builtin:tiny-gpt", "tokenizer": str(larger)})
