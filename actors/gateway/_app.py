@@ -578,8 +578,11 @@ def _timeout() -> ApiError:
 
 def _first_error(exc: pydantic.ValidationError) -> str:
     error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "body"
-    return f"{where}: {error['msg']}" + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    message = str(error["msg"]).removeprefix("Value error, ")  # our validators' messages, as raised
+    where = ".".join(str(part) for part in error["loc"])
+    if where or error["type"] != "value_error":  # a whole-request validator's message names its field itself
+        message = f"{where or 'body'}: {message}"
+    return message + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
 
 
 def _finish_reason(reason: str) -> str:

@@ -12,25 +12,53 @@ Prompt ids are always ``encode_prompt(tokenizer, prompt_text)`` — the rule the
 use — so the recorded ``prompt_ids`` are exactly what a replay or the learner rebuilds from the text.
 
 Sampling parameters honoured: ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
-``stop``, ``seed``. ``n`` must be 1. Unknown fields are ignored (clients send many).
+``stop``, ``seed``. ``n`` must be 1. Fields this gateway cannot honour (`UNSUPPORTED`: ``logprobs``, ``tools``,
+penalties, ``echo``, …) are a 400 that names the field when set to anything but their no-op value (clients send
+``logprobs: false`` or ``frequency_penalty: 0`` by habit; an answer that ignored a real one would look served as
+asked). Other unknown fields are ignored (clients send many).
 
-Non-goals: tools / function calling, images, ``logprobs`` in the response, ``echo``, ``best_of``.
+Non-goals: tools / function calling, images, ``logprobs`` in the response, ``echo``, ``best_of``, penalties,
+``logit_bias``, structured output (``response_format``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.engines import SamplingParams, Tokenizer
 
-__all__ = ["ChatRequest", "CompletionRequest", "PromptBuilder", "load_tokenizer"]
+__all__ = ["ChatRequest", "CompletionRequest", "PromptBuilder"]
+
+
+def _is_no_op(field: str, value: Any) -> bool:
+    if field == "response_format":
+        return value is None or (isinstance(value, dict) and value.get("type", "text") == "text")
+    if field == "logprobs":  # a completions request's logprobs: 0 asks for the chosen tokens' logprobs
+        return value is None or value is False
+    return value in (None, False, 0, "", [], {}) or (field == "best_of" and value == 1)
+
+
+# fields of the OpenAI API this gateway does not implement → what it would take to honour them
+UNSUPPORTED = {
+    "logprobs": "this gateway does not return logprobs",
+    "top_logprobs": "this gateway does not return logprobs",
+    "echo": "this gateway does not echo the prompt",
+    "best_of": "this gateway samples one completion per request",
+    "suffix": "this gateway does not insert between a prompt and a suffix",
+    "tools": "this gateway does not call tools",
+    "functions": "this gateway does not call tools",
+    "logit_bias": "this gateway does not bias logits",
+    "presence_penalty": "this gateway does not apply penalties",
+    "frequency_penalty": "this gateway does not apply penalties",
+    "response_format": "this gateway does not constrain the output's format",
+}
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -56,6 +84,14 @@ class _Request(BaseModel):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop must be at most 4 non-empty strings")
         return stop
+
+    @model_validator(mode="after")
+    def _supported(self) -> _Request:
+        for field, value in (self.model_extra or {}).items():
+            if field in UNSUPPORTED and not _is_no_op(field, value):
+                shown = orjson.dumps(value).decode()
+                raise ValueError(f"{field}: {UNSUPPORTED[field]}; got {shown} (leave it out, or null)")
+        return self
 
     def wanted_tokens(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -119,28 +155,3 @@ class PromptBuilder:
 
     def encode(self, text: str) -> list[int]:
         return self._encode_prompt(self.tokenizer, text)
-
-
-def load_tokenizer(policy_spec: Any, spec_dir: Path) -> Tokenizer:
-    """The policy's tokenizer without its weights: the builtin character tokenizer, or the ``hf:<dir>``
-    model's tokenizer (local files only: a directory, or a hub id in the machine's Hugging Face cache). Errors are
-    one-line ``ValueError``s."""
-    model = str(getattr(policy_spec, "model", "builtin:tiny-gpt"))
-    if model.startswith("builtin:"):
-        from actors.policy import CharTokenizer
-
-        return CharTokenizer()
-    if model.startswith("hf:"):
-        path = Path(model[3:]).expanduser()
-        if not path.is_absolute() and not path.exists() and (spec_dir / path).exists():  # relative to the spec
-            path = spec_dir / path
-        try:
-            import transformers
-
-            from actors.policy import HFTokenizer, model_directory
-
-            directory = model_directory(path)  # a directory, or a hub id in this machine's Hugging Face cache
-            return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"policy.model: cannot load the tokenizer of {model!r}: {exc}") from None
-    raise ValueError(f"policy.model: expected 'builtin:tiny-gpt' or 'hf:<model dir>', got {model!r}")

@@ -45,7 +45,28 @@ def error_of(response: httpx.Response) -> dict[str, object]:
             400,
             "temperature",
         ),
-        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n=1"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n: only n=1"),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "logprobs": true}',
+            400,
+            "logprobs: this gateway does not return logprobs; got true",
+        ),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
+            400,
+            "tools: this gateway does not call tools",
+        ),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}',
+            400,
+            "frequency_penalty: this gateway does not apply penalties; got 0.5",
+        ),
+        (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], '
+            b'"response_format": {"type": "json_object"}}',
+            400,
+            "response_format",
+        ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}',
             400,
@@ -62,8 +83,23 @@ def test_bad_requests_are_4xx_and_not_recorded(gateway: Running, body: bytes, st
     before = gateway.stored("traffic")
     response = post(gateway, "/v1/chat/completions", content=body)
     assert response.status_code == status, response.text
-    assert fragment in str(error_of(response)["message"])
+    message = str(error_of(response)["message"])
+    assert fragment in message and "Value error" not in message
     assert gateway.stored("traffic") == before
+
+
+def test_parameters_it_cannot_honour_pass_when_they_ask_for_nothing(gateway: Running) -> None:
+    """Clients send ``logprobs: false``, zero penalties and a text ``response_format`` by habit: those are no requests
+    for what the gateway lacks (only a value that asks for it is a 400, above); a completions ``logprobs: 0`` asks for
+    the chosen tokens' logprobs."""
+    habits = {"logprobs": False, "frequency_penalty": 0, "presence_penalty": 0.0, "response_format": {"type": "text"}}
+    messages = [{"role": "user", "content": "2+2?"}]
+    chat = post(gateway, "/v1/chat/completions", json={"model": "flywheel", "messages": messages, **habits})
+    assert chat.status_code == 200, chat.text
+    completion = {"model": "flywheel", "prompt": "2+2=", "max_tokens": 2, "best_of": 1, "echo": False}
+    assert post(gateway, "/v1/completions", json=completion).status_code == 200
+    asked = post(gateway, "/v1/completions", json={**completion, "logprobs": 0})
+    assert asked.status_code == 400 and "logprobs" in str(error_of(asked)["message"])
 
 
 def test_chunked_oversized_body_is_413(gateway: Running) -> None:
