@@ -36,7 +36,8 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.policy": {
         "all_finite", "CharTokenizer", "check_policy", "encode_completion", "encode_prompt", "GPTConfig",
-        "HF_CHARS", "HFTokenizer", "KVCache", "model_directory", "native_bfloat16", "Policy", "positions_from_mask",
+        "HF_CHARS", "HFTokenizer", "KVCache", "load_tokenizer", "model_directory", "native_bfloat16", "Policy",
+        "positions_from_mask",
         "PRESETS", "read_safetensors", "SPECIAL_TOKENS", "StateDictError", "strip_eos", "TinyGPT",
         "write_tiny_hf_model",
     },
@@ -50,8 +51,8 @@ SURFACES: dict[str, set[str]] = {
     "actors.replay": {
         "build_report", "decide", "Decision", "DecisionLog", "decisions_path", "hold", "items_from_scored",
         "items_from_traffic",
-        "load_items", "mean_reward", "Outcome", "promote", "read_decisions", "RecordingsTail", "record", "release",
-        "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights",
+        "load_items", "mean_reward", "Outcome", "pause_gate", "promote", "read_decisions", "RecordingsTail", "record",
+        "release", "Replayer", "ReplayItem", "ReplayRun", "request_seed", "resolve_weights", "resume_gate",
         "ResolvedWeights", "rollback", "serving_manifest", "WeightsNotFound", "write_report",
     },
     "actors.testing": {
