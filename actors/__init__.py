@@ -70,6 +70,7 @@ for _command in (
     Command("review", "actors.commands._review:review", "label production samples routed to human review"),
     Command("promote", "actors.commands._promote:promote", "move the serving version to a weight version"),
     Command("rollback", "actors.commands._promote:rollback", "move the serving version back"),
+    Command("gate", "actors.commands._promote:gate", "pause the promotion gate, or let it decide again"),
     Command("sandbox", "actors.commands._sandbox:sandbox", "run a program in the sandbox, print a JSON verdict"),
     Command("verify", "actors.commands._verify:verify", "score one answer with any verifier, print a JSON verdict"),
 ):

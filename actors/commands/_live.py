@@ -15,7 +15,8 @@ With a production loop (a gateway, a joiner or a gate) a service line follows: t
 gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
 requests/s (the gateway replicas' ``requests``, differenced between two looks), feedback joined and waiting (the
 joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users rate them (the joiner's
-``feedback_score``: mean score of the last 200 ratings) and the gate's ``last_decision``.
+``feedback_score``: mean score of the last 200 ratings), whether an operator paused the gate and its
+``last_decision``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class LearningView:
                     service["serving"] = float(counters["serving_version"])
                 if counters.get("last_decision"):
                     service["last_decision"] = str(counters["last_decision"])
+                if counters.get("paused"):
+                    service["paused"] = 1.0
         if service:
             if "serving" not in service and serving_versions:
                 service["serving"] = min(serving_versions)
@@ -138,6 +141,8 @@ class LearningView:
             bits.append(f"feedback {int(service['joined']):,} joined, {int(service.get('waiting', 0)):,} waiting")
         if service.get("users_score") is not None:
             bits.append(f"users' score {service['users_score']:.2f}")
+        if service.get("paused"):
+            bits.append("gate paused (flywheel gate resume)")
         if service.get("last_decision"):
             bits.append(f"gate: {service['last_decision']}")
         return "service: " + " · ".join(bits)

@@ -1,12 +1,17 @@
-"""``flywheel promote VERSION`` and ``flywheel rollback``: move what the serving generators run, by hand.
+"""``flywheel promote VERSION`` and ``flywheel rollback``: move what the serving generators run, by hand;
+``flywheel gate pause|resume``: stop the gate from moving it, and let it again.
 
-Both first read the run's spec (the copy its run.json keeps, :func:`run_roles`): a run with neither a gate nor a
-serving generator (``follow: serving``) promotes nothing, and they say so instead of acting on the bus.
+Both moves first read the run's spec (the copy its run.json keeps, :func:`run_roles`): a run with neither a gate nor
+a serving generator (``follow: serving``) promotes nothing, and they say so instead of acting on the bus. A move by
+hand pauses the run's gate (``--keep-gate``: not) — otherwise the gate, deciding on every new version, would replace
+the operator's choice within seconds — until ``flywheel gate resume``. The pause lives in the decisions log, so it
+outlasts a restart of the gate or a ``--resume`` of the run.
 """
 
 from __future__ import annotations
 
 import getpass
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,13 +153,15 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles |
 @click.argument("version")
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--reason", default="manual promotion", show_default=True, help="Why (goes to the decisions log).")
-def promote(version: str, run_dir: Path | None, reason: str) -> None:
+@click.option("--keep-gate", is_flag=True, help="Let the gate go on promoting over this version (default: pause it).")
+def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) -> None:
     """Make VERSION (v3, 3, or current) the version the serving generators run, bypassing the gate.
 
     \b
     The version must be the learner's current one, the serving one, or one the gate decided on;
     `current` takes the learner's newest version at the moment the command reads it (a small
     model's learner publishes several a second: a number read from `flywheel status` is gone by then).
+    The gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
     The move is logged in RUN_DIR/gate/decisions.jsonl; `flywheel rollback` undoes it.
     """
     digits = version.removeprefix("v")
@@ -173,7 +180,7 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
             manifest = (
                 await _current(bus) if version == "current" else await _manifest_for(bus, where, int(digits), roles)
             )
-            return await do_promote(bus, where, manifest, by=_who(), reason=reason)
+            return await do_promote(bus, where, manifest, by=_who(), reason=reason, pause=_pauses(roles, keep_gate))
         except WeightPayloadError as exc:  # its weights were pruned, unpinned or their slot rewritten since
             raise click.ClickException(
                 f"cannot promote {version}: {exc}. Promote a version the gate promoted lately, or the learner's "
@@ -184,13 +191,25 @@ def promote(version: str, run_dir: Path | None, reason: str) -> None:
 
     entry = anyio.run(main, backend="asyncio")
     was = f" (was v{entry['previous']})" if entry.get("previous") is not None else ""
-    click.echo(f"v{entry['version']} is now serving{was}")
+    click.echo(f"v{entry['version']} is now serving{was}{_paused_note(entry)}")
+
+
+def _pauses(roles: RunRoles | None, keep_gate: bool) -> bool:
+    return not keep_gate and (roles is None or bool(roles.gates))
+
+
+def _paused_note(entry: dict[str, Any]) -> str:
+    return "; the gate promotes nothing over it until `flywheel gate resume`" if entry.get("gate") == "paused" else ""
 
 
 @click.command()
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
-def rollback(run_dir: Path | None) -> None:
-    """Point the serving generators back at the version that served before the current one."""
+@click.option("--keep-gate", is_flag=True, help="Let the gate go on promoting (default: pause it).")
+def rollback(run_dir: Path | None, keep_gate: bool) -> None:
+    """Point the serving generators back at the version that served before the current one.
+
+    The gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
+    """
     where = find_run_dir(run_dir)
     roles = run_roles(where)
     _promotes_nothing(where, roles)
@@ -201,7 +220,7 @@ def rollback(run_dir: Path | None) -> None:
 
         bus = await connect_run(where, "flywheel-rollback")
         try:
-            return await do_rollback(bus, where, by=_who())
+            return await do_rollback(bus, where, by=_who(), pause=_pauses(roles, keep_gate))
         except ValueError as exc:
             hint = " (this run has no gate: only `flywheel promote` moves what serves)" if no_gate else ""
             raise click.ClickException(f"{exc}{hint}") from None
@@ -209,7 +228,57 @@ def rollback(run_dir: Path | None) -> None:
             await bus.close()
 
     entry = anyio.run(main, backend="asyncio")
-    click.echo(f"rolled back: v{entry['version']} is serving again (was v{entry['previous']})")
+    click.echo(f"rolled back: v{entry['version']} is serving again (was v{entry['previous']}){_paused_note(entry)}")
 
 
-__all__ = ["RunRoles", "connect_run", "find_run_dir", "promote", "rollback", "run_roles"]
+@click.group()
+def gate() -> None:
+    """Pause the run's promotion gate, or let it decide again."""
+
+
+def _gated_run(run_dir: Path | None) -> Path:
+    where = find_run_dir(run_dir)
+    roles = run_roles(where)
+    if roles is not None and not roles.gates:
+        raise click.ClickException(f"the run at {where} has no gate")
+    return where
+
+
+@gate.command()
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--reason", default="paused by hand", show_default=True, help="Why (goes to the decisions log).")
+def pause(run_dir: Path | None, reason: str) -> None:
+    """Stop the gate from promoting or rolling back: what serves now keeps serving (works on a stopped run too)."""
+    from actors.replay import DecisionLog, pause_gate
+
+    where = _gated_run(run_dir)
+    log = DecisionLog(where)
+    log.update()
+    if log.paused is not None:
+        click.echo(f"the gate is already paused ({_describe(log.paused)})")
+        return
+    pause_gate(where, by=_who(), reason=reason)
+    click.echo("the gate is paused: it promotes and rolls back nothing until `flywheel gate resume`")
+
+
+@gate.command()
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+def resume(run_dir: Path | None) -> None:
+    """Let the gate decide again, from the next version the learner publishes."""
+    from actors.replay import resume_gate
+
+    where = _gated_run(run_dir)
+    entry = resume_gate(where, by=_who())
+    if entry is None:
+        click.echo("the gate is not paused")
+        return
+    click.echo(f"the gate decides again from the next version ({entry['reason']})")
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    what = f"{entry['action']} of v{entry['version']}" if "version" in entry else str(entry["action"])
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(entry.get("ts", 0))))
+    return f"{what} by {entry.get('by', '?')} at {since}"
+
+
+__all__ = ["RunRoles", "connect_run", "find_run_dir", "gate", "promote", "rollback", "run_roles"]

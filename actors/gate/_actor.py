@@ -26,13 +26,17 @@ Contract:
   error (each side ``rollback_min_feedback`` events or more), ``serving`` goes back to the previous version
   (logged as ``rollback`` with the figures; the champion too, when it was the rolled-back version). A version
   that served after a rollback is judged again only once a new version is promoted.
+- Paused (an operator's ``flywheel promote`` / ``rollback`` / ``gate pause``; see ``actors.replay._promote``) the
+  gate holds every version without replaying it and rolls nothing back, until ``flywheel gate resume``; such holds
+  are logged once a minute like those for want of evidence. The pause is read from the log before a decision and
+  again before it acts (a replay takes seconds), so an operator's move in between stands.
 - Versions published while a decision runs are not queued: the next decision takes the newest one.
 - A restart resumes after the newest version in the decisions log, with its champion (after holds that were only
   counted, it decides on the learner's current version again).
 
-Counters: ``serving_version``, ``best_version``, ``last_decision`` (text), ``last_decision_version``,
-``last_decision_ts``, ``decisions.<action>``, ``superseded`` (versions pruned before the gate could hold them),
-``live_serving_mean_score`` / ``live_previous_mean_score`` and their feedback counts.
+Counters: ``serving_version``, ``best_version``, ``paused`` (1 while paused), ``last_decision`` (text),
+``last_decision_version``, ``last_decision_ts``, ``decisions.<action>``, ``superseded`` (versions pruned before the
+gate could hold them), ``live_serving_mean_score`` / ``live_previous_mean_score`` and their feedback counts.
 
 Non-goals: gating on anything but mean verifier reward; several gates per topology.
 """
@@ -105,7 +109,9 @@ class GateActor(Actor[GateConfig]):
         self._items: dict[str, deque[ReplayItem]] = {"traffic": deque(maxlen=pool), "scored": deque(maxlen=pool)}
         self.feedback = FeedbackByVersion()
         self._refreshing = anyio.Lock()
-        self._unproven_logged = -math.inf  # when a hold for want of evidence was last written to the log
+        # a hold that comes with every version (for want of evidence; paused): which, and when it was last logged
+        self._repeating: str | None = None
+        self._repeat_logged = -math.inf
         # "<action> v<N>: <reason>" of the newest decision (heartbeats carry it as text)
         self.last_decision = next(
             (f"{e['action']} v{e['version']}: {e.get('reason', '')}" for e in reversed(decisions) if "version" in e),
@@ -200,9 +206,18 @@ class GateActor(Actor[GateConfig]):
             self.best = _Best(candidate.version, WeightManifest.from_json(orjson.dumps(entry["manifest"])))
         return entry
 
+    def _paused(self) -> bool:
+        """Whether an operator paused the gate (their move stands until ``flywheel gate resume``): the log's newest
+        lines are read first (``flywheel promote`` / ``rollback`` / ``gate`` append to it from another process)."""
+        self.log.update()
+        self.ctx.counters.set("paused", 1.0 if self.log.paused is not None else 0.0)
+        return self.log.paused is not None
+
     async def _decide(self, candidate: WeightManifest, held: WeightManifest) -> dict[str, Any]:
         serving = await serving_manifest(self.ctx.bus)
         who = self.ctx.replica_id
+        if self._paused():
+            return self._hold_paused(candidate, serving)
         if serving is None:
             decision = decide(None, None, has_serving=False, threshold=self.config.threshold, samples=0, min_samples=1)
             first: dict[str, Any] = {"best_version": candidate.version}
@@ -210,6 +225,8 @@ class GateActor(Actor[GateConfig]):
             self._counted(entry)
             return entry
         figures = await self._compare(held, serving)
+        if self._paused():  # paused while the versions were replayed
+            return self._hold_paused(candidate, await serving_manifest(self.ctx.bus))
         decision = decide(
             figures["candidate_mean_reward"],
             figures["serving_mean_reward"],
@@ -240,16 +257,9 @@ class GateActor(Actor[GateConfig]):
                 **figures,
                 "best_version": self.best.version if self.best is not None else None,
             }
-            # a hold for want of evidence comes with every version until users' requests are recorded: one line of
-            # them a minute (the others are counted), not a line per version
             unproven = decision.action == "hold" and figures["samples"] < self.config.min_samples
-            if unproven and time.monotonic() - self._unproven_logged < HOLD_LOG_EVERY_S:
-                self.ctx.counters.inc("holds_not_logged")
-                entry["ts"] = time.time()
-                self._counted(entry, quiet=True)
+            if self._repeated_hold(entry, "unproven" if unproven else None):
                 return entry
-            entry = record(self.ctx.run_dir, entry)
-            self._unproven_logged = time.monotonic() if unproven else -math.inf
             self.ctx.log.warning(
                 "gate.rejected" if decision.action == "reject" else "gate.held",
                 version=candidate.version,
@@ -260,6 +270,40 @@ class GateActor(Actor[GateConfig]):
                 best_mean_reward=figures.get("best_mean_reward"),
                 samples=figures["samples"],
             )
+        self._counted(entry)
+        return entry
+
+    def _repeated_hold(self, entry: dict[str, Any], why: str | None) -> bool:
+        """Log ``entry`` — unless it is a hold that comes with every version (``why``: for want of evidence, until
+        users' requests are recorded; paused by an operator), of which one line a minute is written and the others
+        counted (``holds_not_logged``), not a line per version. True when it was only counted."""
+        if why is not None and why == self._repeating and time.monotonic() - self._repeat_logged < HOLD_LOG_EVERY_S:
+            self.ctx.counters.inc("holds_not_logged")
+            entry["ts"] = time.time()
+            self._counted(entry, quiet=True)
+            return True
+        entry.update(record(self.ctx.run_dir, entry))
+        self._repeating, self._repeat_logged = why, (time.monotonic() if why is not None else -math.inf)
+        return False
+
+    def _hold_paused(self, candidate: WeightManifest, serving: WeightManifest | None) -> dict[str, Any]:
+        paused = self.log.paused
+        assert paused is not None
+        what = f"{paused['action']} of v{paused['version']}" if "version" in paused else str(paused["action"])
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(paused.get("ts", time.time()))))
+        entry = {
+            "action": "hold",
+            "version": candidate.version,
+            "by": self.ctx.replica_id,
+            "reason": f"paused by {paused.get('by', '?')}'s {what} at {since} (flywheel gate resume ends it)",
+            "serving": False,
+            "kept": serving.version if serving is not None else None,
+            "manifest": orjson.loads(candidate.to_json()),
+            "best_version": self.best.version if self.best is not None else None,
+        }
+        if self._repeated_hold(entry, "paused"):
+            return entry
+        self.ctx.log.info("gate.paused", version=candidate.version, reason=entry["reason"])
         self._counted(entry)
         return entry
 
@@ -372,7 +416,8 @@ class GateActor(Actor[GateConfig]):
         if margin is None:
             return None
         await self.refresh()
-        self.log.update()
+        if self._paused():  # an operator's choice stands, whatever users' feedback says
+            return None
         serving_entries = self.log.serving
         if not serving_entries:
             return None

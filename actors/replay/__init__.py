@@ -32,6 +32,9 @@ if TYPE_CHECKING:
         hold as hold,
     )
     from actors.replay._promote import (
+        pause_gate as pause_gate,
+    )
+    from actors.replay._promote import (
         promote as promote,
     )
     from actors.replay._promote import (
@@ -42,6 +45,9 @@ if TYPE_CHECKING:
     )
     from actors.replay._promote import (
         release as release,
+    )
+    from actors.replay._promote import (
+        resume_gate as resume_gate,
     )
     from actors.replay._promote import (
         rollback as rollback,
@@ -78,8 +84,10 @@ _EXPORTS = {
     "items_from_traffic": "_items",
     "load_items": "_items",
     "mean_reward": "_report",
+    "pause_gate": "_promote",
     "promote": "_promote",
     "read_decisions": "_promote",
+    "resume_gate": "_promote",
     "record": "_promote",
     "release": "_promote",
     "request_seed": "_run",
@@ -107,12 +115,14 @@ __all__ = [
     "items_from_traffic",
     "load_items",
     "mean_reward",
+    "pause_gate",
     "promote",
     "read_decisions",
     "record",
     "release",
     "request_seed",
     "resolve_weights",
+    "resume_gate",
     "rollback",
     "serving_manifest",
     "write_report",

@@ -18,6 +18,11 @@ Contract:
   gate's best), are kept for rollback.
 - ``rollback(…)`` points ``serving`` back at the version that served before the current one (from the
   decisions log) and logs that too. Every record carries the manifest, so a log line is enough to restore it.
+- An operator's move pauses the gate (``pause=True``: the entry carries ``"gate": "paused"``), as does
+  ``pause_gate``; ``resume_gate`` ends the pause. While paused the gate promotes nothing and rolls nothing back, so
+  what an operator chose keeps serving (the gate decided every second or so: a newer version that passed replay
+  replaced a rollback within seconds). The log holds the state (`DecisionLog.paused`): a restarted gate, or a
+  resumed run, is paused as it was.
 
 Non-goals: distributed agreement between several gates (run one), broadcast-transported versions (nothing
 to pin: they are refused with a clear message).
@@ -48,10 +53,12 @@ __all__ = [
     "decide",
     "decisions_path",
     "hold",
+    "pause_gate",
     "promote",
     "read_decisions",
     "record",
     "release",
+    "resume_gate",
     "rollback",
     "serving_manifest",
 ]
@@ -122,6 +129,7 @@ class DecisionLog:
         self.path = decisions_path(run_dir)
         self.serving: list[dict[str, Any]] = []
         self.best_version: int | None = None
+        self.paused: dict[str, Any] | None = None  # the entry that paused the gate, until one resumes it
         self._offset = 0
         self._inode = -1
         self._rest = b""  # a line not finished yet (a writer between its bytes and its newline)
@@ -134,6 +142,7 @@ class DecisionLog:
                 info = os.fstat(log.fileno())
                 if info.st_ino != self._inode or info.st_size < self._offset:  # another file: read it whole
                     self.serving, self.best_version, self._offset, self._rest = [], None, 0, b""
+                    self.paused = None
                     self._inode = info.st_ino
                 log.seek(self._offset)
                 data = log.read()
@@ -152,6 +161,10 @@ class DecisionLog:
                 self.serving.append(entry)
             if entry.get("best_version") is not None:
                 self.best_version = int(entry["best_version"])
+            if entry.get("gate") == "paused":
+                self.paused = entry
+            elif entry.get("action") == "resume":
+                self.paused = None
         return entries
 
 
@@ -273,9 +286,11 @@ async def promote(
     figures: dict[str, Any] | None = None,
     keep: Iterable[int] = (),
     log: DecisionLog | None = None,
+    pause: bool = False,
 ) -> dict[str, Any]:
     """Pin ``manifest``, point ``serving`` at it, log the decision; returns the log entry. Pinned versions in
-    ``keep`` are never unpinned here. ``log``: a caller's :class:`DecisionLog` of the run (else the file is read)."""
+    ``keep`` are never unpinned here. ``log``: a caller's :class:`DecisionLog` of the run (else the file is read).
+    ``pause``: the gate promotes nothing over it until :func:`resume_gate` (an operator's move)."""
     previous = await serving_manifest(bus)
     pinned = await _pin(bus, run_dir, manifest)
     await bus.kv_put(weights_bucket(bus.topology), SERVING, pinned.to_json())
@@ -290,6 +305,7 @@ async def promote(
             "previous": previous.version if previous is not None else None,
             "manifest": orjson.loads(pinned.to_json()),
             **(figures or {}),
+            **({"gate": "paused"} if pause else {}),
         },
     )
     await _unpin_old(bus, run_dir, {manifest.version, *keep} | ({previous.version} if previous else set()), log)
@@ -304,9 +320,10 @@ async def rollback(
     reason: str | None = None,
     figures: dict[str, Any] | None = None,
     log: DecisionLog | None = None,
+    pause: bool = False,
 ) -> dict[str, Any]:
     """Point ``serving`` at the version that served before the current one; ValueError when there is none.
-    ``log``: as for :func:`promote`."""
+    ``log`` and ``pause``: as for :func:`promote`."""
     current = await serving_manifest(bus)
     if current is None:
         raise ValueError("nothing is serving yet: there is no version to roll back from")
@@ -334,5 +351,23 @@ async def rollback(
             "previous": current.version,
             "manifest": orjson.loads(target.to_json()),
             **(figures or {}),
+            **({"gate": "paused"} if pause else {}),
         },
     )
+
+
+def pause_gate(run_dir: Path, *, by: str, reason: str) -> dict[str, Any]:
+    """Pause the gate without moving ``serving`` (see the module docstring); returns the log entry."""
+    return record(run_dir, {"action": "pause", "by": by, "reason": reason, "gate": "paused"})
+
+
+def resume_gate(run_dir: Path, *, by: str) -> dict[str, Any] | None:
+    """End the gate's pause (it decides again from the next version the learner publishes); returns the log entry,
+    or None when it was not paused."""
+    log = DecisionLog(run_dir)
+    log.update()
+    if log.paused is None:
+        return None
+    paused = log.paused
+    what = f"{paused['action']} v{paused['version']}" if "version" in paused else str(paused["action"])
+    return record(run_dir, {"action": "resume", "by": by, "reason": f"ends the pause of {what} by {paused['by']}"})

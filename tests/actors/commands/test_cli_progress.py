@@ -79,9 +79,13 @@ def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_
     assert line is not None
     assert "service: serving v7 · training v12 · 25.0 req/s · feedback 25 joined, 4 waiting" in line
     assert "users' score 0.62" in line and "gate: promote v7: mean reward 0.5" in line
+    assert "paused" not in line
     console = Console(width=200, record=True)
     console.print(view.renderable(records(150)))
     assert "serving v7 · training v12" in console.export_text()
+    paused = records(150)
+    paused[-1].counters["paused"] = 1.0
+    assert "gate paused (flywheel gate resume) · gate: promote v7" in str(view.line(paused))
 
 
 def test_the_sandbox_isolation_in_force_is_shown() -> None:

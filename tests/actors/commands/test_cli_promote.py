@@ -161,8 +161,55 @@ def test_promote_current_takes_the_learners_newest_version(embedded_nats: Embedd
                 await publisher.publish(version, {"w": torch.full((4,), float(version))})
 
     anyio.run(publish)
-    result = CliRunner().invoke(main, ["promote", "current", str(run_dir)])
+    result = CliRunner().invoke(main, ["promote", "current", "--keep-gate", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "v3 is now serving"
 
     assert anyio.run(_serving_version, embedded_nats.url, topology) == 3
+
+
+def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """The gate decides on every new version (about one a second in the service spec): after `promote` or `rollback`
+    by hand it would replace the operator's choice within seconds, so a move by hand pauses it (the pause is a line
+    of the decisions log; `tests/actors/gate/test_pause.py` shows the gate keeping to it) until `gate resume`."""
+    from actors.replay import DecisionLog
+    from actors.weights import WeightPublisher
+
+    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    topology = read_run_info(run_dir).topology
+
+    async def publish() -> None:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            publisher = WeightPublisher(bus, topology, SafetensorsDirTransport(run_dir / "weights"))
+            for version in (1, 2):
+                await publisher.publish(version, {"w": torch.full((4,), float(version))})
+
+    def flywheel(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, str(run_dir)])
+        assert result.exit_code == 0, result.output
+        return result.output.strip()
+
+    def paused() -> dict[str, Any] | None:
+        log = DecisionLog(run_dir)
+        log.update()
+        return log.paused
+
+    anyio.run(publish)
+    until = "the gate promotes nothing over it until `flywheel gate resume`"
+    assert flywheel("promote", "current", "--keep-gate") == "v2 is now serving" and paused() is None
+    assert flywheel("promote", "v2") == f"v2 is now serving (was v2); {until}"
+    pause = paused()
+    assert pause is not None and (pause["action"], pause["version"]) == ("promote", 2)
+    assert flywheel("gate", "pause").startswith("the gate is already paused (promote of v2 by cli")
+    assert flywheel("gate", "resume").startswith("the gate decides again from the next version (ends the pause of")
+    assert paused() is None and flywheel("gate", "resume") == "the gate is not paused"
+    assert flywheel("gate", "pause", "--reason", "incident 42").startswith("the gate is paused")
+    assert paused() is not None and paused()["reason"] == "incident 42"  # type: ignore[index]
+    assert anyio.run(_serving_version, embedded_nats.url, topology) == 2
+
+
+def test_gate_commands_on_a_run_without_a_gate_say_so(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, TRAINING)
+    for command in (["gate", "pause"], ["gate", "resume"]):
+        result = CliRunner().invoke(main, [*command, str(run_dir)])
+        assert result.exit_code == 1 and f"the run at {run_dir} has no gate" in result.output, result.output

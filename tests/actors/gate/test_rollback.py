@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.replay import promote, read_decisions, serving_manifest
+from actors.replay import pause_gate, promote, read_decisions, resume_gate, serving_manifest
 from tests.actors.gate._support import gate_rig, gate_spec, record_traffic
 from tests.actors.replay._support import PROMPTS
 from topology.bus import EmbeddedNats
@@ -60,3 +60,23 @@ async def test_feedback_within_the_noise_changes_nothing(embedded_nats: Embedded
         assert counters["live_serving_feedback"] == 100 and counters["live_previous_feedback"] == 100
         serving = await serving_manifest(rig.bus)
         assert serving is not None and serving.version == 6
+
+
+async def test_a_paused_gate_rolls_nothing_back(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """An operator who paused the gate (or promoted by hand) keeps what serves, whatever users' feedback says: the
+    drop that rolls back in the test above does nothing while paused, and rolls back once resumed."""
+    spec = gate_spec(tmp_path, GATE)
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
+        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+        record_traffic(run_dir, rated(5, 0.8, 100, seed=1) + rated(6, 0.3, 100, seed=3))
+        pause_gate(run_dir, by="cli:ops", reason="incident")
+        assert await rig.gate.check_feedback() is None
+        serving = await serving_manifest(rig.bus)
+        assert serving is not None and serving.version == 6
+        resume_gate(run_dir, by="cli:ops")
+        entry = await rig.gate.check_feedback()
+        assert entry is not None and (entry["action"], entry["version"]) == ("rollback", 5)

@@ -1,0 +1,56 @@
+"""An operator's move pauses the gate: new versions are held without a replay and the operator's version keeps
+serving until the pause ends; then the gate decides again from the next version. The pause is read from the
+decisions log, so a gate started on that log is paused too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors.replay import DecisionLog, read_decisions, resume_gate, rollback, serving_manifest
+from tests.actors.gate._support import GateRig, gate_rig, gate_spec
+from topology.bus import EmbeddedNats
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def _decided(rig: GateRig, version: int, weights: dict[str, object]) -> None:
+    await rig.publish(version, weights)
+    with anyio.fail_after(30):
+        while True:
+            if rig.gate.decided >= version:
+                break
+            await anyio.sleep(0.05)
+
+
+async def _serving(rig: GateRig) -> int:
+    manifest = await serving_manifest(rig.bus)
+    assert manifest is not None
+    return manifest.version
+
+
+async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")  # promotes each version it sees
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir, run=True) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        for version in (2, 3):
+            await _decided(rig, version, weights)
+        assert await _serving(rig) == 3
+        await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
+        for version in (4, 5):
+            await _decided(rig, version, weights)
+        assert await _serving(rig) == 2  # without the pause: v4, then v5
+        assert rig.gate.last_decision.startswith("hold v5: paused by cli:ops's rollback of v2 at ")
+        assert rig.ctx.counters.get("paused") == 1 and rig.ctx.counters.get("holds_not_logged") == 1
+        restarted = DecisionLog(run_dir)
+        restarted.update()
+        assert restarted.paused is not None and restarted.paused["by"] == "cli:ops"
+        assert resume_gate(run_dir, by="cli:ops") is not None
+        await _decided(rig, 6, weights)
+        assert await _serving(rig) == 6 and rig.ctx.counters.get("paused") == 0
+    actions = [(e["action"], e.get("version")) for e in read_decisions(run_dir)]
+    assert actions == [("promote", 2), ("promote", 3), ("rollback", 2), ("hold", 4), ("resume", None), ("promote", 6)]
