@@ -190,7 +190,8 @@ def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) ->
             await bus.close()
 
     entry = anyio.run(main, backend="asyncio")
-    was = f" (was v{entry['previous']})" if entry.get("previous") is not None else ""
+    previous = entry.get("previous")
+    was = "" if previous is None else " (it was already)" if previous == entry["version"] else f" (was v{previous})"
     click.echo(f"v{entry['version']} is now serving{was}{_paused_note(entry)}")
 
 

@@ -197,7 +197,7 @@ def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(embedded_nats: Embed
     anyio.run(publish)
     until = "the gate promotes nothing over it until `flywheel gate resume`"
     assert flywheel("promote", "current", "--keep-gate") == "v2 is now serving" and paused() is None
-    assert flywheel("promote", "v2") == f"v2 is now serving (was v2); {until}"
+    assert flywheel("promote", "v2") == f"v2 is now serving (it was already); {until}"
     pause = paused()
     assert pause is not None and (pause["action"], pause["version"]) == ("promote", 2)
     assert flywheel("gate", "pause").startswith("the gate is already paused (promote of v2 by cli")
