@@ -15,7 +15,7 @@ from topology._check import check_spec, load_spec, load_spec_text
 from topology._errors import SpecError, SpecIssue
 from topology._graph import ActorNode, ChannelNode, Graph, build_graph
 from topology._lazy import lazy_exports
-from topology._machine import visible_gpus
+from topology._machine import bind_problem, visible_gpus
 from topology._names import (
     bucket_name,
     channel_subject,
@@ -90,6 +90,7 @@ __all__ = [
     "SpecModel",
     "SpecSection",
     "actor_kinds",
+    "bind_problem",
     "bucket_name",
     "build_graph",
     "channel_subject",

@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from topology._errors import SpecError, SpecIssue, format_path
-from topology._machine import machine_issues
+from topology._machine import bind_problem, machine_issues
 from topology._messages import did_you_mean, issues_from_validation, unknown_key_message
 from topology._names import channel_subject
 from topology._registry import ActorKind, SpecSection, actor_kinds, spec_sections
@@ -56,9 +56,10 @@ _READ_BY_PEOPLE = frozenset({"deadletter", "review"})
 
 
 class _Checker:
-    def __init__(self, doc: Document, *, thorough: bool = True) -> None:
+    def __init__(self, doc: Document, *, thorough: bool = True, starting: bool = False) -> None:
         self.doc = doc
         self.thorough = thorough
+        self.starting = starting
         self.local = True  # until runtime.kind says otherwise
         self.issues: list[SpecIssue] = list(doc.issues)
         # key paths that already carry an error from loading (e.g. an undefined ${VAR}): no second error there
@@ -172,7 +173,11 @@ class _Checker:
             data=data,
             sections=values,
         )
-        checked = self.check_kinds(spec)
+        if self.starting and self.local and runtime.metrics_port:
+            problem = bind_problem(runtime.metrics_host, runtime.metrics_port)
+            if problem is not None:
+                self.error(("runtime", "metrics_port"), f"expected a port free on this machine, but {problem}")
+        checked = self.check_kinds(spec)  # None on any error, this one's too
         if checked is None:
             return None
         spec = checked
@@ -395,8 +400,10 @@ class _Checker:
         return resolved
 
 
-def _finish(doc: Document, source_path: Path, *, thorough: bool = True) -> tuple[Spec | None, list[SpecIssue]]:
-    checker = _Checker(doc, thorough=thorough)
+def _finish(
+    doc: Document, source_path: Path, *, thorough: bool = True, starting: bool = False
+) -> tuple[Spec | None, list[SpecIssue]]:
+    checker = _Checker(doc, thorough=thorough, starting=starting)
     spec = checker.run(source_path)
     unique: dict[tuple[str, str, int], SpecIssue] = {}
     for issue in checker.issues:  # two checks may flag the same key (e.g. a kind that is not a string)
@@ -406,19 +413,22 @@ def _finish(doc: Document, source_path: Path, *, thorough: bool = True) -> tuple
 
 
 def check_spec(
-    path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True
+    path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True, starting: bool = False
 ) -> tuple[Spec | None, list[SpecIssue]]:
     """Validate a spec file: ``(spec, issues)``; spec is None when any issue is an error. ``thorough=False``: a
-    replica re-reading the spec its supervisor checked (see ``SectionCheck.thorough``).
+    replica re-reading the spec its supervisor checked (see ``SectionCheck.thorough``); ``starting``: the spec is
+    about to run here (``flywheel up``; see ``SectionCheck.starting``).
 
     Never raises for user mistakes."""
     doc = load_document(path, environ)
-    return _finish(doc, Path(path), thorough=thorough)
+    return _finish(doc, Path(path), thorough=thorough, starting=starting)
 
 
-def load_spec(path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True) -> Spec:
+def load_spec(
+    path: str | Path, environ: dict[str, str] | None = None, *, thorough: bool = True, starting: bool = False
+) -> Spec:
     """Load and validate a spec file; raises `SpecError` with every issue when any is an error."""
-    spec, issues = check_spec(path, environ, thorough=thorough)
+    spec, issues = check_spec(path, environ, thorough=thorough, starting=starting)
     if spec is None:
         raise SpecError(issues)
     return spec

@@ -4,6 +4,9 @@ for a spec that asks for more.
 Contract: `visible_gpus()` counts GPUs from ``CUDA_VISIBLE_DEVICES`` when set, else from ``nvidia-smi -L``
 when that tool exists (2 s timeout), else 0; the answer is cached per process. `machine_issues(spec)`
 returns ``(key path, message)`` pairs — warnings only, since a spec may be written for another machine.
+`bind_problem(host, port)` says what would stop a listener on ``host:port`` here now (another process listening
+there, an address this machine does not have), or None; it binds the way servers do (``SO_REUSEADDR``: a port
+whose last connections are only closing is free).
 
 Non-goals: AMD/Intel accelerators, memory checks, Ray cluster capacity (a Ray spec's resources are the
 cluster's business).
@@ -11,9 +14,11 @@ cluster's business).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
+import socket
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -82,3 +87,26 @@ def machine_issues(spec: Spec, *, cpus: int | None = None, gpus: int | None = No
 
 
 __all__ = ["machine_issues", "visible_gpus"]
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` of this machine now, or None when it could (see the module
+    docstring). Port 0 (any free one) is always possible."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"{host} does not resolve here ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is in use by another process"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"{host} is no address of this machine"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None

@@ -97,6 +97,12 @@ class SectionCheck(Protocol):
         of every replica; paths still resolve."""
 
     @property
+    def starting(self) -> bool:
+        """Whether the spec is loaded to run here, now (``flywheel up``): hooks may check what must be free at the
+        start, such as a port to listen on (`topology.bind_problem`); ``flywheel validate`` does not (a spec may be
+        checked while its run is up)."""
+
+    @property
     def local(self) -> bool:
         """Whether the spec runs on this machine (``runtime.kind: local``): a file it names that is not here is an
         error; on a cluster, where files may live on other nodes, a warning."""

@@ -11,7 +11,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
+from topology import (
+    ActorKind,
+    ActorSpec,
+    KeyPath,
+    SectionCheck,
+    Spec,
+    SpecModel,
+    bind_problem,
+    register_actor_kind,
+    show,
+)
 
 
 class GatewayConfig(SpecModel):
@@ -85,13 +95,20 @@ class GatewayConfig(SpecModel):
 
 def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
     """On the local runtime, no two listeners on one port (every gateway replica binds host:port itself: the
-    second crash-loops). ``api_keys_file`` made absolute against the spec file that set it; it must exist (the
-    gateway reads it at start, and crash-loops when it cannot): an error on the local runtime, a warning on a
-    cluster."""
+    second crash-loops), and at ``flywheel up`` none held by another process. ``api_keys_file`` made absolute against
+    the spec file that set it; it must exist (the gateway reads it at start, and crash-loops when it cannot): an error
+    on the local runtime, a warning on a cluster."""
     config = actor.config
     assert isinstance(config, GatewayConfig)
     if spec.runtime.kind == "local" and config.port != 0:
         _check_port(check, path, actor, config, spec)
+        problem = bind_problem(config.host, config.port) if check.starting else None
+        if problem is not None:  # each start would crash on it until the topology gave up (~30 s)
+            check.error(
+                (*path, "port"),
+                f"expected a port free on this machine, but {problem} (another flywheel run, or another server: "
+                f"stop it, or set another port; 0 picks a free one)",
+            )
     if config.api_keys_file is None:
         return config
     at = (*path, "api_keys_file")

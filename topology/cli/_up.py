@@ -186,14 +186,15 @@ def _live_view() -> Any:
         return None
 
 
-def _load_spec_or_exit(path: Path) -> Any:
+def _load_spec_or_exit(path: Path, *, starting: bool = False) -> Any:
+    """The spec at ``path``, or its issues printed and exit 1; ``starting``: to run it here now (ports must be free)."""
     from topology import load_spec
     from topology._errors import SpecError
     from topology._registry import PluginError, load_plugins
 
     try:
         load_plugins()
-        spec = load_spec(path)
+        spec = load_spec(path, starting=starting)
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
     except SpecError as exc:
@@ -425,7 +426,7 @@ def up(
         resume_dir, spec_path = _resume_target(resume, spec_path, run_root.resolve() if run_root else None)
     elif spec_path is None:
         raise click.UsageError("give a SPEC to run, or --resume RUN to continue a run")
-    spec = _load_spec_or_exit(spec_path)
+    spec = _load_spec_or_exit(spec_path, starting=runtime_kind != "ray")
     from topology.runtime import LocalRuntime, SingleProcessRuntime
 
     kind = runtime_kind or spec.runtime.kind

@@ -31,3 +31,40 @@ def test_api_keys_file_is_found_beside_the_spec_file_that_names_it(tmp_path: Pat
     config = load_spec(tmp_path / "run.yaml").actors["gateway"].config
     assert isinstance(config, GatewayConfig)
     assert config.api_keys_file == str((tmp_path / "base" / "keys.txt").resolve())
+
+
+def test_up_refuses_a_port_another_process_listens_on_at_once(tmp_path: Path) -> None:
+    """Each start of the gateway crashed on a port another process held, until the topology gave up (~30 s): `up`
+    loads the spec as `starting` and says so before anything starts, at the port's line; so does the metrics port.
+    `validate` does not look (a spec may be checked while its own run listens there)."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from topology import SpecError
+    from topology.cli import main
+
+    with socket.socket() as other, socket.socket() as metrics:
+        for listener in (other, metrics):
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+        port, metrics_port = other.getsockname()[1], metrics.getsockname()[1]
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(
+            BASE.replace("gateway: {api_keys_file: keys.txt}", f"gateway: {{port: {port}}}")
+            + f"runtime: {{metrics_port: {metrics_port}, run_dir: runs}}\n"
+        )
+        load_spec(spec)  # validate's view: fine
+        try:
+            load_spec(spec, starting=True)
+        except SpecError as exc:
+            found = {(e.path, e.line): e.message for e in exc.errors}
+        else:
+            raise AssertionError("a taken port passed")
+        taken = f"expected a port free on this machine, but 127.0.0.1:{port} is in use by another process"
+        assert found[("actors.gateway.port", 11)].startswith(taken), found
+        assert found[("runtime.metrics_port", 13)].endswith(f"127.0.0.1:{metrics_port} is in use by another process")
+        result = CliRunner().invoke(main, ["up", str(spec), "--duration", "5"])
+        assert result.exit_code == 1 and taken in result.output and "nothing was started" in result.output
+        assert not (tmp_path / "runs").exists()
+    load_spec(spec, starting=True)  # both closed: free again
