@@ -106,6 +106,15 @@ class GateRig:
         await anyio.to_thread.run_sync(self.store.wait_tidy, 10.0)
         return manifest
 
+    async def decided(self, version: int, weights: dict[str, object]) -> None:
+        """Publish a version and wait until the running gate has decided on it."""
+        await self.publish(version, weights)
+        with anyio.fail_after(30):
+            while True:
+                if self.gate.decided >= version:
+                    break
+                await anyio.sleep(0.05)
+
 
 @asynccontextmanager
 async def gate_rig(spec: Spec, url: str, run_dir: Path, *, run: bool = False) -> AsyncIterator[GateRig]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import pytest
 
 from actors.replay import DecisionLog, read_decisions, resume_gate, rollback, serving_manifest
@@ -14,15 +13,6 @@ from tests.actors.gate._support import GateRig, gate_rig, gate_spec
 from topology.bus import EmbeddedNats
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-async def _decided(rig: GateRig, version: int, weights: dict[str, object]) -> None:
-    await rig.publish(version, weights)
-    with anyio.fail_after(30):
-        while True:
-            if rig.gate.decided >= version:
-                break
-            await anyio.sleep(0.05)
 
 
 async def _serving(rig: GateRig) -> int:
@@ -38,11 +28,11 @@ async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats
         assert rig.gate.replayer is not None
         weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
         for version in (2, 3):
-            await _decided(rig, version, weights)
+            await rig.decided(version, weights)
         assert await _serving(rig) == 3
         await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
         for version in (4, 5):
-            await _decided(rig, version, weights)
+            await rig.decided(version, weights)
         assert await _serving(rig) == 2  # without the pause: v4, then v5
         assert rig.gate.last_decision.startswith("hold v5: paused by cli:ops's rollback of v2 at ")
         assert rig.ctx.counters.get("paused") == 1 and rig.ctx.counters.get("holds_not_logged") == 1
@@ -50,7 +40,7 @@ async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats
         restarted.update()
         assert restarted.paused is not None and restarted.paused["by"] == "cli:ops"
         assert resume_gate(run_dir, by="cli:ops") is not None
-        await _decided(rig, 6, weights)
+        await rig.decided(6, weights)
         assert await _serving(rig) == 6 and rig.ctx.counters.get("paused") == 0
     actions = [(e["action"], e.get("version")) for e in read_decisions(run_dir)]
     assert actions == [("promote", 2), ("promote", 3), ("rollback", 2), ("hold", 4), ("resume", None), ("promote", 6)]

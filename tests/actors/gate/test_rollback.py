@@ -4,12 +4,14 @@ and does not roll back again on its own; within the noise it does nothing."""
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from actors.replay import pause_gate, promote, read_decisions, resume_gate, serving_manifest
-from tests.actors.gate._support import gate_rig, gate_spec, record_traffic
+from tests.actors.gate._support import GateRig, gate_rig, gate_spec, record_traffic
 from tests.actors.replay._support import PROMPTS
 from topology.bus import EmbeddedNats
 
@@ -18,19 +20,25 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 GATE = "{min_samples: 8, rollback_margin: 0.1, rollback_min_feedback: 40}"
 
 
+@asynccontextmanager
+async def v6_over_v5(url: str, run_dir: Path) -> AsyncIterator[GateRig]:
+    """A gate over a run where the gate promoted v5, then v6 (v6 serves; a rollback goes back to v5)."""
+    async with gate_rig(gate_spec(run_dir.parent, GATE), url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
+        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+        yield rig
+
+
 def rated(version: int, good_share: float, n: int, seed: int) -> list[tuple[str, int, float | None]]:
     rng = random.Random(seed)
     return [(rng.choice(PROMPTS), version, 1.0 if rng.random() < good_share else 0.0) for _ in range(n)]
 
 
 async def test_a_drop_in_live_feedback_rolls_back(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    spec = gate_spec(tmp_path, GATE)
     run_dir = tmp_path / "run"
-    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
-        assert rig.gate.replayer is not None
-        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
-        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
-        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+    async with v6_over_v5(embedded_nats.url, run_dir) as rig:
         record_traffic(run_dir, rated(5, 0.8, 100, seed=1) + rated(6, 0.8, 30, seed=2))
         assert await rig.gate.check_feedback() is None  # v6: too little feedback yet
         record_traffic(run_dir, rated(6, 0.3, 100, seed=3), first_seq=1000)
@@ -47,13 +55,8 @@ async def test_a_drop_in_live_feedback_rolls_back(embedded_nats: EmbeddedNats, t
 
 
 async def test_feedback_within_the_noise_changes_nothing(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    spec = gate_spec(tmp_path, GATE)
     run_dir = tmp_path / "run"
-    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
-        assert rig.gate.replayer is not None
-        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
-        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
-        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+    async with v6_over_v5(embedded_nats.url, run_dir) as rig:
         record_traffic(run_dir, rated(5, 0.7, 100, seed=4) + rated(6, 0.65, 100, seed=5))
         assert await rig.gate.check_feedback() is None
         counters = rig.ctx.counters.snapshot()
@@ -65,13 +68,8 @@ async def test_feedback_within_the_noise_changes_nothing(embedded_nats: Embedded
 async def test_a_paused_gate_rolls_nothing_back(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     """An operator who paused the gate (or promoted by hand) keeps what serves, whatever users' feedback says: the
     drop that rolls back in the test above does nothing while paused, and rolls back once resumed."""
-    spec = gate_spec(tmp_path, GATE)
     run_dir = tmp_path / "run"
-    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
-        assert rig.gate.replayer is not None
-        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
-        await promote(rig.bus, run_dir, await rig.publish(5, weights), by="gate/0", reason="first")
-        await promote(rig.bus, run_dir, await rig.publish(6, weights), by="gate/0", reason="next")
+    async with v6_over_v5(embedded_nats.url, run_dir) as rig:
         record_traffic(run_dir, rated(5, 0.8, 100, seed=1) + rated(6, 0.3, 100, seed=3))
         pause_gate(run_dir, by="cli:ops", reason="incident")
         assert await rig.gate.check_feedback() is None
