@@ -30,7 +30,7 @@ SURFACE = {
     "bucket_name", "channel_subject", "consumer_name", "ephemeral_subject", "replica_id", "stream_name",
     "torch_threads",
     # the machine
-    "visible_gpus",
+    "bind_problem", "visible_gpus",
     # runtime
     "Actor", "ActorContext", "Counters", "LocalRuntime", "RunResult", "Runtime", "SingleProcessRuntime",
 }  # fmt: skip
