@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -41,7 +42,7 @@ from nats.js import api
 from topology._names import DEADLETTER, channel_subject, consumer_name, ephemeral_subject, stream_name
 from topology._spec import BusSpec
 from topology.bus._acks import AcksLost, AckTracker, PublishError
-from topology.bus._consumer import ChannelConsumer
+from topology.bus._consumer import ChannelConsumer, Delivery
 from topology.bus._envelope import Envelope, encode
 from topology.bus._errors import BusError
 from topology.bus._kv import STALL_S, Stores
@@ -82,6 +83,8 @@ class Bus:
         self._stores = Stores(self._js, self._acks, self.reconnects)
         self._streams: set[str] = set()
         self._consumers: set[ChannelConsumer[Any]] = set()
+        # deliveries handed to handlers and not settled yet (weak: one a handler dropped comes back after ack_wait)
+        self.handed_out: weakref.WeakSet[Delivery[Any]] = weakref.WeakSet()
         self._ephemeral: set[EphemeralSubscription] = set()
         self.log = structlog.get_logger("flywheel.bus").bind(topology=topology, bus=name)
         channel_subject(topology, "x")  # validates the topology name early
@@ -158,10 +161,18 @@ class Bus:
         return cls(nc, url=url, topology=topology, name=name, settings=settings or BusSpec(), reconnects=reconnects)
 
     async def close(self) -> None:
+        """Close every consumer, then hand back (nak) every delivery nothing settled — a handler stopped mid-way; no
+        one in this process can settle it any more, and unsettled it would wait out ``ack_wait_s`` before the rest of
+        its group, or the group after a resume, got it — then the connection."""
         for consumer in list(self._consumers):
             await consumer.aclose()
         for sub in list(self._ephemeral):
             await sub.aclose()
+        for delivery in list(self.handed_out):
+            try:
+                await delivery.hand_back()
+            except Exception:  # the connection is gone: ack_wait hands it back
+                pass
         if not self._nc.is_closed:
             await self._nc.close()
 

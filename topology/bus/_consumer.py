@@ -11,7 +11,8 @@ Contract:
   published to the dead-letter channel with the reason, terminated, counted, and iteration continues.
 - Cancelling ``__anext__`` loses nothing: messages stay buffered; ``aclose`` drains the inbox (ending the
   interest of its pull requests), then naks what was buffered but not handed out, so the rest of the group
-  gets them at once.
+  gets them at once. What was handed out stays the handler's to settle after the close (a recorder writes and acks
+  what its closed consumers handed it); the bus's close naks what is still unsettled then (``Bus.close``).
 - After the connection is re-established (a nats-server restart loses every waiting pull request) the consumer
   pulls again at once instead of waiting for its old requests to expire.
 
@@ -49,7 +50,7 @@ _STATUS = "Status"
 class Delivery(Generic[P]):
     """One delivered message. Settle it exactly once: ``ack``, ``nak``, or ``dead_letter``."""
 
-    __slots__ = ("_consumer", "_msg", "_settled", "envelope", "num_delivered", "payload", "stream_seq")
+    __slots__ = ("__weakref__", "_consumer", "_msg", "_settled", "envelope", "num_delivered", "payload", "stream_seq")
 
     def __init__(
         self,
@@ -72,9 +73,21 @@ class Delivery(Generic[P]):
     def id(self) -> str:
         return self.envelope.id
 
+    def _settle(self) -> None:
+        self._settled = True
+        self._consumer._bus.handed_out.discard(self)
+
+    async def hand_back(self) -> None:
+        """Nak as it is (no dead-letter on its last allowed delivery: the count is the server's, as for a death), if
+        not settled yet: what the bus does at its close with every delivery nothing settled."""
+        if not self._settled:
+            self._settle()
+            await self._msg.nak()
+            self._consumer._bus.stats.naked += 1
+
     async def ack(self) -> None:
         if not self._settled:
-            self._settled = True
+            self._settle()
             await self._msg.ack()
             self._consumer._bus.stats.acked += 1
 
@@ -86,7 +99,7 @@ class Delivery(Generic[P]):
         if self.num_delivered >= max_deliver:
             await self.dead_letter(f"max_deliver ({max_deliver}) reached: nak'ed on delivery {self.num_delivered}")
             return
-        self._settled = True
+        self._settle()
         await self._msg.nak(delay=delay_s if delay_s > 0 else None)
         self._consumer._bus.stats.naked += 1
 
@@ -97,7 +110,7 @@ class Delivery(Generic[P]):
     async def dead_letter(self, reason: str) -> None:
         """Handler-side poison: publish to the dead-letter channel with ``reason`` and terminate."""
         if not self._settled:
-            self._settled = True
+            self._settle()
             await self._consumer._poison(self._msg, reason, self.num_delivered, self.stream_seq)
 
     def __repr__(self) -> str:
@@ -214,6 +227,7 @@ class ChannelConsumer(Generic[P]):
                 await self._maybe_pull()
                 delivery = await self._admit(msg)
                 if delivery is not None:
+                    self._bus.handed_out.add(delivery)
                     return delivery
                 continue
             self._wakeup.clear()

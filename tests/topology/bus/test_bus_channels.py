@@ -211,6 +211,22 @@ async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None
     assert sorted(d.payload["i"] for d in rest) == list(range(1, 10))
 
 
+@pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=30.0)])
+async def test_closing_the_bus_hands_back_what_no_handler_settled(bus: Bus, embedded_nats: EmbeddedNats) -> None:
+    """A replica stopped while its handler held deliveries (taken, neither acked nor nak'ed) left them to ack_wait
+    (30 s: a resumed run waited that long for them); its bus's close naks them. A consumer's own close does not: what
+    it handed out stays the handler's to settle (a recorder writes and acks after its consumers closed)."""
+    await bus.publish_many("prompts", [("p", {"i": i}, None) for i in range(4)])
+    replica = await Bus.connect(embedded_nats.url, topology=bus.topology, name="replica", settings=bus.settings)
+    async with replica.consume("prompts", "gen", batch=1) as consumer:
+        held = await take(consumer, 4, ack=False)
+    await held[0].ack()  # after the consumer's close: still the handler's
+    await replica.close()  # a handler stopped mid-way on held[1:]
+    async with bus.consume("prompts", "gen") as consumer:
+        again = await take(consumer, 3, timeout_s=10.0)
+    assert sorted(d.payload["i"] for d in again) == [1, 2, 3] and {d.num_delivered for d in again} == {2}
+
+
 async def test_cancelled_iteration_loses_nothing(bus: Bus) -> None:
     async with bus.consume("prompts", "gen") as consumer:
         with anyio.move_on_after(0.3):
