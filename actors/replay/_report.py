@@ -1,8 +1,11 @@
 """The replay report, by domain: recorded vs replayed (vs another version), as JSON, markdown and a PNG.
 
 Per domain: samples; how many a verifier scored; mean reward recorded / replayed / against; the fraction of
-scored samples whose replayed verdict equals the recorded one (``agreement``); the fraction whose replayed
-text equals the recorded text (``text_match``); and for ``against`` how many samples changed outcome.
+scored samples whose replayed verdict equals the recorded one (``agreement``), over the scored samples that have
+a recorded outcome; the fraction whose replayed text equals the recorded text (``text_match``); and for
+``against`` how many samples changed outcome. A recorded outcome is not there for every sample (served traffic
+has one only when a user rated it): ``recorded_samples`` says how many the recorded mean is over, and the
+markdown shows it beside that mean when it is not every sample.
 Samples without verifier fields are marked "no verifier: compared by text only". Throughput: replay's
 tokens/s beside the bare engine's on the same prompts.
 
@@ -56,6 +59,7 @@ def build_report(
                 "replayed": [],
                 "against": [],
                 "agree": 0,
+                "rated": 0,
                 "text_match": 0,
                 "changed_vs_against": 0,
                 "text_only": 0,
@@ -75,6 +79,7 @@ def build_report(
         row["replayed"].append(mine.reward)
         if item.recorded_reward is not None:
             row["recorded"].append(item.recorded_reward)
+            row["rated"] += 1
             row["agree"] += int(
                 _passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict, item.recorded_reward)
             )
@@ -89,9 +94,11 @@ def build_report(
             "samples": row["samples"],
             "scored": scored,
             "recorded_mean_reward": _mean(row["recorded"]),
+            "recorded_samples": len(row["recorded"]),
             "replayed_mean_reward": _mean(row["replayed"]),
             "against_mean_reward": _mean(row["against"]) if against is not None else None,
-            "agreement": round(row["agree"] / scored, 4) if scored else None,
+            # over the samples with both outcomes: one with no recorded outcome can neither agree nor disagree
+            "agreement": round(row["agree"] / row["rated"], 4) if row["rated"] else None,
             "text_match": round(row["text_match"] / row["samples"], 4) if row["samples"] else None,
             "changed_vs_against": row["changed_vs_against"] if against is not None else None,
             "note": "no verifier: compared by text only" if row["text_only"] and not scored else "",
@@ -136,6 +143,14 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _recorded(row: dict[str, Any]) -> str:
+    """The recorded mean, with how many samples it is over when that is not all of them (traffic: the rated)."""
+    mean = _fmt(row["recorded_mean_reward"])
+    if row["recorded_mean_reward"] is None or row["recorded_samples"] == row["samples"]:
+        return mean
+    return f"{mean} (of {row['recorded_samples']})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     w, a = report["weights"], report["against"]
     lines = [
@@ -157,7 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
                     domain,
                     row["samples"],
                     row["scored"],
-                    row["recorded_mean_reward"],
+                    _recorded(row),
                     row["replayed_mean_reward"],
                     row["against_mean_reward"],
                     row["agreement"],

@@ -76,13 +76,14 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     assert "version 9 not found" in result.output and "Traceback" not in result.output
 
 
-def _service_run(tmp_path: Path) -> tuple[Spec, Path]:
-    """A stopped service run whose recordings hold users' requests answered at a pinned serving v1; the domain's
-    file holds the policy's greedy answers as what is expected."""
+def _service_run(tmp_path: Path, *, rated: int = len(PROMPTS)) -> tuple[Spec, Path]:
+    """A stopped service run whose recordings hold users' requests answered at a pinned serving v1, the first
+    ``rated`` of them rated 1 by their user; the domain's file holds the policy's greedy answers as what is
+    expected."""
     spec = gate_spec(tmp_path, "{}")
     anyio.run(expected_answers, spec, backend="asyncio")
     run_dir = tmp_path / "runs" / "service-1"
-    record_traffic(run_dir, [(p, 1, 1.0) for p in PROMPTS])
+    record_traffic(run_dir, [(p, 1, 1.0 if i < rated else None) for i, p in enumerate(PROMPTS)])
     pinned = run_dir / "weights" / "serving-v1"
     pinned.mkdir(parents=True)
     policy = Policy.from_spec(policy_of(spec))
@@ -105,6 +106,23 @@ def test_replay_scores_a_service_runs_own_traffic(tmp_path: Path) -> None:
     users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
     assert users["samples"] == users["scored"] == len(PROMPTS) and users["note"] == ""
     assert users["replayed_mean_reward"] == 1.0
+
+
+def test_agreement_and_the_recorded_mean_are_over_the_rated_requests_only(tmp_path: Path) -> None:
+    """Served traffic has a recorded outcome only where its user rated it: a request nobody rated neither agrees
+    nor disagrees with its replay (agreement was divided by every scored request, so a third rated and all
+    agreeing read 0.33), and the recorded mean says how many ratings it is over."""
+    rated = len(PROMPTS) // 3
+    _spec, run_dir = _service_run(tmp_path, rated=rated)
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir / "recordings"), "--weights", "v1", "--greedy", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
+    assert users["scored"] == len(PROMPTS) and users["agreement"] == 1.0
+    assert users["recorded_samples"] == rated
+    assert users["recorded_mean_reward"] == users["replayed_mean_reward"] == 1.0
+    assert f"| users | {len(PROMPTS)} | {len(PROMPTS)} | 1.000 (of {rated}) | 1.000 |" in result.output
 
 
 def test_replay_of_a_run_whose_spec_is_gone_uses_the_copy_in_run_json(tmp_path: Path) -> None:
