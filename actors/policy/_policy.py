@@ -291,6 +291,9 @@ def all_finite(tensor: Tensor) -> bool:
 
 
 def read_safetensors(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a ``.safetensors`` file, or of every one in a directory; ``StateDictError`` when there are
+    none, or when a file is not one (a user's path to the wrong file is a one-line error, not a traceback)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     target = Path(path).expanduser()
@@ -299,7 +302,10 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
         raise StateDictError(f"no safetensors weights at {str(target)!r}")
     tensors: dict[str, Tensor] = {}
     for file in files:
-        tensors.update(load_file(str(file)))
+        try:
+            tensors.update(load_file(str(file)))
+        except SafetensorError as exc:
+            raise StateDictError(f"{str(file)!r} is not a safetensors file ({exc})") from None
     return tensors
 
 

@@ -76,6 +76,17 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     assert "version 9 not found" in result.output and "Traceback" not in result.output
 
 
+def test_weights_that_are_not_a_safetensors_file_are_a_one_line_error(tmp_path: Path) -> None:
+    """A path to the wrong file (the run's run.json, a torch .pt) as --weights: it raised safetensors' own
+    'header too large' with a traceback."""
+    _spec, run_dir = _service_run(tmp_path)
+    wrong = run_dir / "run.json"
+    result = CliRunner().invoke(main, ["replay", str(run_dir), "--weights", str(wrong), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {str(wrong)!r} is not a safetensors file")
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
 def _service_run(tmp_path: Path, *, rated: int = len(PROMPTS)) -> tuple[Spec, Path]:
     """A stopped service run whose recordings hold users' requests answered at a pinned serving v1, the first
     ``rated`` of them rated 1 by their user; the domain's file holds the policy's greedy answers as what is
