@@ -30,7 +30,15 @@ def _run_dir_of(recordings: Path) -> Path | None:
 @click.option("--weights", required=True, help="Version to replay (v3, 3, initial) or a checkpoint path.")
 @click.option("--against", default=None, help="Another version or checkpoint to compare with.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed (per request: hash(seed, id)).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the newest N samples.")
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(["traffic", "scored", "both"]),
+    default="both",
+    show_default=True,
+    help="What to replay: users' requests (traffic), the task domains' training samples (scored), or both.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the newest N samples (of --from).")
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
@@ -60,6 +68,7 @@ def replay(
     weights: str,
     against: str | None,
     seed: int,
+    source: str,
     limit: int | None,
     concurrency: int,
     greedy: bool,
@@ -71,11 +80,13 @@ def replay(
     \b
     RECORDINGS is the recorder's folder (or a run dir holding recordings/). Prompts from `scored`
     samples are re-scored by their domain's verifier; served `traffic` without verifier fields is
-    compared by text only. Same weights + same seed → same completions.
+    compared by text only. Same weights + same seed → same completions. A service run records every
+    training sample too (scored): `--from traffic` replays only what users asked.
 
     \b
     Examples:
       flywheel replay runs/latest/recordings --weights v12 --against v10
+      flywheel replay runs/latest --from traffic --weights v12 --against v10
       flywheel replay runs/latest --weights ckpt/model.safetensors --greedy --limit 200 --out report/
     """
     from topology.cli._logging import configure_logging
@@ -91,7 +102,18 @@ def replay(
         spec = _spec_of_run(run_dir)
     try:
         report = anyio.run(
-            _replay, spec, recordings, run_dir, weights, against, seed, limit, concurrency, greedy, backend="asyncio"
+            _replay,
+            spec,
+            recordings,
+            run_dir,
+            weights,
+            against,
+            seed,
+            source,
+            limit,
+            concurrency,
+            greedy,
+            backend="asyncio",
         )
     except Exception as exc:  # WeightsNotFound, bad weights, bad recordings; from the replayer's task group too
         from topology.cli._errors import user_error
@@ -147,15 +169,17 @@ async def _replay(
     weights: str,
     against: str | None,
     seed: int,
+    source: Any,
     limit: int | None,
     concurrency: int,
     greedy: bool,
 ) -> dict[str, Any]:
     from actors.replay import Replayer, build_report, load_items
 
-    items = load_items(recordings, limit=limit)
+    items = load_items(recordings, limit=limit, source=source)
     if not items:
-        raise ValueError(f"nothing recorded under {recordings} (no traffic or scored parquet files)")
+        what = "traffic or scored" if source == "both" else source
+        raise ValueError(f"nothing recorded under {recordings} (no {what} parquet files)")
     bus = await _live_bus(run_dir)
     try:
         main = await _weights(weights, run_dir, bus)
@@ -163,6 +187,14 @@ async def _replay(
     finally:
         if bus is not None:
             await bus.close()
+    # a service run's recordings hold every training sample too: say how many before the long part starts
+    traffic = sum(1 for item in items if item.source == "traffic")
+    versions = main.label + (f" and {other.label}" if other is not None else "")
+    click.echo(
+        f"replaying {len(items):,} recorded samples ({traffic:,} traffic, {len(items) - traffic:,} scored) "
+        f"with {versions}" + ("" if limit is not None else "; --from traffic or --limit N replays fewer"),
+        err=True,
+    )
     threads = max(1, (os.cpu_count() or 1))
     async with Replayer(spec, num_threads=threads) as replayer:
         kwargs: dict[str, Any] = {"seed": seed, "concurrency": concurrency, "greedy": greedy}

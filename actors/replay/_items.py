@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import polars as pl
@@ -51,14 +51,21 @@ class ReplayItem:
 
 
 def load_items(
-    recordings: str | Path, *, limit: int | None = None, since_s: float | None = None, now: float | None = None
+    recordings: str | Path,
+    *,
+    limit: int | None = None,
+    since_s: float | None = None,
+    now: float | None = None,
+    source: Literal["traffic", "scored", "both"] = "both",
 ) -> list[ReplayItem]:
     """Recorded samples under ``recordings``, oldest first; the newest ``limit`` of those younger than
-    ``since_s`` seconds when given."""
-    items = [
-        *items_from_scored(read_recordings(recordings, "scored")),
-        *items_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback")),
-    ]
+    ``since_s`` seconds when given. ``source``: users' requests (``traffic``), the task domains' samples
+    (``scored``) or both; ``limit`` counts the chosen ones only."""
+    items: list[ReplayItem] = []
+    if source != "traffic":
+        items += items_from_scored(read_recordings(recordings, "scored"))
+    if source != "scored":
+        items += items_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback"))
     if since_s is not None:
         horizon = (time.time() if now is None else now) - since_s
         items = [item for item in items if item.ts >= horizon]

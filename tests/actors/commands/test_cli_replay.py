@@ -76,6 +76,26 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     assert "version 9 not found" in result.output and "Traceback" not in result.output
 
 
+def test_from_traffic_replays_users_requests_only_and_says_how_many_first(tmp_path: Path) -> None:
+    """A service run records every training sample beside users' requests (tens of thousands in minutes), and
+    they are newer: replaying the recordings replayed all of them, with nothing said until the report, and
+    ``--limit`` took the newest, so users' requests fell out first. ``--from traffic`` keeps those alone."""
+    spec, run_dir = _service_run(tmp_path)
+    anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")  # training samples, newer
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir), "--from", "traffic", "--limit", "5", "--weights", "v1", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert list(report["domains"]) == ["users"] and report["domains"]["users"]["samples"] == 5
+    assert "replaying 5 recorded samples (5 traffic, 0 scored) with v1" in result.output
+    both = ["replay", str(run_dir), "--weights", "v1", "--out", str(tmp_path / "both")]
+    result = CliRunner().invoke(main, both)
+    assert result.exit_code == 0, result.output
+    n = len(PROMPTS)
+    assert f"replaying {2 * n} recorded samples ({n} traffic, {n} scored) with v1; --from traffic" in result.output
+
+
 def test_weights_that_are_not_a_safetensors_file_are_a_one_line_error(tmp_path: Path) -> None:
     """A path to the wrong file (the run's run.json, a torch .pt) as --weights: it raised safetensors' own
     'header too large' with a traceback."""
