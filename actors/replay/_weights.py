@@ -7,7 +7,8 @@
   object store's ``serving-vN`` / ``vN``;
 - anything else: a path to a ``.safetensors`` file or a directory of them.
 
-Errors are one-line ``WeightsNotFound`` naming every place that was searched.
+Errors are one-line ``WeightsNotFound`` naming every place that was searched and the versions the run's
+``weights/`` folder still holds.
 
 Non-goals: downloading from hubs; versions the learner's stores already pruned (only pinned serving
 versions are kept for good).
@@ -31,6 +32,7 @@ from topology.bus import Bus, BusError
 __all__ = ["ResolvedWeights", "WeightsNotFound", "resolve_weights"]
 
 _VERSION = re.compile(r"^v?(\d+)$")
+_ON_DISK = re.compile(r"^(?:serving-)?v(\d+)$")
 
 
 class WeightsNotFound(ValueError):
@@ -70,7 +72,22 @@ async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | N
                 continue
             return ResolvedWeights(f"v{version}", version, dict(st_load(bytes(blob))))
     where = "; ".join(searched) or "nowhere (pass the run dir, or run it while the run's bus is up)"
-    raise WeightsNotFound(f"version {version} not found (searched: {where})")
+    left = ""
+    if run_dir is not None and (held := _versions_on_disk(run_dir)):
+        # the learner's stores keep a few recent versions and the gate a few pinned serving ones: say which are left
+        left = f"; {run_dir / 'weights'} holds {', '.join(f'v{v}' for v in held)}"
+    raise WeightsNotFound(f"version {version} not found (searched: {where}){left}")
+
+
+def _versions_on_disk(run_dir: Path) -> list[int]:
+    """The versions whose weights ``<run_dir>/weights`` holds (pinned serving copies, the disk transport's)."""
+    found: set[int] = set()
+    folder = run_dir / "weights"
+    for child in folder.iterdir() if folder.is_dir() else ():
+        match = _ON_DISK.match(child.name)
+        if match is not None and (child / "model.safetensors").is_file():
+            found.add(int(match.group(1)))
+    return sorted(found)
 
 
 def _local(ref: str, run_dir: Path | None) -> tuple[ResolvedWeights | None, list[str]]:

@@ -74,6 +74,8 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert "version 9 not found" in result.output and "Traceback" not in result.output
+    # the versions that are left, so a user need not list the folder (the gate keeps only a few pinned ones)
+    assert result.output.rstrip().endswith(f"{run_dir / 'weights'} holds v1")
 
 
 def test_from_traffic_replays_users_requests_only_and_says_how_many_first(tmp_path: Path) -> None:
