@@ -5,7 +5,9 @@ scored samples whose replayed verdict equals the recorded one (``agreement``), o
 a recorded outcome; the fraction whose replayed text equals the recorded text (``text_match``); and for
 ``against`` how many samples changed outcome. A recorded outcome is not there for every sample (served traffic
 has one only when a user rated it): ``recorded_samples`` says how many the recorded mean is over, and the
-markdown shows it beside that mean when it is not every sample.
+markdown shows it beside that mean when it is not every sample. ``changed`` lists the samples whose outcome differs
+between the two versions (key, domain, prompt, each version's verdict, reward and text); the markdown shows the
+first ``CHANGED_SHOWN`` of them.
 Samples without verifier fields are marked "no verifier: compared by text only". Throughput: replay's
 tokens/s beside the bare engine's on the same prompts.
 
@@ -24,6 +26,8 @@ from actors.replay._items import ReplayItem
 from actors.replay._run import Outcome, ReplayRun
 
 __all__ = ["build_report", "mean_reward", "write_report"]
+
+CHANGED_SHOWN = 20  # changed samples listed in report.md (report.json has all of them)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -49,6 +53,7 @@ def build_report(
     by_key = {o.key: o for o in replayed.outcomes}
     other = {o.key: o for o in against.outcomes} if against is not None else {}
     domains: dict[str, dict[str, Any]] = {}
+    changed: list[dict[str, Any]] = []
     for item in items:
         row = domains.setdefault(
             item.domain or "(none)",
@@ -86,7 +91,17 @@ def build_report(
         theirs = other.get(item.key)
         if theirs is not None and theirs.reward is not None:
             row["against"].append(theirs.reward)
-            row["changed_vs_against"] += int(theirs.verdict != mine.verdict)
+            if theirs.verdict != mine.verdict:
+                row["changed_vs_against"] += 1
+                changed.append(
+                    {
+                        "key": item.key,
+                        "domain": mine.domain,
+                        "prompt": item.prompt,
+                        "weights": {"verdict": mine.verdict, "reward": mine.reward, "text": mine.text},
+                        "against": {"verdict": theirs.verdict, "reward": theirs.reward, "text": theirs.text},
+                    }
+                )
     table: dict[str, dict[str, Any]] = {}
     for domain, row in sorted(domains.items()):
         scored = row["scored"]
@@ -113,6 +128,7 @@ def build_report(
             else None
         ),
         "domains": table,
+        "changed": changed if against is not None else None,
         "throughput": {
             "replay_tokens": replayed.tokens,
             "replay_s": round(replayed.wall_s, 4),
@@ -141,6 +157,12 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "–"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _cell(text: str, width: int = 40) -> str:
+    """``text`` on one line of a markdown table: code-quoted, pipes escaped, cut at ``width`` characters."""
+    flat = text.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")
+    return f"`{flat[:width]}`" + ("…" if len(flat) > width else "")
 
 
 def _recorded(row: dict[str, Any]) -> str:
@@ -183,6 +205,22 @@ def markdown(report: dict[str, Any]) -> str:
             )
             + " |"
         )
+    changed = report.get("changed") or []
+    if changed and a:
+        shown = changed[:CHANGED_SHOWN]
+        more = f" (the first {len(shown)}; report.json has all)" if len(changed) > len(shown) else ""
+        lines += [
+            "",
+            f"## {len(changed)} samples changed outcome{more}",
+            "",
+            f"| domain | prompt | {w['label']} | {a['label']} |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['domain']} | {_cell(c['prompt'])} | {c['weights']['verdict']}: {_cell(c['weights']['text'])} "
+            f"| {c['against']['verdict']}: {_cell(c['against']['text'])} |"
+            for c in shown
+        ]
     t = report["throughput"]
     lines += [
         "",

@@ -54,10 +54,17 @@ async def test_another_version_shows_its_difference_in_the_report(tmp_path: Path
     assert row["replayed_mean_reward"] == 1.0
     assert row["against_mean_reward"] is not None and row["against_mean_reward"] < 0.5
     assert row["changed_vs_against"] > len(PROMPTS) // 2
+    # which samples changed, as the README says: every one in report.json, with both versions' answers
+    changed = report["changed"]
+    assert len(changed) == row["changed_vs_against"]
+    assert all(c["weights"]["verdict"] != c["against"]["verdict"] for c in changed)
+    assert {c["prompt"] for c in changed} <= set(PROMPTS)
     assert report["throughput"]["engine_tokens"] == report["throughput"]["replay_tokens"]
     paths = write_report(report, tmp_path / "out")
     assert [p.name for p in paths] == ["report.json", "report.md", "report.png"]
     assert "| echo |" in paths[1].read_text() and paths[2].read_bytes()[:4] == b"\x89PNG"
+    assert f"## {len(changed)} samples changed outcome" in paths[1].read_text()
+    assert f"| echo | `{changed[0]['prompt']}` | pass: " in paths[1].read_text()
 
 
 async def test_a_version_only_a_shared_memory_slot_still_holds_is_found_and_copied(tmp_path: Path) -> None:
