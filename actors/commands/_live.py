@@ -13,10 +13,10 @@ warm start), so the view shows how far each domain has climbed.
 
 With a production loop (a gateway, a joiner or a gate) a service line follows: the version serving users (the
 gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
-requests/s (the gateway replicas' ``requests``, differenced between two looks), feedback joined and waiting (the
-joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users rate them (the joiner's
-``feedback_score``: mean score of the last 200 ratings), whether an operator paused the gate and its
-``last_decision``.
+requests/s (the gateway replicas' ``served``: completions and chat, differenced between two looks), feedback
+joined and waiting (the joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users
+rate them (the joiner's ``feedback_score``: mean score of the last 200 ratings), whether an operator paused the gate
+and its ``last_decision``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class LearningView:
                     if "serve_requests" in counters:
                         serving_versions.append(float(counters["version"]))
             elif kind == "gateway":
-                service["requests"] = service.get("requests", 0.0) + float(counters.get("requests", 0.0))
+                served = counters.get("served", counters.get("requests", 0.0))  # a gateway of an older run: requests
+                service["requests"] = service.get("requests", 0.0) + float(served)
                 service["feedback_accepted"] = service.get("feedback_accepted", 0.0) + float(
                     counters.get("feedback", 0.0)
                 )

@@ -15,7 +15,9 @@ Series (all prefixed ``flywheel_gateway_``):
 * ``traffic_published_total``, ``traffic_publish_errors_total`` (each failure is also logged with its request
   id), ``feedback_total``, ``generated_tokens_total``.
 
-:meth:`Metrics.snapshot` gives the counters the actor puts in its heartbeat.
+:meth:`Metrics.snapshot` gives the counters the actor puts in its heartbeat: ``requests`` counts every HTTP request
+answered (feedback, health checks and scrapes too), ``served`` only the completions and chat requests (what the live
+view's requests/s shows).
 
 Non-goals: multiprocess mode (one gateway replica is one process), push gateways.
 """
@@ -25,7 +27,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["Metrics"]
+__all__ = ["INFERENCE_ROUTES", "Metrics"]
+
+INFERENCE_ROUTES = frozenset({"chat", "completions"})  # the routes a model answers (the others: feedback, models, …)
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _PREFIX = "flywheel_gateway_"
@@ -75,6 +79,7 @@ class Metrics:
         self._feedback = Counter(_PREFIX + "feedback", "Feedback messages accepted and published.", registry=registry)
         self._tokens = Counter(_PREFIX + "generated_tokens", "Completion tokens served.", registry=registry)
         self.requests = 0
+        self.served = 0  # of which completions and chat requests
         self.errors = 0
         self.client_disconnects = 0
         self.internal_errors = 0
@@ -85,6 +90,7 @@ class Metrics:
     # -- recording ---------------------------------------------------------------------------------------
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests += 1
+        self.served += route in INFERENCE_ROUTES
         self._requests.labels(route, str(status)).inc()
         self._latency.labels(route).observe(seconds)
 
@@ -127,6 +133,7 @@ class Metrics:
             "in_flight": self.in_flight,
             "streams_open": self.streams_open,
             "requests": self.requests,
+            "served": self.served,
             "errors": self.errors,
             "client_disconnects": self.client_disconnects,
             "internal_errors": self.internal_errors,

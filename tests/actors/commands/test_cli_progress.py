@@ -68,7 +68,7 @@ def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_
         return [
             _status("learner", "learner", version=12, samples_applied=10),
             _status("serving", "generator", version=7, serve_requests=40, tokens_per_s=10.0),
-            _status("gateway", "gateway", requests=requests, feedback=30),
+            _status("gateway", "gateway", requests=2 * requests, served=requests, feedback=30),  # requests: all HTTP
             _status("joiner", "joiner", feedback_waiting=4, feedback_score=0.625, **{"feedback.joined": 25}),
             gate,
         ]

@@ -35,3 +35,13 @@ def test_the_format_follows_the_scrapers_accept_header() -> None:
     assert content_type.startswith("text/plain") and b"# TYPE flywheel_gateway_requests_total counter" in body
     body, content_type = metrics.render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+
+
+def test_served_counts_only_what_a_model_answered() -> None:
+    """The live view's requests/s read ``requests``, which counts feedback posts, health checks and scrapes too (a
+    helper's service run showed 208 requests after 120 completions and 88 feedback posts)."""
+    metrics = Metrics()
+    for route in ("completions", "chat", "feedback", "healthz", "metrics", "models", "other"):
+        metrics.observe(route, 200, 0.01)
+    snapshot = metrics.snapshot()
+    assert (snapshot["requests"], snapshot["served"]) == (7, 2)
