@@ -58,7 +58,7 @@ class LearningView:
                     if "serve_requests" in counters:
                         serving_versions.append(float(counters["version"]))
             elif kind == "gateway":
-                served = counters.get("served", counters.get("requests", 0.0))  # a gateway of an older run: requests
+                served = counters["served"] if "served" in counters else counters.get("requests", 0.0)  # older run
                 service["requests"] = service.get("requests", 0.0) + float(served)
                 service["feedback_accepted"] = service.get("feedback_accepted", 0.0) + float(
                     counters.get("feedback", 0.0)
