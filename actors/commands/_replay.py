@@ -27,7 +27,12 @@ def _run_dir_of(recordings: Path) -> Path | None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Topology spec (policy, domains, verifiers). Default: the spec of the run RECORDINGS is in.",
 )
-@click.option("--weights", required=True, help="Version to replay (v3, 3, initial) or a checkpoint path.")
+@click.option(
+    "--weights",
+    required=True,
+    help="Version to replay (v3, 3, initial; on a live run also current, the learner's newest, or serving) or a "
+    "checkpoint path.",
+)
 @click.option("--against", default=None, help="Another version or checkpoint to compare with.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed (per request: hash(seed, id)).")
 @click.option(
@@ -78,15 +83,15 @@ def replay(
     """Replay recorded prompts against a weight version; compare with the recording (and another version).
 
     \b
-    RECORDINGS is the recorder's folder (or a run dir holding recordings/). Prompts from `scored`
-    samples are re-scored by their domain's verifier; served `traffic` without verifier fields is
-    compared by text only. Same weights + same seed → same completions. A service run records every
-    training sample too (scored): `--from traffic` replays only what users asked.
+    RECORDINGS is the recorder's folder (or a run dir holding recordings/). `scored` samples, and
+    served `traffic` whose prompt is a task of its domain, are re-scored by the domain's verifier;
+    other traffic is compared by text only. Same weights + same seed → same completions. A service
+    run records every training sample too (scored): `--from traffic` replays only what users asked.
 
     \b
     Examples:
       flywheel replay runs/latest/recordings --weights v12 --against v10
-      flywheel replay runs/latest --from traffic --weights v12 --against v10
+      flywheel replay runs/latest --from traffic --weights current --against serving   (a live run)
       flywheel replay runs/latest --weights ckpt/model.safetensors --greedy --limit 200 --out report/
     """
     from topology.cli._logging import configure_logging

@@ -5,6 +5,9 @@
 - ``vN`` / ``N``: version N of the run — a pinned serving copy (``<run_dir>/weights/serving-vN``), the disk
   transport's ``<run_dir>/weights/vN``, a shared-memory slot of the run still holding it, else (with a bus) the
   object store's ``serving-vN`` / ``vN``;
+- ``current`` / ``serving`` (a live run: with a bus): the version the learner published last / the one users are
+  served, read from the weights bucket at the moment of the call (a small model's learner publishes several a
+  second and keeps only a few: a number read from ``flywheel status`` is often gone by the time it is asked for);
 - anything else: a path to a ``.safetensors`` file or a directory of them.
 
 Errors are one-line ``WeightsNotFound`` naming every place that was searched and the versions the run's
@@ -25,8 +28,8 @@ import torch
 from safetensors.torch import load as st_load
 
 from actors.policy import StateDictError, read_safetensors
-from actors.protocol import weights_bucket
-from actors.weights import SharedMemoryTransport, WeightPayloadError, shm_root
+from actors.protocol import CURRENT, SERVING, weights_bucket
+from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
 from topology.bus import Bus, BusError
 
 __all__ = ["ResolvedWeights", "WeightsNotFound", "resolve_weights"]
@@ -47,6 +50,8 @@ class ResolvedWeights:
 
 
 async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | None = None) -> ResolvedWeights:
+    if ref in ("current", "serving"):
+        ref = await _live_version(ref, bus)
     found, searched = await anyio.to_thread.run_sync(_local, ref, run_dir)
     if found is not None:
         return found
@@ -77,6 +82,18 @@ async def resolve_weights(ref: str, *, run_dir: Path | None = None, bus: Bus | N
         # the learner's stores keep a few recent versions and the gate a few pinned serving ones: say which are left
         left = f"; {run_dir / 'weights'} holds {', '.join(f'v{v}' for v in held)}"
     raise WeightsNotFound(f"version {version} not found (searched: {where}){left}")
+
+
+async def _live_version(key: str, bus: Bus | None) -> str:
+    """``vN`` for the live run's ``current`` or ``serving`` key; WeightsNotFound when there is no run or no version."""
+    if bus is None:
+        raise WeightsNotFound(
+            f"{key}: the run is not live (its bus is not up): give a version (v12) or a checkpoint path"
+        )
+    raw = await bus.kv_get(weights_bucket(bus.topology), CURRENT if key == "current" else SERVING)
+    if not raw:
+        raise WeightsNotFound(f"{key}: the run has no {key} version yet")
+    return f"v{WeightManifest.from_json(raw).version}"
 
 
 def _versions_on_disk(run_dir: Path) -> list[int]:

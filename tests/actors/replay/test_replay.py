@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from actors.policy import Policy
 from actors.replay import Replayer, build_report, load_items, resolve_weights, write_report
 from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
+from topology.bus import EmbeddedNats
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +90,31 @@ async def test_a_version_only_a_shared_memory_slot_still_holds_is_found_and_copi
             await resolve_weights("v7", run_dir=tmp_path)
     finally:
         slots.close()
+
+
+async def test_current_and_serving_name_the_live_runs_versions(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """A small model's learner publishes several versions a second and keeps a few: a number read from `flywheel
+    status` was gone by the time `flywheel replay --weights vN` asked (a helper's three tries of three on a live
+    service). `current` and `serving` read the weights bucket at the moment of the call."""
+    from actors.protocol import SERVING
+    from actors.replay import WeightsNotFound
+    from actors.weights import SafetensorsDirTransport, WeightPublisher
+    from topology.bus import Bus
+
+    spec = replay_spec(tmp_path)
+    policy = Policy.from_spec(spec.sections["policy"])
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="test") as bus:
+        with pytest.raises(WeightsNotFound, match=r"^current: the run has no current version yet$"):
+            await resolve_weights("current", run_dir=tmp_path, bus=bus)
+        publisher = WeightPublisher(bus, spec.name, SafetensorsDirTransport(tmp_path / "weights", keep_versions=5))
+        first = await publisher.publish(1, policy.state_dict())
+        await publisher.publish(2, {k: v + 1 for k, v in policy.state_dict().items()})
+        await publisher.point(first, SERVING)
+        current = await resolve_weights("current", run_dir=tmp_path, bus=bus)
+        serving = await resolve_weights("serving", run_dir=tmp_path, bus=bus)
+    assert (current.label, serving.label) == ("v2", "v1")
+    assert current.state_dict is not None and serving.state_dict is not None
+    name = next(iter(serving.state_dict))
+    assert torch.equal(current.state_dict[name], serving.state_dict[name] + 1)
+    with pytest.raises(WeightsNotFound, match=r"^serving: the run is not live"):
+        await resolve_weights("serving", run_dir=tmp_path)
