@@ -246,6 +246,27 @@ def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
+def plot_series(report: dict[str, Any]) -> list[tuple[str, list[float], list[float], list[float]]]:
+    """The plot's bars, per series (recorded, the replayed version, the other one): its name, the x and height of
+    each bar, and the x of each domain that has no such mean (nothing recorded or scored there: no bar)."""
+    columns = [("recorded", "recorded_mean_reward"), (report["weights"]["label"], "replayed_mean_reward")]
+    if report["against"]:
+        columns.append((report["against"]["label"], "against_mean_reward"))
+    width = 0.8 / len(columns)
+    series = []
+    for i, (name, column) in enumerate(columns):
+        xs, heights, missing = [], [], []
+        for position, row in enumerate(report["domains"].values()):
+            x = position + i * width
+            if row[column] is None:
+                missing.append(x)
+            else:
+                xs.append(x)
+                heights.append(float(row[column]))
+        series.append((name, xs, heights, missing))
+    return series
+
+
 def _plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -253,14 +274,13 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     domains = list(report["domains"])
-    series = [("recorded", "recorded_mean_reward"), (report["weights"]["label"], "replayed_mean_reward")]
-    if report["against"]:
-        series.append((report["against"]["label"], "against_mean_reward"))
+    series = plot_series(report)
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(domains) + 2), 3.5))
     width = 0.8 / len(series)
-    for i, (name, column) in enumerate(series):
-        values = [report["domains"][d][column] or 0.0 for d in domains]
-        ax.bar([x + i * width for x in range(len(domains))], values, width, label=name)
+    for name, xs, heights, missing in series:
+        ax.bar(xs, heights, width, label=name)
+        for x in missing:  # no bar: a bar of 0 would read as a mean reward of 0
+            ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="0.4")
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(domains))], domains)
     ax.set_ylabel("mean reward")
     ax.set_ylim(0, 1.05)

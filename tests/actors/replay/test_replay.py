@@ -118,3 +118,17 @@ async def test_current_and_serving_name_the_live_runs_versions(embedded_nats: Em
     assert torch.equal(current.state_dict[name], serving.state_dict[name] + 1)
     with pytest.raises(WeightsNotFound, match=r"^serving: the run is not live"):
         await resolve_weights("serving", run_dir=tmp_path)
+
+
+def test_the_plot_leaves_a_missing_mean_out_instead_of_drawing_it_as_zero() -> None:
+    """A domain with nothing recorded (or nothing scored) has no mean: its bar was drawn at 0, which reads as a mean
+    reward of 0."""
+    from actors.replay._report import plot_series
+
+    def row(recorded: float | None, replayed: float | None) -> dict[str, float | None]:
+        return {"recorded_mean_reward": recorded, "replayed_mean_reward": replayed, "against_mean_reward": None}
+
+    report = {"weights": {"label": "v3"}, "against": None, "domains": {"math": row(0.5, 0.75), "chat": row(None, 0.0)}}
+    (recorded, xs, heights, missing), (replayed, xs2, heights2, missing2) = plot_series(report)
+    assert (recorded, xs, heights, missing) == ("recorded", [0.0], [0.5], [1.0])
+    assert (replayed, xs2, heights2, missing2) == ("v3", [0.4, 1.4], [0.75, 0.0], [])  # a real 0 is drawn
