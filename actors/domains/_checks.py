@@ -3,7 +3,10 @@
 Contract: ``jsonl:`` paths (source and held-out file) become absolute against the spec file that set them, and
 must exist; a builtin source or verifier must be one this library has, and a builtin verifier's ``verifier_config``
 may hold only the keyword arguments it takes; a ``module:function`` verifier whose package is not importable here
-is a warning (it may be installed where the verify actor runs). Then the task
+is a warning (it may be installed where the verify actor runs) — but where the spec is about to run on this machine
+(``flywheel up``, local runtime: ``check.starting and check.local``) it is an error, and the function is imported and
+must take ``(completion_text, task)`` (and ``config=`` when the domain has a ``verifier_config``), or the verify
+actor would crash-loop on it at start. Then the task
 source is opened as the source actor opens it at start — builtin options, every JSONL row, the held-out split — so
 a bad option or row is reported at its spec line now, not as a traceback at ``flywheel up``. Last, the tasks must carry
 what the domain's builtin verifier reads (math an answer, python-expr a target, …): every row of a JSONL file (source
@@ -11,8 +14,8 @@ or held-out file), and a task drawn from a builtin; otherwise every answer would
 when no row carries it, a warning naming the count when only some lack it). That last check is skipped where a
 replica re-reads the spec (``check.thorough`` is false): it read the file once at start already.
 
-Non-goals: importing users' verifier modules (validation must stay side-effect free), and so checking the fields
-their functions read.
+Non-goals: importing users' verifier modules in ``flywheel validate`` (it must stay side-effect free), and checking
+the fields their functions read.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from actors.domains._domains import BUILTIN_SOURCES, DomainSource, open_source
 from actors.domains._jsonl import read_numbered_tasks
 from actors.domains._task import SourceError, Task
-from actors.domains._verifiers._registry import config_keys, task_problem, verifier_names
+from actors.domains._verifiers._registry import config_keys, function_problem, task_problem, verifier_names
 from actors.protocol import DomainSpec
 from topology import KeyPath, SectionCheck, show
 
@@ -74,12 +77,16 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
         for key in domain.verifier_config:
             if key not in allowed:
                 check.unknown_key((*path, "verifier_config", key), allowed)
-    elif sep and importlib.util.find_spec(module.split(".")[0]) is None:
+    elif importlib.util.find_spec(module.split(".")[0]) is None:
         check.error(
             (*path, "verifier"),
             f"module '{module}' is not importable here (is it installed / on PYTHONPATH?)",
-            warning=True,
+            warning=not (check.starting and check.local),  # on this machine, now: the verify actor would crash-loop
         )
+    elif check.starting and check.local:  # the verify actor imports it here in a moment: say now what it would say
+        problem = function_problem(domain.verifier, domain.verifier_config)
+        if problem is not None:
+            check.error((*path, "verifier"), problem)
     domain = domain.model_copy(update=resolved) if resolved else domain
     if ok:  # a missing file or an unknown builtin: said already
         source = _check_opens(check, path, name, domain)

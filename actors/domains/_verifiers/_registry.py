@@ -1,9 +1,11 @@
 """Verifier registry: names → builtin verifiers, ``module:function`` → a user's function, run in a helper process.
 
-A user's function is imported here once, when the verifier is built (so that a typo is a one-line `VerifierError`
-at start-up), and called in a killable, memory-limited helper process (see ``_helpers``): a function that hangs on
-a hostile answer or grows without bound costs ``USER_TIMEOUT_S`` and a helper, never the caller's event loop or
-memory. Its arguments (the completion, the task's fields, the domain's ``verifier_config`` as ``config=``) and
+A user's function is imported here once, when the verifier is built, so that a typo, or a signature that cannot take
+``(completion_text, task)`` and the domain's ``verifier_config`` as ``config=``, is a one-line `VerifierError` at
+start-up rather than an ``internal_error`` on every answer (``function_problem``; ``flywheel up`` runs the same check
+at the domain's spec line). It is called in a killable, memory-limited helper process (see ``_helpers``): a function
+that hangs on a hostile answer or grows without bound costs ``USER_TIMEOUT_S`` and a helper, never the caller's event
+loop or memory. Its arguments (the completion, the task's fields, the domain's ``verifier_config`` as ``config=``) and
 its result must therefore be JSON data (a ``VerifyResult`` is fine).
 """
 
@@ -125,6 +127,37 @@ def _import_function(target: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+def function_problem(target: str, config: Mapping[str, Any]) -> str | None:
+    """Why the user's ``module:function`` ``target`` could score no answer when handed ``config`` (the domain's
+    ``verifier_config``), or None: it imports, is callable and takes ``(completion_text, task)`` plus ``config=`` when
+    the config is not empty. Imports the user's module (the caller decides whether that may happen)."""
+    try:
+        fn = _import_function(target)
+    except VerifierError as exc:
+        return str(exc)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none to read: let the call decide
+        return None
+    kwargs = {"config": dict(config)} if config else {}
+    try:
+        signature.bind("", {}, **kwargs)
+    except TypeError:
+        shown = f"{target.partition(':')[2]}{signature}"
+        if config:
+            try:
+                signature.bind("", {})
+            except TypeError:
+                pass
+            else:  # the arguments fit; only config= does not
+                return (
+                    f"verifier {target!r}: verifier_config is handed to it as config=, but {shown} takes no "
+                    "'config' argument (add one, or remove verifier_config)"
+                )
+        return f"verifier {target!r}: expected a function taking (completion_text, task), got {shown}"
+    return None
+
+
 def build_verifier(
     name: str,
     config: Mapping[str, Any] | None = None,
@@ -147,5 +180,7 @@ def build_verifier(
             return sandboxed
     except TypeError as exc:
         raise VerifierError(f"verifier {name!r}: bad verifier_config ({exc})") from None
-    _import_function(name)  # fail at build time, with one line, rather than on every answer
+    problem = function_problem(name, config)  # fail at build time, with one line, rather than on every answer
+    if problem is not None:
+        raise VerifierError(problem)
     return FunctionVerifier(name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S)
