@@ -6,7 +6,10 @@ and needs no extra channel. It reads these counter names (absent ones are simply
 - learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
   ``heldout_acc.<domain>``, ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
 - generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
-- verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible).
+- verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
+  ``verifier_errors.<domain>`` (summed over replicas): answers the domain's verifier could not score — a user's
+  function that raised, say. They score 0 and are not trained on; a domain with any shows how many and where the
+  verify actor logged why, so a broken verifier is never read as a model that learns nothing.
 
 The first held-out accuracy seen per domain is kept as the baseline (the learner evaluates right after the
 warm start), so the view shows how far each domain has climbed.
@@ -28,6 +31,8 @@ from typing import Any
 
 __all__ = ["LearningView"]
 
+# where a verifier's errors are explained: the verify actor logs the first of each domain, then one a minute
+_ERRORS_HINT = "verifier errors: answers scored 0 and not trained on; why: 'verify.verifier_error' in logs/verify-*.log"
 _PHASES: dict[float, str] = {0: "warmstart", 1: "rl"}  # counters are numbers: the learner reports its phase as one
 
 
@@ -44,11 +49,16 @@ class LearningView:
         service: dict[str, Any] = {}
         serving_versions: list[float] = []
         isolation: set[str] = set()
+        verifier_errors: dict[str, float] = {}
         for record in records:
             counters = dict(getattr(record, "counters", {}) or {})
             kind = getattr(record, "kind", "") or ""
             if isinstance(counters.get("isolation"), str) and counters["isolation"]:
                 isolation.add(counters["isolation"])
+            for key, value in counters.items():
+                if key.startswith("verifier_errors.") and isinstance(value, int | float):
+                    domain = key.split(".", 1)[1]
+                    verifier_errors[domain] = verifier_errors.get(domain, 0.0) + float(value)
             if kind == "learner" or "samples_applied" in counters:
                 learner = counters
             elif kind == "generator" or "tokens_per_s" in counters:
@@ -83,6 +93,7 @@ class LearningView:
             return None
         domains = sorted(
             {key.split(".", 1)[1] for key in learner if key.startswith(("reward.", "heldout_acc.", "dropped_stale."))}
+            | {domain for domain, count in verifier_errors.items() if count}
         )
         rows = []
         for domain in domains:
@@ -96,6 +107,7 @@ class LearningView:
                     "heldout_acc": acc,
                     "baseline": self.baseline.get(domain),
                     "dropped": learner.get(f"dropped_stale.{domain}", 0),
+                    "verifier_errors": verifier_errors.get(domain, 0.0),
                 }
             )
         phase = learner.get("phase")
@@ -159,6 +171,9 @@ class LearningView:
         table = Table(title=self.headline(summary), title_justify="left", show_edge=False, pad_edge=False)
         for column in ("domain", "reward", "held-out acc", "Δ since start", "dropped (stale)"):
             table.add_column(column, justify="left" if column == "domain" else "right")
+        errors = any(row["verifier_errors"] for row in summary["domains"])
+        if errors:
+            table.add_column("verifier errors", justify="right")
         for row in summary["domains"]:
             table.add_row(
                 row["domain"],
@@ -166,9 +181,12 @@ class LearningView:
                 _pct(row["heldout_acc"]),
                 _delta(row["heldout_acc"], row["baseline"]),
                 str(int(row["dropped"] or 0)),
+                *([f"{int(row['verifier_errors']):,}"] if errors else []),
             )
-        service = self.service_line(summary)
-        return Group(Text(service), table) if service is not None else table
+        parts: list[Any] = [Text(service)] if (service := self.service_line(summary)) is not None else []
+        if errors:
+            parts.append(Text(_ERRORS_HINT, style="bold red"))
+        return Group(*parts, table) if parts else table
 
     def line(self, records: Iterable[Any]) -> str | None:
         summary = self.summarize(records)
@@ -179,10 +197,13 @@ class LearningView:
         if service is not None:
             parts.append(service)
         for row in summary["domains"]:
+            errors = int(row["verifier_errors"] or 0)
             parts.append(
                 f"{row['domain']}: acc {_pct(row['heldout_acc'])} ({_delta(row['heldout_acc'], row['baseline'])})"
-                f" reward {_pct(row['reward'], raw=True)}"
+                f" reward {_pct(row['reward'], raw=True)}" + (f" verifier errors {errors:,}" if errors else "")
             )
+        if any(row["verifier_errors"] for row in summary["domains"]):
+            parts.append(_ERRORS_HINT)
         return " | ".join(parts)
 
     @staticmethod

@@ -14,7 +14,9 @@ Lifecycle:
   it arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted
   like an applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal:
   a learner that outruns its generators waits for signal instead of stepping on the few signal rows of a
-  mostly solved batch. (Consumed groups wait for a checkpoint to be acked; when they reach ``batch_size ×
+  mostly solved batch. Completions the verifier failed on (verdict ``VERIFIER_ERROR``) leave their group first: their
+  reward 0 is not the answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two
+  is consumed). (Consumed groups wait for a checkpoint to be acked; when they reach ``batch_size ×
   checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's ack window never
   fills.) The train loop builds batches by domain weight
   (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
@@ -89,7 +91,7 @@ from actors.learner._metrics import MetricsWriter, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
-from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
+from actors.protocol import VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import SlotSpaceError, WeightPublisher, weight_transports
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
@@ -482,6 +484,14 @@ class LearnerActor(Actor[LearnerConfig]):
         if self._is_stale(msg):
             await self._drop_stale(delivery)
             return
+        scored = [c for c in msg.completions if c.verdict != VERIFIER_ERROR]
+        if len(scored) < len(msg.completions):  # the verifier failed on these: their 0 says nothing about the answer
+            counters.inc(f"verifier_errors_skipped.{msg.domain}", len(msg.completions) - len(scored))
+            if len(scored) < min(2, len(msg.completions)):  # no group left to compare within: consumed, no signal
+                self._account([], [_Held(delivery, msg, len(msg.completions))])
+                self.ctx.report_soon()
+                return
+            msg = msg.model_copy(update={"completions": scored})
         held = _Held(delivery, msg, len(msg.completions))
         if self.config.mode == "async":  # sync: a batch is what one version's prompts gave, signal or not
             held.samples = self._samples(msg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actors.protocol._messages import FEEDBACK_LABELS as FEEDBACK_LABELS
+from actors.protocol._messages import VERIFIER_ERROR as VERIFIER_ERROR
 from actors.protocol._messages import CompletionRecord as CompletionRecord
 from actors.protocol._messages import FeedbackMsg as FeedbackMsg
 from actors.protocol._messages import PromptMsg as PromptMsg
@@ -77,6 +78,7 @@ __all__ = [
     "SERVE_PROTOCOL_VERSION",
     "SERVE_QUEUE",
     "SERVING",
+    "VERIFIER_ERROR",
     "CompletionRecord",
     "DomainSpec",
     "FeedbackMsg",

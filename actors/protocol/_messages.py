@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "FEEDBACK_LABELS",
+    "VERIFIER_ERROR",
     "CompletionRecord",
     "FeedbackMsg",
     "PromptMsg",
@@ -33,6 +34,10 @@ __all__ = [
 ]
 
 _CONFIG = ConfigDict(extra="ignore", frozen=True)
+
+# the verdict of a completion its domain's verifier could not score (it raised, returned no reward, or the sandbox
+# failed): scored 0 so the group still flows, but it says nothing about the answer, so the learner never trains on it
+VERIFIER_ERROR = "internal_error"
 
 
 class PromptMsg(BaseModel):
@@ -79,7 +84,7 @@ class RolloutMsg(BaseModel):
 
 class ScoredCompletion(CompletionRecord):
     reward: float
-    verdict: str
+    verdict: str  # "pass", "fail", a sandbox limit ("timeout", …), VERIFIER_ERROR
     detail: str = ""
 
 

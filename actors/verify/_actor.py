@@ -2,9 +2,12 @@
 
 Every completion of a rollout is scored with its domain's verifier (built once per domain from the spec); the
 group is published as one ``scored`` message with a reward, a verdict and the time it took per completion,
-then the rollout is acked. Scoring never raises: a verifier failure is an ``internal_error`` verdict with
-reward 0, so one bad completion cannot stall the channel. Up to ``max_in_flight`` rollouts are verified at
-once; the sandbox pool's own bounded queue provides the backpressure beyond that.
+then the rollout is acked. Scoring never raises: a verifier failure is an ``internal_error`` verdict
+(``VERIFIER_ERROR``) with reward 0, so one bad completion cannot stall the channel; it is counted per domain
+(``verifier_errors.<domain>``, shown by the live view) and logged with its detail (the exception the user's function
+raised, say) at the first one and then at most once a minute per domain. The learner does not train on it. Up to
+``max_in_flight`` rollouts are verified at once; the sandbox pool's own bounded queue provides the backpressure beyond
+that.
 
 The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
 ``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved. The report's ``isolation`` is the
@@ -24,13 +27,15 @@ from typing import Any
 import anyio
 
 from actors.domains import DomainVerifier, Scorer
-from actors.protocol import RolloutMsg, ScoredCompletion, ScoredMsg, domains_of
+from actors.protocol import VERIFIER_ERROR, RolloutMsg, ScoredCompletion, ScoredMsg, domains_of
 from actors.sandbox import SandboxPool
 from actors.verify._config import VerifyConfig
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["VerifyActor"]
+
+_ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors are logged at most this often (each is counted)
 
 
 class VerifyActor(Actor[VerifyConfig]):
@@ -41,6 +46,7 @@ class VerifyActor(Actor[VerifyConfig]):
         self._outbox: Outbox | None = None
         wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
+        self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
 
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
@@ -82,6 +88,18 @@ class VerifyActor(Actor[VerifyConfig]):
             counters["outbox_batch"] = self._outbox.per_batch
         return counters
 
+    def _verifier_error(self, domain: str, detail: str) -> None:
+        """Count a completion the domain's verifier could not score, and say why in the log: at the first one, then
+        at most once a minute per domain (a verifier that fails on every answer would otherwise flood it)."""
+        counters = self.ctx.counters
+        counters.inc(f"verifier_errors.{domain}")
+        now = time.monotonic()
+        if now - self._error_logged.get(domain, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
+            self._error_logged[domain] = now
+            verifier = self._domains[domain].verifier
+            total = int(counters.snapshot().get(f"verifier_errors.{domain}", 0))
+            self.ctx.log.warning("verify.verifier_error", domain=domain, verifier=verifier, detail=detail, total=total)
+
     async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter, outbox: Outbox) -> None:
         assert self._scorer is not None
         rollout = delivery.payload
@@ -115,6 +133,8 @@ class VerifyActor(Actor[VerifyConfig]):
                     )
                 )
                 self.ctx.counters.inc(f"verdict.{result.verdict}")
+                if result.verdict == VERIFIER_ERROR:
+                    self._verifier_error(rollout.domain, result.detail)
             message = ScoredMsg(
                 task_id=rollout.task_id,
                 domain=rollout.domain,

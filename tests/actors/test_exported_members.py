@@ -12,7 +12,7 @@ SURFACES: dict[str, set[str]] = {
         "FEEDBACK_LABELS", "FeedbackMsg", "frame", "join_bucket", "LearnerPace", "LearnerStatus", "LearningRate",
         "ping_subject",
         "only_torch_engines", "policy_of", "PolicySpec", "PromptMsg", "read_recordings", "RECORDED_CHANNELS",
-        "REVIEW_SOURCE", "RolloutMsg",
+        "REVIEW_SOURCE", "RolloutMsg", "VERIFIER_ERROR",
         "rows_of",
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
         "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket", "HasDevice", "HasEngine",

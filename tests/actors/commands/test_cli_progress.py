@@ -40,7 +40,9 @@ def test_summary_reads_learner_and_generator_counters() -> None:
     assert summary is not None
     assert summary["phase"] == "rl" and summary["tokens_per_s"] == 150.0
     assert summary["generator_versions"] == (2.0, 3.0)
-    assert summary["domains"] == [{"domain": "math", "reward": 0.4, "heldout_acc": 0.3, "baseline": 0.3, "dropped": 2}]
+    assert summary["domains"] == [
+        {"domain": "math", "reward": 0.4, "heldout_acc": 0.3, "baseline": 0.3, "dropped": 2, "verifier_errors": 0.0}
+    ]
     # later accuracy is shown against the first one seen (the post-warm-start evaluation)
     records[0].counters["heldout_acc.math"] = 0.55
     line = view.line(records)
@@ -96,3 +98,26 @@ def test_the_sandbox_isolation_in_force_is_shown() -> None:
     records[1].counters["isolation"] = "rlimits"
     line = LearningView().line(records)
     assert line is not None and "sandbox rlimits" in line
+
+
+def test_answers_a_verifier_failed_on_are_shown_by_domain_with_where_to_read_why() -> None:
+    """A user's verifier that raised on every answer looked like a domain stuck at reward 0 (only `flywheel status`
+    carried a `verdict.internal_error` among its counters, not by domain): the view says so, per domain."""
+    records = [
+        _status("learner", "learner", version=1, samples_applied=8, **{"reward.mine": 0.0, "reward.math": 0.5}),
+        _status("verify", "verify", **{"verifier_errors.mine": 900.0}),
+        _status("verify", "verify", **{"verifier_errors.mine": 376.0}),
+    ]
+    view = LearningView()
+    line = view.line(records)
+    assert line is not None and "mine: acc — (—) reward 0.00 verifier errors 1,276" in line, line
+    assert "math: acc — (—) reward 0.50 |" in line  # a domain without errors reads as before
+    assert "logs/verify-*.log" in line
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(view.renderable(records))
+    table = console.export_text()
+    assert "verifier errors" in table and "1,276" in table and "logs/verify-*.log" in table
+    clean = [_status("learner", "learner", version=1, samples_applied=8, **{"reward.math": 0.5})]
+    assert "verifier errors" not in (view.line(clean) or "")

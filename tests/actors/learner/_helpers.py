@@ -64,8 +64,10 @@ def scored(
     heldout: bool = False,
     temperature: float = 1.0,
     prompt: str = "What is 1+2? ",
+    verdicts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """A `scored` payload: one completion per reward, each a couple of characters with versions."""
+    """A `scored` payload: one completion per reward (with its verdict, "ok" by default), each a couple of characters
+    with versions."""
     tok = CharTokenizer()
     completions = []
     for i, reward in enumerate(rewards):
@@ -79,7 +81,7 @@ def scored(
                 "versions": vs[: len(ids)] + [vs[-1]] * (len(ids) - len(vs)),
                 "finish_reason": "stop",
                 "reward": reward,
-                "verdict": "ok",
+                "verdict": verdicts[i] if verdicts is not None else "ok",
             }
         )
     msg = ScoredMsg.model_validate(

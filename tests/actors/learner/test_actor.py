@@ -499,3 +499,24 @@ async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applie
         await wait_until(lambda: actor.step == 4)  # every group comes back (none was acked) and applies again
         await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 2)
     assert sorted(effective_applied(run_dir)) == sorted(ids)
+
+
+async def test_completions_the_verifier_failed_on_are_never_trained_on(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A verifier that raised scores the answer 0 with verdict internal_error: trained on, that 0 taught the model
+    that a right answer was wrong (and a group whose other answers all failed looked like signal). Such completions
+    leave their group; a group left with fewer than two is consumed without a step."""
+    spec = write_spec(tmp_path, learner(1, "    max_staleness: 100\n"))
+    run_dir = tmp_path / "run"
+    error = "internal_error"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        only_errors = scored("arithmetic", [1.0, 0.0, 0.0, 0.0], verdicts=["pass", error, error, error])
+        await bus.publish("scored", "scored", only_errors, id="errors0")
+        some = scored("arithmetic", [1.0, 0.0, 0.0, 1.0], verdicts=["pass", "fail", error, "pass"])
+        await bus.publish("scored", "scored", some, id="some0")
+        await wait_until(lambda: actor.ctx.counters.get("verifier_errors_skipped.arithmetic") == 4)
+        await wait_until(lambda: actor.batcher.completions == 3)  # some0 without its error; errors0: nothing
+        assert actor.step == 0
+    applied = read_metrics(run_dir, "applied").sort("message_id")
+    assert applied.select("message_id", "how").rows() == [("errors0", "consumed")]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+import structlog
 
-from actors.protocol import RolloutMsg, ScoredMsg
+from actors.protocol import VERIFIER_ERROR, RolloutMsg, ScoredMsg
 from actors.testing import actor_context
 from actors.verify._actor import VerifyActor
 from actors.verify._config import SandboxConfig, VerifyConfig
@@ -84,3 +85,66 @@ async def test_the_isolation_in_force_is_counted_and_in_every_verdict(
             await actor.stop()
     assert [c.reward for c in scored.completions] == [1.0, 0.0]
     assert actor.report()["isolation"] == level
+
+
+async def test_a_verifier_that_raises_is_counted_by_domain_and_logged_with_why(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's verifier that raised scored the answer 0 and said so only at debug level: the run looked like a model
+    that learns nothing. Now each such answer is counted under its domain (the live view shows it) and the first is
+    logged as a warning with the exception, once a minute at most per domain."""
+    module = f"raising_verifier_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "def score(completion, task):\n    return 1.0 if completion == task['answer'] else task['missing']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
+        "actors:\n  verify: {sandbox: {workers: 1}}\n"
+        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
+    )
+    spec = load_spec(path)
+    completion = {"token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
+    rollout = {
+        "task_id": "t1",
+        "domain": "mine",
+        "prompt_ids": [1],
+        "prompt": "2+2=",
+        "temperature": 1.0,
+        "verifier_fields": {"answer": "4"},
+        "completions": [{"text": "4", **completion}, {"text": "5", **completion}, {"text": "6", **completion}],
+    }
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify") as bus:
+        ctx = actor_context(spec, "verify", bus, tmp_path)
+        config = spec.actors["verify"].config
+        assert isinstance(config, VerifyConfig)
+        actor = VerifyActor(ctx, config)
+        await actor.start()
+        try:
+            await bus.ensure_channel("rollouts")
+            await bus.ensure_channel("scored")
+            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
+            with structlog.testing.capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(actor.run)
+                    with anyio.fail_after(30):
+                        async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
+                            async for delivery in deliveries:
+                                scored = delivery.payload
+                                await delivery.ack()
+                                break
+                    ctx.stopping.set()
+        finally:
+            await actor.stop()
+    assert [(c.reward, c.verdict) for c in scored.completions] == [
+        (1.0, "pass"),
+        (0.0, VERIFIER_ERROR),
+        (0.0, VERIFIER_ERROR),
+    ]
+    assert actor.report()["verifier_errors.mine"] == 2
+    warnings = [entry for entry in logs if entry["event"] == "verify.verifier_error"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning", logs  # the second waits a minute
+    assert warnings[0]["domain"] == "mine" and "KeyError: 'missing'" in warnings[0]["detail"]
