@@ -7,7 +7,10 @@ cache. A ``tokenizer`` (another tokenizer for an ``hf:`` model; none for a built
 directory with tokenizer files, else a cached hub id (an error on the local runtime when it is neither). A relative
 ``checkpoint`` becomes absolute, and it must be a safetensors file or a directory holding some, as
 the learner and generators load it (otherwise both crash-loop at start): an error on the local runtime, a
-warning on a cluster (it may be on the nodes), not checked where a replica re-reads the spec. ``policy.config`` may
+warning on a cluster (it may be on the nodes), not checked where a replica re-reads the spec. Where the spec is about
+to run here (``flywheel up``, local runtime) its weights must also fit the model, name by name and shape by shape
+(`checkpoint_problem`: safetensors headers, and a builtin model built to read its names — the one place this check
+loads torch). ``policy.config`` may
 hold only the keys the model takes (`BUILTIN_CONFIG_KEYS`, `HF_CONFIG_KEYS`), with values it takes: a builtin's
 ``preset`` one of its named sizes, its sizes what `GPTConfig` accepts (`config_problems`, the preset merged in), a
 ``dtype`` one of `DTYPE_NAMES`.
@@ -89,7 +92,68 @@ def check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Poli
                 f"({checkpoint} {what}{elsewhere})",
                 warning=not check.local,
             )
+        elif present and check.starting and check.local:  # what the learner and generators would refuse in a moment
+            problem = checkpoint_problem(checkpoint, update.get("model", policy.model), policy.config)
+            if problem is not None:
+                check.error(at, problem)
     return policy.model_copy(update=update) if update else policy
+
+
+def checkpoint_problem(checkpoint: Path, model: str, config: dict[str, Any]) -> str | None:
+    """Why the safetensors weights at ``checkpoint`` (a file, or a directory of them) would not load into ``model``
+    built with ``config``, or None: every weight name and shape is the model's. Reads the files' headers, not their
+    tensors; a builtin model is built to read its names (it is small), an ``hf:`` model's are read from its
+    directory's safetensors headers (none there, or a hub id: not checked). Dtypes are not compared."""
+    found = _safetensors_shapes(checkpoint)
+    if isinstance(found, str):
+        return found
+    expected = _model_shapes(model, config)
+    if expected is None:
+        return None
+    missing = [name for name in expected if name not in found]
+    unexpected = [name for name in found if name not in expected]
+    if missing or unexpected:
+        parts = [f"{len(missing)} of its weights missing (e.g. {missing[0]!r})"] if missing else []
+        parts += [f"{len(unexpected)} it does not have (e.g. {unexpected[0]!r})"] if unexpected else []
+        return f"expected weights of {model}, but {checkpoint} has {' and '.join(parts)}"
+    for name, shape in expected.items():
+        if found[name] != shape:
+            return f"expected weights of {model}, but {checkpoint} has {name} of shape {found[name]}, the model {shape}"
+    return None
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]] | str:
+    """Name → shape of each tensor in the safetensors file(s) at ``path`` (headers only), or why they cannot be read."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else [path]:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                for name in weights.keys():  # noqa: SIM118  (a safe_open handle is no mapping)
+                    shapes[name] = tuple(weights.get_slice(name).get_shape())
+        except Exception as exc:  # safetensors raises its own errors (and OSError) for a file that is none
+            return f"expected a safetensors file, but {file} cannot be read as one ({type(exc).__name__}: {exc})"
+    return shapes
+
+
+def _model_shapes(model: str, config: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """Name → shape of the weights ``model`` loads (the names `Policy.load_file` expects), or None when they cannot be
+    known here without loading the model (a hub id, a model dir without safetensors) or its config is refused (said
+    already, at its own key)."""
+    if model.startswith("builtin:"):
+        from actors.policy._policy import Policy
+
+        try:
+            policy = Policy.from_spec({"model": model, "config": {k: v for k, v in config.items() if k != "dtype"}})
+        except (ValueError, TypeError):
+            return None
+        return {name: tuple(tensor.shape) for name, tensor in policy.state_dict().items()}
+    directory = Path(model.removeprefix("hf:"))
+    if not directory.is_dir() or not any(directory.glob("*.safetensors")):
+        return None
+    shapes = _safetensors_shapes(directory)
+    return None if isinstance(shapes, str) else shapes
 
 
 def _check_tokenizer(check: SectionCheck, at: KeyPath, policy: PolicySpec, update: dict[str, str]) -> None:
