@@ -90,10 +90,11 @@ class FunctionVerifier:
             return VerifyResult(0.0, "internal_error", detail, time.monotonic() - started, "helper")
         elapsed = time.monotonic() - started
         if isinstance(out, Mapping) and "reward" in out:
-            try:
-                reward = float(out["reward"])
-            except (TypeError, ValueError):
-                return VerifyResult(0.0, "internal_error", f"{self.name} returned a reward that is not a number")
+            if not isinstance(out["reward"], bool | int | float):  # as for a bare result: "1" is no reward, nor None
+                kind = type(out["reward"]).__name__
+                detail = f"{self.name} returned a reward of type {kind}, expected a float"
+                return VerifyResult(0.0, "internal_error", detail, elapsed, "helper")
+            reward = float(out["reward"])
             return VerifyResult(
                 reward,
                 str(out.get("verdict", "pass" if reward >= 1.0 else "fail")),

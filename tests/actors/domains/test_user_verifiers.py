@@ -25,6 +25,12 @@ def configured(completion, task, config):
 
 def one_argument(completion):
     return 1.0
+
+def text_reward(completion, task):
+    return {"reward": "1", "detail": "a number in a string"}
+
+def text(completion, task):
+    return "1"
 """
 
 SPEC = """
@@ -87,3 +93,10 @@ def test_up_refuses_a_verifier_function_at_its_spec_line(module: Path, target: s
     result = CliRunner().invoke(main, ["up", str(spec), "--duration", "5"])
     assert result.exit_code == 1 and message in result.output and "nothing was started" in result.output
     assert not (module.parent / "runs").exists()
+
+
+def test_a_reward_that_is_not_a_number_is_an_error_in_a_mapping_too(module: Path) -> None:
+    """A bare "1" was refused but {"reward": "1"} scored full marks: both are the verifier's mistake now."""
+    for target in ("text", "text_reward"):
+        result = asyncio.run(build_verifier(f"{module.stem}:{target}").verify("ab", {"want": "ab"}))
+        assert (result.reward, result.verdict) == (0.0, "internal_error") and "str, expected a float" in result.detail
