@@ -8,8 +8,9 @@ Row schema (unknown keys are errors, so typos never pass silently):
      "answer": str | number (optional shorthand for the common `{"prompt", "answer"}` files: it is the
                reference when none is given, and `verifier_fields.answer`; giving both an "answer" and a
                different `verifier_fields.answer` is an error)}
-Blank lines and lines starting with `#` are skipped. Every problem raises `SourceError` naming
-`file:line` and what was expected; duplicate keys are errors.
+Blank lines and lines starting with `#` are skipped. A bad file raises one `SourceError`: its first bad row's
+`file:line` and what was expected, then how many more rows are bad and their lines (so one validate lists them all,
+not one per run); duplicate keys are errors.
 
 Held-out split: an integer `heldout` n holds out the n rows with the smallest `heldout_bucket(key)`
 (deterministic, independent of row order and seed); `jsonl:<path>` holds out every row of that file and
@@ -35,6 +36,7 @@ from actors.domains._task import SourceError, Task, heldout_bucket, task_id
 __all__ = ["JsonlSource", "read_jsonl_tasks", "read_numbered_tasks"]
 
 _ALLOWED = ("id", "prompt", "reference", "verifier_fields", "answer")
+_LISTED_BAD_LINES = 6  # a file's first bad row is explained; the lines of the next ones (up to this many) are listed
 
 
 def read_jsonl_tasks(path: Path, domain: str, *, key: str = "source") -> list[Task]:
@@ -59,20 +61,33 @@ def _read_jsonl_tasks(path: Path, domain: str) -> list[tuple[int, Task]]:
         raise SourceError(f"{path}: cannot read: {err.strerror}") from None
     tasks: list[tuple[int, Task]] = []
     seen: dict[str, int] = {}
+    first: SourceError | None = None  # the first bad row's error; the lines of the others are listed after it
+    bad: list[int] = []
     for number, raw in enumerate(lines, start=1):
         where = f"{path}:{number}"
         text = raw.strip()
         if not text or text.startswith(b"#"):
             continue
         try:
-            row = orjson.loads(text)
-        except orjson.JSONDecodeError as err:
-            raise SourceError(f"{where}: expected one JSON object per line: {err}") from None
-        task = _row_task(row, where, domain)
-        if task.key in seen:
-            raise SourceError(f"{where}: duplicate task key {task.key!r} (first on line {seen[task.key]})")
+            try:
+                row = orjson.loads(text)
+            except orjson.JSONDecodeError as err:
+                raise SourceError(f"{where}: expected one JSON object per line: {err}") from None
+            task = _row_task(row, where, domain)
+            if task.key in seen:
+                raise SourceError(f"{where}: duplicate task key {task.key!r} (first on line {seen[task.key]})")
+        except SourceError as err:
+            first = first or err
+            bad.append(number)
+            continue
         seen[task.key] = number
         tasks.append((number, task))
+    if first is not None:
+        if len(bad) > 1:
+            more = ", ".join(map(str, bad[1:_LISTED_BAD_LINES])) + (", …" if len(bad) > _LISTED_BAD_LINES else "")
+            rows = "row: line" if len(bad) == 2 else "rows: lines"
+            raise SourceError(f"{first} ({len(bad) - 1} more bad {rows} {more})")
+        raise first
     return tasks
 
 

@@ -80,6 +80,21 @@ def test_bad_row_error_names_file_line_and_expectation(tmp_path: Path, row: obje
     assert "\n" not in str(info.value)
 
 
+def test_every_bad_row_of_a_file_is_found_at_once(tmp_path: Path) -> None:
+    """Only the first bad row was reported: a file with a mistake on every row took one validate per row. The first is
+    explained and the lines of the others follow, in the same one line."""
+    rows: list[object] = [{"prompt": "1+1=", "target": "2"}, {"reference": "2"}, *good_rows(2), {"prompt": "1+1="}]
+    path = write(tmp_path / "bad.jsonl", rows + [{"prompt": f"{i}?", "target": "x"} for i in range(8)])
+    with pytest.raises(SourceError) as info:
+        open_source("jsonl:bad.jsonl", domain="d", heldout=0, base_dir=tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: unknown key 'target'") and "\n" not in message
+    assert message.endswith("(10 more bad rows: lines 2, 5, 6, 7, 8, …)"), message
+    write(tmp_path / "two.jsonl", [{"prompt": "a", "target": "2"}, *good_rows(1), {"reference": "2"}])
+    with pytest.raises(SourceError, match=r"\(1 more bad row: line 3\)$"):
+        open_source("jsonl:two.jsonl", domain="d", heldout=0, base_dir=tmp_path)
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"nope\.jsonl: file not found"):
         open_source("jsonl:nope.jsonl", domain="d", base_dir=tmp_path)
