@@ -7,7 +7,9 @@ then the rollout is acked. Scoring never raises: a verifier failure is an ``inte
 (``verifier_errors.<domain>``, shown by the live view) and logged with its detail (the exception the user's function
 raised, say) at the first one and then at most once a minute per domain. The learner does not train on it. Up to
 ``max_in_flight`` rollouts are verified at once; the sandbox pool's own bounded queue provides the backpressure beyond
-that.
+that. A rollout being verified has its ack timer reset every ``ack_wait_s / 3`` (10 s at most), however slow its
+verifier; should it be redelivered anyway (a lost keepalive), the redelivery is not verified a second time: the
+handler already at work settles the newest delivery.
 
 The ``python-expr`` verifier remembers the sandbox's answer per expression text (see its module); the report's
 ``sandbox_runs.<domain>`` and ``memo_hits.<domain>`` say how many jobs that saved. The report's ``isolation`` is the
@@ -35,6 +37,7 @@ from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["VerifyActor"]
 
+_KEEPALIVE_S_MAX = 10.0  # rollouts being verified have their ack timer reset this often (at most ack_wait_s / 3)
 _ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors are logged at most this often (each is counted)
 
 
@@ -47,6 +50,7 @@ class VerifyActor(Actor[VerifyConfig]):
         wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
         self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
+        self._verifying: dict[str, Delivery[RolloutMsg]] = {}  # rollouts being verified, by id → newest delivery
 
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
@@ -65,12 +69,36 @@ class VerifyActor(Actor[VerifyConfig]):
                 channel_in, self.ctx.actor, model=RolloutMsg, batch=min(64, self.config.max_in_flight)
             ) as rollouts,
             Outbox(self.ctx.bus, source=self.ctx.replica_id) as outbox,
-            anyio.create_task_group() as work,
+            anyio.create_task_group() as keep,
         ):
             self._outbox = outbox
-            async for delivery in iterate_until(rollouts, self.ctx.stopping):
-                await limit.acquire_on_behalf_of(delivery.id)
-                work.start_soon(self._handle, delivery, limit, outbox)
+            keep.start_soon(self._keepalive)
+            try:
+                async with anyio.create_task_group() as work:
+                    async for delivery in iterate_until(rollouts, self.ctx.stopping):
+                        if delivery.id in self._verifying:  # redelivered while being verified: that one settles it
+                            self._verifying[delivery.id] = delivery
+                            self.ctx.counters.inc("redelivered_while_verifying")
+                            continue
+                        self._verifying[delivery.id] = delivery
+                        await limit.acquire_on_behalf_of(delivery.id)
+                        work.start_soon(self._handle, delivery, limit, outbox)
+            finally:
+                keep.cancel_scope.cancel()
+
+    async def _keepalive(self) -> None:
+        """Reset the ack timer of every rollout being verified, so that a slow verifier (a user's function near its
+        time limit, a group of sandboxed programs) never sees its rollout redelivered meanwhile, nor dead-lettered
+        after ``bus.max_deliver`` redeliveries."""
+        every = min(_KEEPALIVE_S_MAX, self.ctx.bus.settings.ack_wait_s / 3)
+        while True:
+            await anyio.sleep(every)
+            for delivery in list(self._verifying.values()):
+                try:
+                    await delivery.in_progress()
+                except Exception as exc:  # a lost keepalive means a redelivery later, which the loop recognises
+                    self.ctx.log.warning("verify.keepalive_failed", error=str(exc))
+                    break
 
     async def stop(self) -> None:
         if self._pool is not None:
@@ -155,7 +183,7 @@ class VerifyActor(Actor[VerifyConfig]):
                 "scored",
                 message.model_dump(mode="json"),
                 id=f"{delivery.id}.s",
-                delivery=delivery,
+                delivery=self._verifying.get(delivery.id, delivery),  # the newest delivery, if it was redelivered
             )
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))
@@ -164,6 +192,7 @@ class VerifyActor(Actor[VerifyConfig]):
         except Exception as exc:
             self.ctx.counters.inc("errors")
             self.ctx.log.warning("verify.rollout_failed", task_id=rollout.task_id, error=str(exc))
-            await delivery.nak(delay_s=1.0)
+            await self._verifying.get(delivery.id, delivery).nak(delay_s=1.0)
         finally:
+            self._verifying.pop(delivery.id, None)
             limit.release_on_behalf_of(delivery.id)

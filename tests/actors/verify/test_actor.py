@@ -14,7 +14,7 @@ from actors.protocol import VERIFIER_ERROR, RolloutMsg, ScoredMsg
 from actors.testing import actor_context
 from actors.verify._actor import VerifyActor
 from actors.verify._config import SandboxConfig, VerifyConfig
-from topology import Spec, load_spec
+from topology import BusSpec, Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -148,3 +148,60 @@ async def test_a_verifier_that_raises_is_counted_by_domain_and_logged_with_why(
     warnings = [entry for entry in logs if entry["event"] == "verify.verifier_error"]
     assert len(warnings) == 1 and warnings[0]["log_level"] == "warning", logs  # the second waits a minute
     assert warnings[0]["domain"] == "mine" and "KeyError: 'missing'" in warnings[0]["detail"]
+
+
+async def test_a_rollout_slower_to_verify_than_ack_wait_is_verified_once_and_the_actor_lives(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier slower than the bus's ack_wait_s got its rollout redelivered while still verifying it, and the
+    second acquisition of the in-flight limiter by the same id crashed the actor ("this borrower is already holding
+    one of this CapacityLimiter's tokens"). The actor now keeps such rollouts alive on the bus, and verifies a
+    redelivery of one it is verifying only once."""
+    module = f"slow_verifier_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "import time\n\ndef score(completion, task):\n    time.sleep(2.5)\n    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true, ack_wait_s: 1.0}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
+        "actors:\n  verify: {sandbox: {workers: 1}}\n"
+        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
+    )
+    spec = load_spec(path)
+    completion = {"text": "4", "token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
+    rollout = {
+        "task_id": "t1",
+        "domain": "mine",
+        "prompt_ids": [1],
+        "prompt": "2+2=",
+        "temperature": 1.0,
+        "verifier_fields": {"answer": "4"},
+        "completions": [completion],
+    }
+    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify", settings=settings) as bus:
+        ctx = actor_context(spec, "verify", bus, tmp_path)
+        config = spec.actors["verify"].config
+        assert isinstance(config, VerifyConfig)
+        actor = VerifyActor(ctx, config)
+        await actor.start()
+        seen: list[str] = []
+        try:
+            await bus.ensure_channel("rollouts")
+            await bus.ensure_channel("scored")
+            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.move_on_after(8):  # three ack windows past the verdict: room for any redelivery
+                    async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
+                        async for delivery in deliveries:
+                            seen.append(delivery.payload.task_id)
+                            await delivery.ack()
+                ctx.stopping.set()
+        finally:
+            await actor.stop()
+    assert seen == ["t1"]
+    assert actor.report()["rollouts"] == 1
