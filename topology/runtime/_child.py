@@ -4,7 +4,9 @@ Contract: loads the spec, imports the actor kind's factory, sizes torch's thread
 ``resources.num_cpus`` (only if the kind's module imported torch — this module never does), connects to
 the bus, and runs the replica's lifecycle with heartbeats. SIGTERM/SIGINT set ``ctx.stopping`` (the actor
 drains); a second one is logged and ignored — the supervisor SIGKILLs after its grace period. Exit status:
-0 after a clean stop, 1 after a crash, 2 when the replica could not even be set up (bad spec, unknown actor).
+0 after a clean stop, 1 after a crash, 2 when the replica could not even be set up (bad spec, unknown actor). The
+process exits at most ``EXIT_GRACE_S`` after the lifecycle ended, even if threads the actor left behind still run
+(the supervisor restarts a crashed replica only once its process is gone).
 Logs go to stderr (the supervisor appends them to ``<run_dir>/logs/<actor>-<replica>.log``).
 
 Non-goals: this is not a user-facing command; ``flywheel up`` builds its arguments.
@@ -17,6 +19,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,8 @@ from topology.runtime._gc import HeapFreezer
 from topology.runtime._lifecycle import Replica
 from topology.runtime._session import connect_bus
 from topology.runtime._threads import size_torch
+
+EXIT_GRACE_S = 10.0  # after the lifecycle ended, how long the process may wait for leftover threads before it exits
 
 
 def configure_logging() -> None:
@@ -171,7 +177,25 @@ def main(argv: list[str] | None = None) -> int:
     factory = resolve_factory(actor_kinds()[actor_spec.kind])
     threads = size_torch(actor_spec.resources.num_cpus)
     log.info("replica process up", pid=os.getpid(), torch_threads=threads, restarts=args.restarts)
-    return anyio.run(_amain, args, spec, factory, backend="asyncio")
+    code = anyio.run(_amain, args, spec, factory, backend="asyncio")
+    _exit_within(code, EXIT_GRACE_S, log)
+    return code
+
+
+def _exit_within(code: int, grace_s: float, log: Any) -> None:
+    """Exit with ``code`` within ``grace_s`` even if threads the actor left behind still run: the interpreter joins
+    every non-daemon thread before it exits, and a worker thread the lifecycle abandoned (an ``anyio.to_thread`` call
+    cancelled mid-way, waiting on a slow verifier, say) held a crashed replica's process for many minutes — and the
+    supervisor restarts a replica only once its process is gone. A daemon thread is not joined, so it can cut that
+    wait short; ``os._exit`` skips ``atexit`` handlers, which is why it comes only after the grace."""
+
+    def force() -> None:
+        time.sleep(grace_s)
+        log.warning("threads still running after the replica ended; exiting without them", grace_s=grace_s, code=code)
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=force, name="flywheel-exit", daemon=True).start()
 
 
 if __name__ == "__main__":

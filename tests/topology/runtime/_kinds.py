@@ -4,7 +4,7 @@
   publish was acknowledged goes to ``<state_dir>/published.txt`` (ids are unique across restarts and resumes).
 - ``tally`` consumes its first ``consumes`` channel as one group, acks and counts; each message id goes to
   ``<state_dir>/consumed.txt`` before it is acked (at-least-once: a redelivered id may appear twice).
-- ``crasher`` raises after ``crash_after_s`` — every time.
+- ``crasher`` raises after ``crash_after_s`` — every time (leaving a thread behind that sleeps ``leave_thread_s``).
 Every kind appends its lifecycle steps to ``<state_dir>/lifecycle.txt`` so tests can check the order.
 Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.runtime._kinds``.
 """
@@ -12,6 +12,8 @@ Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.ru
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 
 import anyio
@@ -37,6 +39,8 @@ class TallyConfig(_Config):
 
 class CrasherConfig(_Config):
     crash_after_s: float = 0.2
+    leave_thread_s: float = 0.0  # > 0: leave a (non-daemon) thread sleeping this long behind, as a cancelled
+    # `anyio.to_thread` call does
 
 
 class _Recording(Actor[_Config]):
@@ -99,6 +103,8 @@ class Crasher(_Recording):
         config = self.config
         assert isinstance(config, CrasherConfig)
         await anyio.sleep(config.crash_after_s)
+        if config.leave_thread_s > 0:
+            threading.Thread(target=time.sleep, args=(config.leave_thread_s,), daemon=False).start()
         raise RuntimeError("deliberate crash (test kind 'crasher')")
 
 

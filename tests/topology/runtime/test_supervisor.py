@@ -112,6 +112,21 @@ def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
     assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), timeout_s=5)
 
 
+def test_a_crashed_replica_holding_a_thread_still_exits_and_is_restarted(tmp_path: Path) -> None:
+    """A crashed verify actor whose verifier calls still waited in worker threads never exited (the interpreter
+    joins them), so it sat 'crashed' and STALE and was never restarted. Its process now exits after a grace."""
+    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05, leave_thread_s: 600}", max_restarts=1)
+    up = start_up(spec)
+    try:
+        _out, err = up.communicate(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 1, err
+    assert "actor 'boom' replica 0 crashed 2 times within 60s" in err
+
+
 def test_each_crash_says_why_and_a_run_stopped_while_crash_looping_is_not_clean(tmp_path: Path) -> None:
     """The crasher dies 50 ms into every life. The stop comes once two crashes were told (each with its reason): the
     replica is in a crash loop, so the run is not clean, whatever moment of a life the stop lands in."""
