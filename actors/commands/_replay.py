@@ -53,6 +53,11 @@ def _run_dir_of(recordings: Path) -> Path | None:
 )
 @click.option("--greedy", is_flag=True, help="Decode greedily instead of at the recorded temperature.")
 @click.option(
+    "--engine-throughput",
+    is_flag=True,
+    help="Also time the bare engine on the same prompts (one more pass over them) and report replay's share of it.",
+)
+@click.option(
     "--run-dir",
     "run_dir_opt",
     type=click.Path(file_okay=False, path_type=Path),
@@ -77,6 +82,7 @@ def replay(
     limit: int | None,
     concurrency: int,
     greedy: bool,
+    engine_throughput: bool,
     run_dir_opt: Path | None,
     out_dir: Path,
 ) -> None:
@@ -93,6 +99,7 @@ def replay(
       flywheel replay runs/latest/recordings --weights v12 --against v10
       flywheel replay runs/latest --from traffic --weights current --against serving   (a live run)
       flywheel replay runs/latest --weights ckpt/model.safetensors --greedy --limit 200 --out report/
+      flywheel replay runs/latest --weights v12 --engine-throughput   (replay's share of raw generation)
     """
     from topology.cli._logging import configure_logging
 
@@ -118,6 +125,7 @@ def replay(
             limit,
             concurrency,
             greedy,
+            engine_throughput,
             backend="asyncio",
         )
     except Exception as exc:  # WeightsNotFound, bad weights, bad recordings; from the replayer's task group too
@@ -178,6 +186,7 @@ async def _replay(
     limit: int | None,
     concurrency: int,
     greedy: bool,
+    engine_throughput: bool,
 ) -> dict[str, Any]:
     from actors.replay import Replayer, build_report, load_items
 
@@ -203,7 +212,9 @@ async def _replay(
     threads = max(1, (os.cpu_count() or 1))
     async with Replayer(spec, num_threads=threads) as replayer:
         kwargs: dict[str, Any] = {"seed": seed, "concurrency": concurrency, "greedy": greedy}
-        raw = await replayer.raw_throughput(items, main.state_dict, version=main.version, **kwargs)
+        raw = None
+        if engine_throughput:  # a pass of its own over every sample: half again a two-version replay's time
+            raw = await replayer.raw_throughput(items, main.state_dict, version=main.version, **kwargs)
         run = await replayer.run(items, main.state_dict, label=main.label, version=main.version, **kwargs)
         against_run = None
         if other is not None:

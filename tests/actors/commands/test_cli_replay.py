@@ -44,6 +44,7 @@ def test_replay_writes_a_report_against_another_version(tmp_path: Path) -> None:
         str(out),
         "--concurrency",
         "4",
+        "--engine-throughput",
     ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
@@ -91,6 +92,7 @@ def test_from_traffic_replays_users_requests_only_and_says_how_many_first(tmp_pa
     report = orjson.loads((out / "report.json").read_bytes())
     assert list(report["domains"]) == ["users"] and report["domains"]["users"]["samples"] == 5
     assert "replaying 5 recorded samples (5 traffic, 0 scored) with v1" in result.output
+    assert "engine_tokens_per_s" not in report["throughput"]  # the bare engine's pass only with --engine-throughput
     both = ["replay", str(run_dir), "--weights", "v1", "--out", str(tmp_path / "both")]
     result = CliRunner().invoke(main, both)
     assert result.exit_code == 0, result.output
