@@ -8,7 +8,8 @@ has one only when a user rated it): ``recorded_samples`` says how many the recor
 markdown shows it beside that mean when it is not every sample. ``changed`` lists the samples whose outcome differs
 between the two versions (key, domain, prompt, each version's verdict, reward and text); the markdown shows the
 first ``CHANGED_SHOWN`` of them.
-Samples without verifier fields are marked "no verifier: compared by text only". Throughput: replay's
+Samples without verifier fields are marked "no verifier: compared by text only", those of a domain the spec replayed
+with does not have "not a domain of the spec replayed with". Throughput: replay's
 tokens/s beside the bare engine's on the same prompts.
 
 Non-goals: statistical tests (the gate's threshold is a plain difference of means).
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 
 from actors.replay._items import ReplayItem
-from actors.replay._run import Outcome, ReplayRun
+from actors.replay._run import NOT_IN_SPEC, Outcome, ReplayRun
 
 __all__ = ["build_report", "mean_reward", "write_report"]
 
@@ -68,6 +69,7 @@ def build_report(
                 "text_match": 0,
                 "changed_vs_against": 0,
                 "text_only": 0,
+                "not_in_spec": 0,
             },
         )
         mine: Outcome | None = by_key.get(item.key)
@@ -77,6 +79,7 @@ def build_report(
         row["text_match"] += int(mine.text == item.recorded_text)
         if mine.reward is None:
             row["text_only"] += 1
+            row["not_in_spec"] += mine.verdict == NOT_IN_SPEC
             if item.recorded_reward is not None:
                 row["recorded"].append(item.recorded_reward)
             continue
@@ -116,7 +119,7 @@ def build_report(
             "agreement": round(row["agree"] / row["rated"], 4) if row["rated"] else None,
             "text_match": round(row["text_match"] / row["samples"], 4) if row["samples"] else None,
             "changed_vs_against": row["changed_vs_against"] if against is not None else None,
-            "note": "no verifier: compared by text only" if row["text_only"] and not scored else "",
+            "note": _note(row),
         }
     report: dict[str, Any] = {
         "seed": seed,
@@ -151,6 +154,14 @@ def build_report(
             }
         )
     return report
+
+
+def _note(row: dict[str, Any]) -> str:
+    if not row["text_only"] or row["scored"]:
+        return ""
+    if row["not_in_spec"]:  # replayed with another spec than the run's (--spec)
+        return "not a domain of the spec replayed with: compared by text only"
+    return "no verifier: compared by text only"
 
 
 def _fmt(value: Any) -> str:

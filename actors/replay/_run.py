@@ -48,6 +48,10 @@ def request_seed(seed: int, key: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:7], "big")
 
 
+TEXT_ONLY = "text-only"  # the verdict of a sample its domain's verifier has nothing to score with
+NOT_IN_SPEC = "not-in-spec"  # … of a sample whose domain the spec replayed with does not have (another run's spec)
+
+
 @dataclass(frozen=True)
 class Outcome:
     key: str
@@ -55,7 +59,7 @@ class Outcome:
     text: str
     tokens: int
     reward: float | None  # None: not scored (no verifier fields / no verifier for the domain)
-    verdict: str
+    verdict: str  # the verifier's; TEXT_ONLY (nothing to score with) or NOT_IN_SPEC (the domain is not the spec's)
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ class Replayer:
             # limiter left that place empty until the finished row's task had let the next one in.
             [completion] = await engine.generate([self.request(item, seed=seed, greedy=greedy)])
             reward: float | None = None
-            verdict = "text-only"
+            verdict = TEXT_ONLY if item.domain in self._domains else NOT_IN_SPEC
             if self.scorable(item):
                 result = await self._scorer.score(item.domain, completion.text, item.verifier_fields)
                 reward, verdict = result.reward, str(result.verdict)

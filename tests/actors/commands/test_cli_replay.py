@@ -169,3 +169,17 @@ def test_replay_of_a_run_whose_spec_is_gone_uses_the_copy_in_run_json(tmp_path: 
     assert result.exit_code == 0, result.output
     assert f"the run's spec {spec.source_path} is gone; using the copy in {run_dir / 'run.json'}" in result.output
     assert orjson.loads((out / "report.json").read_bytes())["domains"]["users"]["replayed_mean_reward"] == 1.0
+
+
+def test_a_domain_the_spec_replayed_with_does_not_have_is_said_so(tmp_path: Path) -> None:
+    """Replayed with another spec (``--spec``) than the run's, users' requests of a domain that spec lacks were
+    marked "no verifier", which sent the user looking at the verifier."""
+    _spec, run_dir = _service_run(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = replay_spec(tmp_path / "other")  # the same policy, domain echo only
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir / "recordings"), "--spec", str(other.source_path), "--run-dir", str(run_dir)]
+    result = CliRunner().invoke(main, [*args, "--weights", "v1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
+    assert users["scored"] == 0 and users["note"] == "not a domain of the spec replayed with: compared by text only"
