@@ -59,6 +59,7 @@ from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.engines._group import WeightBroadcaster, describe
 from actors.policy import PRESETS, GPTConfig, Policy
 from actors.protocol import weights_bucket
+from actors.testing import free_port
 from actors.weights import (
     ObjectStoreTransport,
     SafetensorsDirTransport,
@@ -296,7 +297,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             for _ in workers:
                 await asyncio.wait_for(ready.__anext__(), 120)
-            broadcaster = WeightBroadcaster("127.0.0.1", _free_port(), world_size=1 + len(workers))
+            broadcaster = WeightBroadcaster("127.0.0.1", free_port(), world_size=1 + len(workers))
             for rank in range(1, len(workers) + 1):
                 await control.publish_ephemeral(
                     f"bench.cmd.{rank}",
@@ -402,14 +403,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await control.close()
             await server.astop()
     return {"generators": args.generators, "repeats": args.repeats, "rows": rows}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:

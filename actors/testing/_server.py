@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -23,10 +25,36 @@ __all__ = ["AppServer", "free_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for a TCPStore or a server that binds it itself)."""
+    """A TCP port that was free a moment ago, for a TCPStore or a server that binds it itself.
+
+    Chosen at random below the kernel's ephemeral range where there is room: every socket bound to port 0 (each
+    `AppServer`, nats-server, a client's own end) gets its port from that range, so a port found there by binding 0
+    could go to one of them before its user bound it — a stress run's TCPStore port went to the fake SGLang server of
+    the same test, which answered the store's handshake in HTTP."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()  # not the seeded module state: two test workers would draw the same ports
+    for _ in range(100 if low - _LOWEST >= 1000 else 0):
+        port = rng.randrange(_LOWEST, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+_LOWEST = 10000  # free_port's ports are at least this (below: well-known services' ports)
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to a socket bound to port 0 (Linux's ip_local_port_range; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class _QuietServer(uvicorn.Server):

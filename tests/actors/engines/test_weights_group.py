@@ -189,3 +189,18 @@ def test_a_cpu_engine_keeps_both_weight_sets_packed_and_serves_the_same_values()
             await engine.close()
 
     asyncio.run(main())
+
+
+def test_free_port_is_outside_the_range_sockets_bound_to_port_0_draw_from() -> None:
+    """The TCPStore's port came from free_port, which bound port 0 and let it go; before the store bound it, the fake
+    SGLang server of the same test (bound to port 0) got it, and the store's handshake was answered in HTTP (a stress
+    run: a racy test). Ports drawn below the ephemeral range cannot go to a socket bound to port 0."""
+    import socket
+
+    from actors.testing._server import _ephemeral_low
+
+    for _ in range(20):
+        port = free_port()
+        assert 10000 <= port < _ephemeral_low()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free, as said
