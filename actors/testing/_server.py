@@ -29,8 +29,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Chosen at random below the kernel's ephemeral range where there is room: every socket bound to port 0 (each
     `AppServer`, nats-server, a client's own end) gets its port from that range, so a port found there by binding 0
-    could go to one of them before its user bound it — a stress run's TCPStore port went to the fake SGLang server of
-    the same test, which answered the store's handshake in HTTP."""
+    could go to one of them before its user bound it — a stress run's TCPStore port went to a fake SGLang server, which
+    answered the store's handshake in HTTP."""
     low = _ephemeral_low()
     rng = random.SystemRandom()  # not the seeded module state: two test workers would draw the same ports
     for _ in range(100 if low - _LOWEST >= 1000 else 0):

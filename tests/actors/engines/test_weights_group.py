@@ -192,9 +192,10 @@ def test_a_cpu_engine_keeps_both_weight_sets_packed_and_serves_the_same_values()
 
 
 def test_free_port_is_outside_the_range_sockets_bound_to_port_0_draw_from() -> None:
-    """The TCPStore's port came from free_port, which bound port 0 and let it go; before the store bound it, the fake
-    SGLang server of the same test (bound to port 0) got it, and the store's handshake was answered in HTTP (a stress
-    run: a racy test). Ports drawn below the ephemeral range cannot go to a socket bound to port 0."""
+    """The TCPStore's port came from free_port, which bound port 0 and let it go; before the store bound it, an HTTP
+    server bound to port 0 (the test's own fake SGLang server, or another worker's) got it, and the store's handshake
+    was answered in HTTP (a stress run: a racy test). Ports drawn below the ephemeral range cannot go to a socket bound
+    to port 0."""
     import socket
 
     from actors.testing._server import _ephemeral_low
