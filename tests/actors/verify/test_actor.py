@@ -4,6 +4,8 @@ isolation in force is in its counters (what `flywheel status` and the live view 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,7 @@ from actors.verify._actor import VerifyActor
 from actors.verify._config import SandboxConfig, VerifyConfig
 from topology import BusSpec, Spec, load_spec
 from topology.bus import Bus, EmbeddedNats
+from topology.runtime import ActorContext
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -32,6 +35,74 @@ def verify_spec(tmp_path: Path, sandbox: str = "{workers: 1}") -> Spec:
     return load_spec(path)
 
 
+def user_verifier_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, bus: str = "") -> Spec:
+    """A spec whose domain ``mine`` is scored by ``score`` of a module holding ``source`` (importable by the test)."""
+    module = f"user_verifier_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true{bus}}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
+        "actors:\n  verify: {sandbox: {workers: 1}}\n"
+        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
+    )
+    return load_spec(path)
+
+
+def rollout_of(domain: str, verifier_fields: dict[str, object], texts: list[str], prompt: str = "2+2=") -> RolloutMsg:
+    completion = {"token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
+    return RolloutMsg.model_validate(
+        {
+            "task_id": "t1",
+            "domain": domain,
+            "prompt_ids": [1],
+            "prompt": prompt,
+            "temperature": 1.0,
+            "verifier_fields": verifier_fields,
+            "completions": [{"text": text, **completion} for text in texts],
+        }
+    )
+
+
+@asynccontextmanager
+async def started_verify(spec: Spec, url: str, run_dir: Path) -> AsyncIterator[tuple[VerifyActor, ActorContext, Bus]]:
+    """A started verify actor on its own bus connection (the spec's ack_wait_s and max_deliver), channels made."""
+    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
+    async with await Bus.connect(url, topology=spec.name, name="verify", settings=settings) as bus:
+        ctx = actor_context(spec, "verify", bus, run_dir)
+        config = spec.actors["verify"].config
+        assert isinstance(config, VerifyConfig)
+        actor = VerifyActor(ctx, config)
+        await actor.start()
+        try:
+            await bus.ensure_channel("rollouts")
+            await bus.ensure_channel("scored")
+            yield actor, ctx, bus
+        finally:
+            await actor.stop()
+
+
+async def scored_while_running(
+    actor: VerifyActor, ctx: ActorContext, bus: Bus, *, first_only: bool = True, within_s: float = 30
+) -> list[ScoredMsg]:
+    """Run the actor and read what it scores: the first message (``first_only``; ``within_s`` at most), or every
+    message within ``within_s``; then stop it."""
+    seen: list[ScoredMsg] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(actor.run)
+        with anyio.fail_after(within_s) if first_only else anyio.move_on_after(within_s):
+            async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
+                async for delivery in deliveries:
+                    seen.append(delivery.payload)
+                    await delivery.ack()
+                    if first_only:
+                        break
+        ctx.stopping.set()
+    return seen
+
+
 def test_bubblewrap_is_the_default_and_weaker_is_an_opt_in() -> None:
     assert SandboxConfig().min_isolation == "bwrap"
     assert VerifyConfig(sandbox=SandboxConfig(isolation="rlimits", min_isolation="rlimits")).sandbox.min_isolation
@@ -43,46 +114,15 @@ async def test_the_isolation_in_force_is_counted_and_in_every_verdict(
 ) -> None:
     sandbox = "{workers: 1}" if level == "bwrap" else "{workers: 1, isolation: rlimits, min_isolation: rlimits}"
     spec = verify_spec(tmp_path, sandbox)
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify") as bus:
-        ctx = actor_context(spec, "verify", bus, tmp_path)
-        config = spec.actors["verify"].config
-        assert isinstance(config, VerifyConfig)
-        actor = VerifyActor(ctx, config)
-        await actor.start()
-        try:
-            assert actor.report()["isolation"] == level
-            await bus.ensure_channel("rollouts")
-            await bus.ensure_channel("scored")
-            rollout = {
-                "task_id": "t1",
-                "domain": "pyexpr",
-                "prompt_ids": [1],
-                "prompt": "17",
-                "temperature": 1.0,
-                "verifier_fields": {"target": 17},
-                "completions": [
-                    {"text": "3*5+2", "token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"},
-                    {
-                        "text": "type('A', (int,), {'__eq__': lambda s, o: True})(3)",
-                        "token_ids": [1],
-                        "logprobs": [0.0],
-                        "versions": [0],
-                        "finish_reason": "stop",
-                    },
-                ],
-            }
-            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(actor.run)
-                with anyio.fail_after(30):
-                    async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
-                        async for delivery in deliveries:
-                            scored = delivery.payload
-                            await delivery.ack()
-                            break
-                ctx.stopping.set()
-        finally:
-            await actor.stop()
+    hostile = "type('A', (int,), {'__eq__': lambda s, o: True})(3)"
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        assert actor.report()["isolation"] == level
+        await bus.publish(
+            "rollouts",
+            "rollout",
+            rollout_of("pyexpr", {"target": 17}, ["3*5+2", hostile], "17").model_dump(mode="json"),
+        )
+        [scored] = await scored_while_running(actor, ctx, bus)
     assert [c.reward for c in scored.completions] == [1.0, 0.0]
     assert actor.report()["isolation"] == level
 
@@ -93,52 +133,14 @@ async def test_a_verifier_that_raises_is_counted_by_domain_and_logged_with_why(
     """A user's verifier that raised scored the answer 0 and said so only at debug level: the run looked like a model
     that learns nothing. Now each such answer is counted under its domain (the live view shows it) and the first is
     logged as a warning with the exception, once a minute at most per domain."""
-    module = f"raising_verifier_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(
-        "def score(completion, task):\n    return 1.0 if completion == task['answer'] else task['missing']\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "spec.yaml"
-    path.write_text(
-        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
-        "policy: {model: builtin:tiny-gpt}\n"
-        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
-        "actors:\n  verify: {sandbox: {workers: 1}}\n"
-        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
-    )
-    spec = load_spec(path)
-    completion = {"token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
-    rollout = {
-        "task_id": "t1",
-        "domain": "mine",
-        "prompt_ids": [1],
-        "prompt": "2+2=",
-        "temperature": 1.0,
-        "verifier_fields": {"answer": "4"},
-        "completions": [{"text": "4", **completion}, {"text": "5", **completion}, {"text": "6", **completion}],
-    }
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify") as bus:
-        ctx = actor_context(spec, "verify", bus, tmp_path)
-        config = spec.actors["verify"].config
-        assert isinstance(config, VerifyConfig)
-        actor = VerifyActor(ctx, config)
-        await actor.start()
-        try:
-            await bus.ensure_channel("rollouts")
-            await bus.ensure_channel("scored")
-            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
-            with structlog.testing.capture_logs() as logs:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(actor.run)
-                    with anyio.fail_after(30):
-                        async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
-                            async for delivery in deliveries:
-                                scored = delivery.payload
-                                await delivery.ack()
-                                break
-                    ctx.stopping.set()
-        finally:
-            await actor.stop()
+    source = "def score(completion, task):\n    return 1.0 if completion == task['answer'] else task['missing']\n"
+    spec = user_verifier_spec(tmp_path, monkeypatch, source)
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        await bus.publish(
+            "rollouts", "rollout", rollout_of("mine", {"answer": "4"}, ["4", "5", "6"]).model_dump(mode="json")
+        )
+        with structlog.testing.capture_logs() as logs:
+            [scored] = await scored_while_running(actor, ctx, bus)
     assert [(c.reward, c.verdict) for c in scored.completions] == [
         (1.0, "pass"),
         (0.0, VERIFIER_ERROR),
@@ -157,51 +159,11 @@ async def test_a_rollout_slower_to_verify_than_ack_wait_is_verified_once_and_the
     second acquisition of the in-flight limiter by the same id crashed the actor ("this borrower is already holding
     one of this CapacityLimiter's tokens"). The actor now keeps such rollouts alive on the bus, and verifies a
     redelivery of one it is verifying only once."""
-    module = f"slow_verifier_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(
-        "import time\n\ndef score(completion, task):\n    time.sleep(2.5)\n    return 1.0\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "spec.yaml"
-    path.write_text(
-        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true, ack_wait_s: 1.0}}\nruntime: local\n"
-        "policy: {model: builtin:tiny-gpt}\n"
-        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
-        "actors:\n  verify: {sandbox: {workers: 1}}\n"
-        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
-    )
-    spec = load_spec(path)
-    completion = {"text": "4", "token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
-    rollout = {
-        "task_id": "t1",
-        "domain": "mine",
-        "prompt_ids": [1],
-        "prompt": "2+2=",
-        "temperature": 1.0,
-        "verifier_fields": {"answer": "4"},
-        "completions": [completion],
-    }
-    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="verify", settings=settings) as bus:
-        ctx = actor_context(spec, "verify", bus, tmp_path)
-        config = spec.actors["verify"].config
-        assert isinstance(config, VerifyConfig)
-        actor = VerifyActor(ctx, config)
-        await actor.start()
-        seen: list[str] = []
-        try:
-            await bus.ensure_channel("rollouts")
-            await bus.ensure_channel("scored")
-            await bus.publish("rollouts", "rollout", RolloutMsg.model_validate(rollout).model_dump(mode="json"))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(actor.run)
-                with anyio.move_on_after(8):  # three ack windows past the verdict: room for any redelivery
-                    async with bus.consume("scored", "check", model=ScoredMsg) as deliveries:
-                        async for delivery in deliveries:
-                            seen.append(delivery.payload.task_id)
-                            await delivery.ack()
-                ctx.stopping.set()
-        finally:
-            await actor.stop()
+    source = "import time\n\ndef score(completion, task):\n    time.sleep(2.5)\n    return 1.0\n"
+    spec = user_verifier_spec(tmp_path, monkeypatch, source, bus=", ack_wait_s: 1.0")
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        await bus.publish("rollouts", "rollout", rollout_of("mine", {"answer": "4"}, ["4"]).model_dump(mode="json"))
+        # three ack windows past the verdict: room for any redelivery
+        seen = [m.task_id for m in await scored_while_running(actor, ctx, bus, first_only=False, within_s=8)]
     assert seen == ["t1"]
     assert actor.report()["rollouts"] == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +95,21 @@ def test_a_stop_right_after_one_kill_is_still_a_clean_stop(tmp_path: Path) -> No
             up.communicate()
 
 
-def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05}", max_restarts=1)
-    up = start_up(spec)
+def _until_it_stops(up: subprocess.Popen[str], *, timeout_s: float) -> tuple[int, str]:
+    """``flywheel up``'s exit status and stderr once it stopped by itself (killed after ``timeout_s``)."""
     try:
-        _out, err = up.communicate(timeout=60)
+        _out, err = up.communicate(timeout=timeout_s)
     finally:
         if up.poll() is None:
             up.kill()
-    assert up.returncode == 1
+            up.communicate()
+    return up.returncode, err
+
+
+def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05}", max_restarts=1)
+    returncode, err = _until_it_stops(start_up(spec), timeout_s=60)
+    assert returncode == 1
     assert "actor 'boom' replica 0 crashed 2 times within 60s" in err
     assert "deliberate crash (test kind 'crasher')" in err, "the message quotes the replica's log"
     run_dir = (tmp_path / "runs" / "latest").resolve()
@@ -116,14 +123,8 @@ def test_a_crashed_replica_holding_a_thread_still_exits_and_is_restarted(tmp_pat
     """A crashed verify actor whose verifier calls still waited in worker threads never exited (the interpreter
     joins them), so it sat 'crashed' and STALE and was never restarted. Its process now exits after a grace."""
     spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05, leave_thread_s: 600}", max_restarts=1)
-    up = start_up(spec)
-    try:
-        _out, err = up.communicate(timeout=90)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.communicate()
-    assert up.returncode == 1, err
+    returncode, err = _until_it_stops(start_up(spec), timeout_s=90)
+    assert returncode == 1, err
     assert "actor 'boom' replica 0 crashed 2 times within 60s" in err
 
 
