@@ -98,6 +98,8 @@ def test_sigkill_of_the_whole_loop_then_resume_applies_nothing_twice_and_version
     # from a checkpoint the first life wrote (every 5 steps, or sooner when groups without signal pile up unacked):
     # a learner writes its step rows before each checkpoint, so the first life's rows reach the step resumed from
     assert resumes.height == 1 and resumes["step"].item() > 0
+    # when its checkpoint's state was taken: the audit trail's cut (groups consumed at that step after it, rolled back)
+    assert resumes["checkpoint_ts"].item() is not None
     first_life = steps.filter(steps["incarnation"] != resumes["incarnation"].item())
     assert resumes["step"].item() in first_life["step"].to_list()
     ids = effective_applied(run_dir)

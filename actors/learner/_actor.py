@@ -139,6 +139,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.publish_floor_s = 0.0 if sync else config.publish_min_interval_s
         self._published_step, self._published_at = 0, 0.0  # the last version's step and time.monotonic()
         self.ledger = AppliedLedger()
+        self._restored_taken_ts: float | None = None  # when the state of the checkpoint resumed from was taken
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(domains_of(ctx.spec))
         self.domain_names = names
@@ -233,6 +234,7 @@ class LearnerActor(Actor[LearnerConfig]):
                     "step": self.step,
                     "version": self.version,
                     "checkpoint": latest.name,
+                    "checkpoint_ts": self._restored_taken_ts,  # when its state was taken (older checkpoints: None)
                     "lr": self.lr,
                     "params": params,
                     "ema_decay": ema_decay,
@@ -283,10 +285,11 @@ class LearnerActor(Actor[LearnerConfig]):
             weight_transport=config.transport_name(ctx.spec.runtime.kind, ctx.spec),
         )
 
-    def _state(self) -> dict[str, Any]:
-        """What a checkpoint holds (`learner_state`)."""
+    def _state(self, taken: float | None = None) -> dict[str, Any]:
+        """What a checkpoint holds (`learner_state`); ``taken``: when (its ``taken_ts``, the ledger's cut: every
+        ``applied`` row up to it is in the checkpoint, none after — both are written on the event loop)."""
         reference = self.trainer.reference.weights if self.trainer.reference is not None else None
-        meta = json.dumps(self.meta())
+        meta = json.dumps({**self.meta(), "taken_ts": time.time() if taken is None else taken})
         average = self.average.policy.weights if self.average is not None else None
         return learner_state(
             self.policy.weights,
@@ -307,6 +310,7 @@ class LearnerActor(Actor[LearnerConfig]):
         for group in self.trainer.optimizer.param_groups:  # the spec's rate, not the one the checkpoint was run at
             group["lr"] = self.lr
         self.load_meta(str(state["extra"]["meta"]))
+        self._restored_taken_ts = json.loads(str(state["extra"]["meta"])).get("taken_ts")
         self.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
@@ -820,7 +824,7 @@ class LearnerActor(Actor[LearnerConfig]):
         # what the checkpoint holds is the state at this instant: its lifecycle row carries this time, so the audit
         # trail (`effective_applied`) counts what was applied after it as not covered, however long the write takes
         taken = time.time()
-        state = self._state()  # (on the event loop: the counters and the ledger are its own)
+        state = self._state(taken)  # (on the event loop: the counters and the ledger are its own)
         tasks = self._tasks if background else None
         if tasks is None:
             await self._write_checkpoint(step, version, taken, state, pending)

@@ -85,28 +85,38 @@ def effective_applied(run_dir: Path) -> pl.DataFrame:
 
     A life's rows count up to the checkpoint the next life resumed from, by time: groups without signal are
     accounted at the step the learner is at, so a life can account some at step N after its checkpoint at step N,
-    and those were rolled back with the weights. When that checkpoint's lifecycle row was never flushed (killed right
-    after the save), by step."""
+    and those were rolled back with the weights. The time is the one the resume row names (``checkpoint_ts``: when
+    the checkpoint's state, its ledger with it, was taken), else the checkpoint's own lifecycle row; when neither is
+    there (a checkpoint of an older version, its row never flushed: killed right after the save), by step — which
+    cannot tell the groups consumed at step N after the checkpoint from those before it."""
     applied = read_metrics(run_dir, "applied")
     lifecycle = read_metrics(run_dir, "lifecycle")
     if applied.height == 0 or lifecycle.height == 0:
         return applied
     order = lifecycle.group_by("incarnation").agg(pl.col("ts").min().alias("first")).sort("first")
     incarnations = order["incarnation"].to_list()
-    resumes = {r["incarnation"]: r["step"] for r in lifecycle.filter(event="resume").iter_rows(named=True)}
+    resume_rows = lifecycle.filter(event="resume")
+    has_cut = "checkpoint_ts" in resume_rows.columns
+    resumes = {
+        r["incarnation"]: (r["step"], r["checkpoint_ts"] if has_cut else None)
+        for r in resume_rows.iter_rows(named=True)
+    }
     checkpoints = lifecycle.filter(event="checkpoint")
     kept = []
     for index, incarnation in enumerate(incarnations):
         rows = applied.filter(pl.col("incarnation") == incarnation)
         later = [resumes[i] for i in incarnations[index + 1 :] if i in resumes]
         if later and rows.height:
+            step, taken_ts = later[0]
             written = checkpoints.filter(
-                pl.col("incarnation").is_in(incarnations[: index + 1]) & (pl.col("step") == later[0])
+                pl.col("incarnation").is_in(incarnations[: index + 1]) & (pl.col("step") == step)
             )
-            if written.height:
+            if taken_ts is not None:
+                rows = rows.filter(pl.col("ts") <= taken_ts)
+            elif written.height:
                 rows = rows.filter(pl.col("ts") <= written["ts"].max())
             else:
-                rows = rows.filter(pl.col("step") <= later[0])
+                rows = rows.filter(pl.col("step") <= step)
         kept.append(rows)
     return pl.concat(kept, how="diagonal_relaxed")
 

@@ -73,3 +73,27 @@ def test_held_out_plot_keeps_every_label_inside_the_figure_and_the_legend_off_th
     assert len(figure.legends[0].get_texts()) == 6
     for axes in figure.axes:
         assert not legend.overlaps(axes.get_window_extent(renderer)), "the legend sits on a panel"
+
+
+def test_effective_applied_cuts_a_life_at_the_time_its_resumed_checkpoint_was_taken(tmp_path: Path) -> None:
+    """A learner accounts groups without signal at the step it is at, so some are accounted at step 10 after the
+    checkpoint at step 10 was taken; killed before that checkpoint's own lifecycle row reached disk, the audit trail
+    cut the life by step and counted them, and a resumed life that consumed them again (they were not in the
+    checkpoint's ledger) read as applying them twice (a CI run of tests/test_resume.py: a racy check, not a double
+    apply). The resume row names when its checkpoint's state was taken; the cut is made there."""
+    from actors.learner import effective_applied
+
+    def applied(writer: MetricsWriter, ts: float, message_id: str) -> None:
+        row = {"ts": ts, "step": 10, "message_id": message_id, "domain": "d", "completions": 4, "how": "consumed"}
+        writer.add("applied", {**row, "reward": 0.0, "task_id": "t"})
+
+    first = MetricsWriter(tmp_path, "life-1")
+    first.add("lifecycle", {"ts": 0.0, "event": "start", "step": 0})
+    applied(first, 1.0, "before")  # in the checkpoint taken at 2.0 (its row never flushed)
+    applied(first, 3.0, "after")  # accounted after it, then the kill: rolled back, redelivered
+    first.flush()
+    second = MetricsWriter(tmp_path, "life-2")
+    second.add("lifecycle", {"ts": 10.0, "event": "resume", "step": 10, "checkpoint_ts": 2.0})
+    applied(second, 11.0, "after")
+    second.flush()
+    assert sorted(effective_applied(tmp_path)["message_id"].to_list()) == ["after", "before"]
