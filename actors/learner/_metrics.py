@@ -154,7 +154,7 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet.
 
     One colour per domain, one line style per decoding; the legend goes below both panels and the figure grows
-    with it, so that any number of domains and decodings fits. The margins are set, not measured: tight_layout
+    with it, so that any number of domains and decodings fits. The margins are fixed rather than fitted: tight_layout
     would draw the whole figure a second time, and the learner renders while it trains (bench/RESULTS.md)."""
     evals = read_metrics(run_dir, "eval")
     if evals.is_empty():

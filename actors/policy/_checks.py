@@ -33,6 +33,7 @@ from actors.policy._gpt_config import (
     config_problems,
 )
 from actors.policy._hub import cached_hub_model, is_hub_id
+from actors.policy._shapes import shape_mismatch
 from actors.protocol import PolicySpec
 from topology import KeyPath, SectionCheck, show
 
@@ -110,16 +111,8 @@ def checkpoint_problem(checkpoint: Path, model: str, config: dict[str, Any]) -> 
     expected = _model_shapes(model, config)
     if expected is None:
         return None
-    missing = [name for name in expected if name not in found]
-    unexpected = [name for name in found if name not in expected]
-    if missing or unexpected:
-        parts = [f"{len(missing)} of its weights missing (e.g. {missing[0]!r})"] if missing else []
-        parts += [f"{len(unexpected)} it does not have (e.g. {unexpected[0]!r})"] if unexpected else []
-        return f"expected weights of {model}, but {checkpoint} has {' and '.join(parts)}"
-    for name, shape in expected.items():
-        if found[name] != shape:
-            return f"expected weights of {model}, but {checkpoint} has {name} of shape {found[name]}, the model {shape}"
-    return None
+    problem = shape_mismatch(expected, found)
+    return None if problem is None else f"expected weights of {model}, but {checkpoint}: {problem}"
 
 
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]] | str:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, DTYPE_NAMES, HF_CONFIG_KEYS, PRESETS, GPTConfig
+from actors.policy._shapes import shape_mismatch
 from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
 from actors.policy._tokenizer import CharTokenizer, HFTokenizer, spec_field
 
@@ -221,23 +222,16 @@ class Policy:
         """Raise :class:`StateDictError` unless ``state_dict`` has exactly this model's names, shapes and
         dtypes, and (unless ``values`` is False) only finite values. Touches nothing."""
         expected = self._param_refs
-        missing = [n for n in expected if n not in state_dict]
-        unexpected = [n for n in state_dict if n not in expected]
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"{len(missing)} missing (e.g. {missing[0]!r})")
-            if unexpected:
-                parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]!r})")
-            raise StateDictError(f"weight names do not match the model: {', '.join(parts)}")
-        for name, live in expected.items():
-            value = state_dict[name]
+        for name, value in state_dict.items():
             if not isinstance(value, Tensor):
                 raise StateDictError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-            if value.shape != live.shape:
-                raise StateDictError(
-                    f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(live.shape)}"
-                )
+        problem = shape_mismatch(
+            {n: tuple(t.shape) for n, t in expected.items()}, {n: tuple(t.shape) for n, t in state_dict.items()}
+        )
+        if problem is not None:
+            raise StateDictError(problem)
+        for name, live in expected.items():
+            value = state_dict[name]
             if value.dtype != live.dtype:
                 raise StateDictError(f"{name}: dtype {value.dtype} does not match the model's {live.dtype}")
             if values and value.is_floating_point() and not all_finite(value):
