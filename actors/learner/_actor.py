@@ -9,26 +9,25 @@ Lifecycle:
   evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
   ``_eval_scored``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
   large model's round could span (every gain is measured from it).
-- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once; stale or
-  greedy training samples are dropped, counted and acked). In ``async`` mode a group's advantages are computed as
-  it arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted
-  like an applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal:
-  a learner that outruns its generators waits for signal instead of stepping on the few signal rows of a
-  mostly solved batch. Completions the verifier failed on (verdict ``VERIFIER_ERROR``) leave their group first: their
-  reward 0 is not the answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two
-  is consumed). (Consumed groups wait for a checkpoint to be acked; when they reach ``batch_size ×
-  checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's ack window never
-  fills.) The train loop builds batches by domain weight
-  (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for single
-  samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
+- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once, a verifier's
+  errors among them left out of the round's accuracy and counted in ``heldout_verifier_errors.<domain>``; stale or
+  greedy training samples are dropped, counted and acked). In ``async`` mode a group's advantages are computed as it
+  arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted like an
+  applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal: a learner that
+  outruns its generators waits for signal instead of stepping on the few signal rows of a mostly solved batch.
+  Completions the verifier failed on (verdict ``VERIFIER_ERROR``) leave their group first: their reward 0 is not the
+  answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two is consumed). (Consumed
+  groups wait for a checkpoint to be acked; when they reach ``batch_size × checkpoint_every_steps`` the learner
+  checkpoints without waiting for those steps, so the bus's ack window never fills.) The train loop builds batches by
+  domain weight (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for
+  single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
   than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. The held-out prompts out
-  (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training
-  groups, and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures
-  the weights' moving average (``_average``, updated after every step): it goes out as a version of its own, the
-  round is labelled with it, and no other version is published until the round is scored — the generators decode
-  the whole round with it; a round that comes due while the previous one is out starts once that one is scored.
-  On stop the current step finishes, a final checkpoint is taken (the average in it) and what it covers is acked;
-  the export is the average.
+  (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training groups,
+  and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures the weights'
+  moving average (``_average``, updated after every step): it goes out as a version of its own, the round is labelled
+  with it, and no other version is published until the round is scored — the generators decode the whole round with it;
+  a round that comes due while the previous one is out starts once that one is scored. On stop the current step
+  finishes, a final checkpoint is taken (the average in it) and what it covers is acked; the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -432,7 +431,17 @@ class LearnerActor(Actor[LearnerConfig]):
         counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
         if msg.heldout:
             result = self.evals.record(mid, msg)
-            if result is not None:
+            if result is not None and result.errors:
+                counters.inc(f"heldout_verifier_errors.{result.domain}", result.errors)
+                self.ctx.log.warning(
+                    "learner.heldout_verifier_errors",
+                    domain=result.domain,
+                    version=result.version,
+                    errors=result.errors,
+                    scored=result.n,
+                    note="the verifier failed on these held-out completions: left out of the round's accuracy",
+                )
+            if result is not None and result.n:
                 headline = result.temperature == self.config.eval_temperatures[0]
                 counters.set(
                     f"heldout_acc{'' if headline else f'@T{result.temperature:g}'}.{result.domain}",
@@ -449,7 +458,8 @@ class LearnerActor(Actor[LearnerConfig]):
                         "accuracy": result.accuracy,
                         "reward_mean": result.reward_mean,
                         "temperature": result.temperature,
-                        "samples": result.n // max(self.evals.expected(result.domain), 1),
+                        "samples": (result.n + result.errors) // max(self.evals.expected(result.domain), 1),
+                        "errors": result.errors,
                     },
                 )
                 self.ctx.log.info(

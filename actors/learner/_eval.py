@@ -9,11 +9,13 @@ the temperature they were decoded at; the generator and verifier derive their id
 (``<prompt id>.r.s``), so the round is read back from the id — falling back to the oldest token version when an id
 has another shape (e.g. a custom generator). A round is one (version, domain, temperature).
 
-A completion counts as correct when its reward is ≥ 1 − 1e-9; accuracy is the mean over every completion of the
-round (sampled: the expected accuracy of one sample). A (round, domain) is complete when all of its prompts have
-come back, however many completions each carries (the post-warm-start round draws more per prompt than the
-others, ``eval_baseline_samples``); only complete rounds are reported (a half-evaluated round would be a biased
-number).
+A completion counts as correct when its reward is ≥ 1 − 1e-9; accuracy is the mean over the completions of the
+round the verifier scored (sampled: the expected accuracy of one sample). A completion it failed on (verdict
+``VERIFIER_ERROR``: its 0 says nothing about the answer) is left out of the accuracy and counted in ``errors``; a
+round whose every completion failed so has no accuracy (``n`` 0). A (round, domain) is complete when all of its
+prompts have come back, however many completions each carries (the post-warm-start round draws more per prompt
+than the others, ``eval_baseline_samples``); only complete rounds are reported (a half-evaluated round would be a
+biased number).
 
 Non-goals: pass@k, confidence intervals.
 """
@@ -25,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from actors.domains import Task
-from actors.protocol import ScoredMsg
+from actors.protocol import VERIFIER_ERROR, ScoredMsg
 
 __all__ = ["EvalResult", "EvalTracker", "eval_message_id"]
 
@@ -48,12 +50,14 @@ class EvalResult:
     accuracy: float
     reward_mean: float
     temperature: float = 0.0  # the decoding: 0 greedy, else sampled at this temperature
+    errors: int = 0  # completions the verifier failed on: not in n, accuracy or reward_mean
 
 
 class EvalTracker:
     def __init__(self, tasks: Mapping[str, Sequence[Task]]) -> None:
         self.tasks = {domain: list(items) for domain, items in tasks.items() if items}
         self._rounds: dict[tuple[int, str, float], list[float]] = {}
+        self._errors: dict[tuple[int, str, float], int] = {}
         # ids counted per round (kept after completion: dedupe)
         self._seen: dict[tuple[int, str, float], set[str]] = {}
 
@@ -71,7 +75,10 @@ class EvalTracker:
             return None
         seen.add(message_id)
         rewards = self._rounds.setdefault(key, [])
-        rewards.extend(c.reward for c in msg.completions)
+        rewards.extend(c.reward for c in msg.completions if c.verdict != VERIFIER_ERROR)
+        errors = sum(c.verdict == VERIFIER_ERROR for c in msg.completions)
+        if errors:
+            self._errors[key] = self._errors.get(key, 0) + errors
         self._forget_old()
         if len(seen) < max(self.expected(msg.domain), 1):
             return None
@@ -80,9 +87,10 @@ class EvalTracker:
             version=version,
             domain=msg.domain,
             n=len(rewards),
-            accuracy=sum(r >= CORRECT for r in rewards) / len(rewards),
-            reward_mean=sum(rewards) / len(rewards),
+            accuracy=sum(r >= CORRECT for r in rewards) / len(rewards) if rewards else 0.0,
+            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
             temperature=msg.temperature,
+            errors=self._errors.pop(key, 0),
         )
 
     def _forget_old(self) -> None:
@@ -90,4 +98,5 @@ class EvalTracker:
         if len(versions) > _KEEP_ROUNDS:
             cutoff = versions[-_KEEP_ROUNDS]
             self._rounds = {k: v for k, v in self._rounds.items() if k[0] >= cutoff}
+            self._errors = {k: v for k, v in self._errors.items() if k[0] >= cutoff}
             self._seen = {k: v for k, v in self._seen.items() if k[0] >= cutoff}

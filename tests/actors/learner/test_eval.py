@@ -7,10 +7,11 @@ from pydantic import ValidationError
 
 from actors.domains import open_source
 from actors.learner import EvalTracker, LearnerConfig, eval_message_id
-from actors.protocol import ScoredCompletion, ScoredMsg
+from actors.protocol import VERIFIER_ERROR, ScoredCompletion, ScoredMsg
 
 
-def scored(rewards: list[float], temperature: float) -> ScoredMsg:
+def scored(rewards: list[float], temperature: float, *, errors: int = 0) -> ScoredMsg:
+    """A held-out score: one completion per reward, the last ``errors`` of them failed by the verifier (reward 0)."""
     return ScoredMsg(
         task_id="t",
         domain="arith",
@@ -25,9 +26,9 @@ def scored(rewards: list[float], temperature: float) -> ScoredMsg:
                 versions=[3],
                 reward=r,
                 finish_reason="stop",
-                verdict="pass" if r == 1.0 else "fail",
+                verdict=VERIFIER_ERROR if i >= len(rewards) - errors else "pass" if r == 1.0 else "fail",
             )
-            for r in rewards
+            for i, r in enumerate(rewards)
         ],
     )
 
@@ -109,3 +110,19 @@ def test_a_list_of_temperatures_decodes_each_round_several_ways() -> None:
         LearnerConfig.model_validate({"eval_temperature": [1.0, 1.0]})
     with pytest.raises(ValidationError, match="eval_samples > 1 needs eval_temperature > 0"):
         LearnerConfig.model_validate({"eval_temperature": [0.0], "eval_samples": 2})
+
+
+def test_completions_the_verifier_failed_on_are_counted_apart_not_as_wrong_answers() -> None:
+    """A verifier error's reward 0 says nothing about the answer: a round's accuracy is over what was scored."""
+    tasks = open_source("builtin:arithmetic", domain="arith", heldout=3).heldout()
+    tracker = EvalTracker({"arith": tasks})
+    assert tracker.record(eval_message_id(2, tasks[0]), scored([1.0, 0.0], 1.0, errors=1)) is None
+    assert tracker.record(eval_message_id(2, tasks[1]), scored([1.0, 0.0], 1.0)) is None
+    result = tracker.record(eval_message_id(2, tasks[2]), scored([0.0, 0.0], 1.0, errors=2))
+    assert result is not None and (result.n, result.errors) == (3, 3)
+    assert result.accuracy == pytest.approx(2 / 3) and result.reward_mean == pytest.approx(2 / 3)
+    # every completion failed: no accuracy to report (n 0), not an accuracy of 0
+    for task in tasks[:2]:
+        assert tracker.record(eval_message_id(4, task), scored([0.0], 0.0, errors=1)) is None
+    failed = tracker.record(eval_message_id(4, tasks[2]), scored([0.0], 0.0, errors=1))
+    assert failed is not None and (failed.n, failed.errors) == (0, 3)
