@@ -88,7 +88,9 @@ def decide(
         return Decision("promote", "first version: promoted unconditionally")
     if samples < min_samples or candidate is None or serving is None:
         action: Literal["promote", "hold"] = "promote" if without_evidence == "promote" else "hold"
-        return Decision(action, f"{samples} scored samples < min_samples {min_samples}")
+        if samples < min_samples:
+            return Decision(action, f"{samples} scored samples < min_samples {min_samples}")
+        return Decision(action, f"none of {samples} replayed samples scored (the verifier failed on every one)")
     if candidate < serving - threshold:
         return Decision("reject", f"mean reward {candidate:.4f} < serving {serving:.4f} - {threshold}")
     if best is not None and candidate < best - threshold:

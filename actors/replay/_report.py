@@ -9,7 +9,11 @@ markdown shows it beside that mean when it is not every sample. ``changed`` list
 between the two versions (key, domain, prompt, each version's verdict, reward and text); the markdown shows the
 first ``CHANGED_SHOWN`` of them.
 Samples without verifier fields are marked "no verifier: compared by text only", those of a domain the spec replayed
-with does not have "not a domain of the spec replayed with". Throughput: replay's
+with does not have "not a domain of the spec replayed with". A sample the verifier failed on (``VERIFIER_ERROR``) has
+no reward — its 0 would read as the version answering worse (for the gate, a candidate rejected over a broken
+verifier): replayed, it is left out of the replayed means and counted in ``verifier_errors``; recorded, out of the
+recorded mean and agreement.
+Throughput: replay's
 tokens/s beside the bare engine's on the same prompts.
 
 Non-goals: statistical tests (the gate's threshold is a plain difference of means).
@@ -23,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from actors.protocol import VERIFIER_ERROR
 from actors.replay._items import ReplayItem
 from actors.replay._run import NOT_IN_SPEC, Outcome, ReplayRun
 
@@ -70,6 +75,7 @@ def build_report(
                 "changed_vs_against": 0,
                 "text_only": 0,
                 "not_in_spec": 0,
+                "verifier_errors": 0,
             },
         )
         mine: Outcome | None = by_key.get(item.key)
@@ -77,20 +83,23 @@ def build_report(
             continue
         row["samples"] += 1
         row["text_match"] += int(mine.text == item.recorded_text)
+        # a verifier's error, recorded or replayed, scored no answer: its reward 0 is no outcome
+        recorded = None if item.recorded_verdict == VERIFIER_ERROR else item.recorded_reward
         if mine.reward is None:
-            row["text_only"] += 1
-            row["not_in_spec"] += mine.verdict == NOT_IN_SPEC
-            if item.recorded_reward is not None:
-                row["recorded"].append(item.recorded_reward)
+            if mine.verdict == VERIFIER_ERROR:  # replayed, but the verifier failed on it
+                row["verifier_errors"] += 1
+            else:
+                row["text_only"] += 1
+                row["not_in_spec"] += mine.verdict == NOT_IN_SPEC
+            if recorded is not None:
+                row["recorded"].append(recorded)
             continue
         row["scored"] += 1
         row["replayed"].append(mine.reward)
-        if item.recorded_reward is not None:
-            row["recorded"].append(item.recorded_reward)
+        if recorded is not None:
+            row["recorded"].append(recorded)
             row["rated"] += 1
-            row["agree"] += int(
-                _passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict, item.recorded_reward)
-            )
+            row["agree"] += int(_passed(mine.verdict, mine.reward) == _passed(item.recorded_verdict, recorded))
         theirs = other.get(item.key)
         if theirs is not None and theirs.reward is not None:
             row["against"].append(theirs.reward)
@@ -119,6 +128,7 @@ def build_report(
             "agreement": round(row["agree"] / row["rated"], 4) if row["rated"] else None,
             "text_match": round(row["text_match"] / row["samples"], 4) if row["samples"] else None,
             "changed_vs_against": row["changed_vs_against"] if against is not None else None,
+            "verifier_errors": row["verifier_errors"],
             "note": _note(row),
         }
     report: dict[str, Any] = {
@@ -157,6 +167,8 @@ def build_report(
 
 
 def _note(row: dict[str, Any]) -> str:
+    if row["verifier_errors"]:
+        return f"the verifier failed on {row['verifier_errors']}: left out of the means"
     if not row["text_only"] or row["scored"]:
         return ""
     if row["not_in_spec"]:  # replayed with another spec than the run's (--spec)

@@ -34,7 +34,7 @@ import torch
 from actors.domains import Domain, DomainVerifier, Scorer, domains_from_spec, find_task
 from actors.engines import GenerationRequest, SamplingParams, TorchEngine
 from actors.policy import Policy
-from actors.protocol import domains_of, policy_of
+from actors.protocol import VERIFIER_ERROR, domains_of, policy_of
 from actors.replay._items import ReplayItem
 from actors.sandbox import SandboxPool
 
@@ -58,7 +58,7 @@ class Outcome:
     domain: str
     text: str
     tokens: int
-    reward: float | None  # None: not scored (no verifier fields / no verifier for the domain)
+    reward: float | None  # None: not scored (no verifier fields / no verifier for the domain / verifier error)
     verdict: str  # the verifier's; TEXT_ONLY (nothing to score with) or NOT_IN_SPEC (the domain is not the spec's)
 
 
@@ -173,7 +173,8 @@ class Replayer:
             verdict = TEXT_ONLY if item.domain in self._domains else NOT_IN_SPEC
             if self.scorable(item):
                 result = await self._scorer.score(item.domain, completion.text, item.verifier_fields)
-                reward, verdict = result.reward, str(result.verdict)
+                verdict = str(result.verdict)  # a verifier's error scores nothing: no reward (not a 0)
+                reward = None if verdict == VERIFIER_ERROR else result.reward
             outcomes[index] = Outcome(
                 item.key, item.domain, completion.text, len(completion.token_ids), reward, verdict
             )

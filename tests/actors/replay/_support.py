@@ -19,12 +19,12 @@ POLICY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 96}
 PROMPTS = [f"{a}+{b}=" for a in range(3) for b in range(4)]
 
 
-def replay_spec(tmp_path: Path, *, name: str | None = None, extra_actors: str = "") -> Spec:
+def replay_spec(tmp_path: Path, *, name: str | None = None, extra_actors: str = "", verifier: str = "exact") -> Spec:
     path = tmp_path / "spec.yaml"
     path.write_text(
         f"name: {name or 'rp-' + uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
         f"policy: {{model: builtin:tiny-gpt, config: {orjson.dumps(POLICY).decode()}}}\n"
-        "domains:\n  echo: {source: builtin:arithmetic, verifier: 'tests.actors.replay._verifier:exact',"
+        f"domains:\n  echo: {{source: builtin:arithmetic, verifier: 'tests.actors.replay._verifier:{verifier}',"
         " max_new_tokens: 6}\n"
         f"actors:\n  recorder: {{}}\n{extra_actors}"
         "channels:\n  traffic: {external: true}\n  feedback: {external: true}\n  scored: {external: true}\n"

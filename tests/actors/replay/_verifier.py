@@ -1,4 +1,4 @@
-"""A verifier for replay tests: reward 1 when the completion is exactly the expected text."""
+"""Verifiers for replay tests: reward 1 when the completion is exactly the expected text; one that always fails."""
 
 from __future__ import annotations
 
@@ -8,3 +8,7 @@ from typing import Any
 
 def exact(completion_text: str, task: Mapping[str, Any]) -> float:
     return 1.0 if completion_text == task.get("expected") else 0.0
+
+
+def broken(completion_text: str, task: Mapping[str, Any]) -> float:
+    raise RuntimeError("the verifier's service is down")

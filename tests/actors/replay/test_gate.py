@@ -39,6 +39,9 @@ def test_the_rule() -> None:
         decide(0.9, 0.1, has_serving=True, threshold=0.02, samples=3, min_samples=10, without_evidence="promote").action
         == "promote"
     )
+    # enough samples, but the verifier scored none of the candidate's: held, and the reason says why
+    unscored = decide(None, 0.5, has_serving=True, threshold=0.02, samples=20, min_samples=10)
+    assert unscored.action == "hold" and "the verifier failed on every one" in unscored.reason
 
 
 async def wait_decisions(run_dir: Path, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:

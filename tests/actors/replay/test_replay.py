@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from actors.policy import Policy
-from actors.replay import Replayer, build_report, load_items, resolve_weights, write_report
+from actors.protocol import VERIFIER_ERROR
+from actors.replay import (
+    Outcome,
+    Replayer,
+    ReplayRun,
+    build_report,
+    load_items,
+    mean_reward,
+    resolve_weights,
+    write_report,
+)
 from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
 from topology.bus import EmbeddedNats
 
@@ -132,3 +143,24 @@ def test_the_plot_leaves_a_missing_mean_out_instead_of_drawing_it_as_zero() -> N
     (recorded, xs, heights, missing), (replayed, xs2, heights2, missing2) = plot_series(report)
     assert (recorded, xs, heights, missing) == ("recorded", [0.0], [0.5], [1.0])
     assert (replayed, xs2, heights2, missing2) == ("v3", [0.4, 1.4], [0.75, 0.0], [])  # a real 0 is drawn
+
+
+async def test_a_verifier_that_fails_scores_nothing_instead_of_zero(tmp_path: Path) -> None:
+    """A verifier error is no answer's outcome: replayed or recorded, it is left out of the means (the gate compares
+    them) and of agreement, and counted per domain — a 0 would read as the version answering worse."""
+    spec = replay_spec(tmp_path, verifier="broken")
+    await record_run(spec, tmp_path, version=1)
+    items = load_items(tmp_path / "recordings")
+    async with Replayer(spec) as replayer:
+        run = await replayer.run(items, None, label="v1", version=1, greedy=True)
+    assert {(o.reward, o.verdict) for o in run.outcomes} == {(None, VERIFIER_ERROR)}
+    assert mean_reward(run) is None
+    row = build_report(items, run, seed=0)["domains"]["echo"]
+    assert (row["verifier_errors"], row["scored"], row["replayed_mean_reward"]) == (len(PROMPTS), 0, None)
+    assert "the verifier failed on" in row["note"]
+    # recorded: a sample the verifier failed on when it was recorded has no outcome to compare with
+    ok = dataclasses.replace(items[0], key="ok", recorded_reward=1.0, recorded_verdict="pass")
+    failed = dataclasses.replace(items[1], key="failed", recorded_reward=0.0, recorded_verdict=VERIFIER_ERROR)
+    good = ReplayRun("v1", 1, [Outcome(k, "echo", "", 1, 1.0, "pass") for k in ("ok", "failed")], 2, 1.0)
+    recorded = build_report([ok, failed], good, seed=0)["domains"]["echo"]
+    assert (recorded["recorded_mean_reward"], recorded["agreement"]) == (1.0, 1.0)
