@@ -5,11 +5,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import click
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What to replay and how: the command's options past the paths."""
+
+    weights: str
+    against: str | None
+    seed: int
+    source: Literal["traffic", "scored", "both"]
+    limit: int | None
+    concurrency: int
+    greedy: bool
+    engine_throughput: bool
 
 
 def _run_dir_of(recordings: Path) -> Path | None:
@@ -78,7 +94,7 @@ def replay(
     weights: str,
     against: str | None,
     seed: int,
-    source: str,
+    source: Literal["traffic", "scored", "both"],
     limit: int | None,
     concurrency: int,
     greedy: bool,
@@ -113,21 +129,8 @@ def replay(
     else:
         spec = _spec_of_run(run_dir)
     try:
-        report = anyio.run(
-            _replay,
-            spec,
-            recordings,
-            run_dir,
-            weights,
-            against,
-            seed,
-            source,
-            limit,
-            concurrency,
-            greedy,
-            engine_throughput,
-            backend="asyncio",
-        )
+        options = _Options(weights, against, seed, source, limit, concurrency, greedy, engine_throughput)
+        report = anyio.run(partial(_replay, spec, recordings, run_dir, options), backend="asyncio")
     except Exception as exc:  # WeightsNotFound, bad weights, bad recordings; from the replayer's task group too
         from topology.cli._errors import user_error
 
@@ -175,29 +178,17 @@ def _load_spec(path: Path) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-async def _replay(
-    spec: Any,
-    recordings: Path,
-    run_dir: Path | None,
-    weights: str,
-    against: str | None,
-    seed: int,
-    source: Any,
-    limit: int | None,
-    concurrency: int,
-    greedy: bool,
-    engine_throughput: bool,
-) -> dict[str, Any]:
+async def _replay(spec: Any, recordings: Path, run_dir: Path | None, options: _Options) -> dict[str, Any]:
     from actors.replay import Replayer, build_report, load_items
 
-    items = load_items(recordings, limit=limit, source=source)
+    items = load_items(recordings, limit=options.limit, source=options.source)
     if not items:
-        what = "traffic or scored" if source == "both" else source
+        what = "traffic or scored" if options.source == "both" else options.source
         raise ValueError(f"nothing recorded under {recordings} (no {what} parquet files)")
     bus = await _live_bus(run_dir)
     try:
-        main = await _weights(weights, run_dir, bus)
-        other = await _weights(against, run_dir, bus) if against is not None else None
+        main = await _weights(options.weights, run_dir, bus)
+        other = await _weights(options.against, run_dir, bus) if options.against is not None else None
     finally:
         if bus is not None:
             await bus.close()
@@ -206,14 +197,14 @@ async def _replay(
     versions = main.label + (f" and {other.label}" if other is not None else "")
     click.echo(
         f"replaying {len(items):,} recorded samples ({traffic:,} traffic, {len(items) - traffic:,} scored) "
-        f"with {versions}" + ("" if limit is not None else "; --from traffic or --limit N replays fewer"),
+        f"with {versions}" + ("" if options.limit is not None else "; --from traffic or --limit N replays fewer"),
         err=True,
     )
     threads = max(1, (os.cpu_count() or 1))
     async with Replayer(spec, num_threads=threads) as replayer:
-        kwargs: dict[str, Any] = {"seed": seed, "concurrency": concurrency, "greedy": greedy}
+        kwargs: dict[str, Any] = {"seed": options.seed, "concurrency": options.concurrency, "greedy": options.greedy}
         raw = None
-        if engine_throughput:  # a pass of its own over every sample: half again a two-version replay's time
+        if options.engine_throughput:  # a pass of its own over every sample: half again a two-version replay's time
             raw = await replayer.raw_throughput(items, main.state_dict, version=main.version, **kwargs)
         run = await replayer.run(items, main.state_dict, label=main.label, version=main.version, **kwargs)
         against_run = None
@@ -221,7 +212,7 @@ async def _replay(
             against_run = await replayer.run(
                 items, other.state_dict, label=other.label, version=other.version, **kwargs
             )
-    return build_report(items, run, against_run, seed=seed, raw=raw)
+    return build_report(items, run, against_run, seed=options.seed, raw=raw)
 
 
 async def _weights(ref: str, run_dir: Path | None, bus: Any) -> Any:
