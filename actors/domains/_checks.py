@@ -77,6 +77,16 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
         for key in domain.verifier_config:
             if key not in allowed:
                 check.unknown_key((*path, "verifier_config", key), allowed)
+        if domain.verifier_timeout_s is not None:
+            instead = (
+                f"set verifier_config: {{timeout_s: {domain.verifier_timeout_s:g}}}"
+                if "timeout_s" in allowed
+                else f"{domain.verifier} has no time limit to set"
+            )
+            check.error(
+                (*path, "verifier_timeout_s"),
+                f"applies to a module:function verifier, not the builtin {domain.verifier!r} ({instead})",
+            )
     elif importlib.util.find_spec(module.split(".")[0]) is None:
         check.error(
             (*path, "verifier"),

@@ -26,6 +26,7 @@ _log = structlog.get_logger("flywheel.verify")
 class DomainVerifier:
     verifier: str  # math | python-tests | python-expr | json-fields | module:function
     config: Mapping[str, Any]
+    timeout_s: float | None = None  # a module:function verifier's limit per call (None: its default)
 
 
 class Scorer:
@@ -33,7 +34,9 @@ class Scorer:
         self._verifiers: dict[str, Verifier] = {}
         for name, dom in domains.items():
             try:
-                self._verifiers[name] = build_verifier(dom.verifier, dom.config, pool=pool)
+                self._verifiers[name] = build_verifier(
+                    dom.verifier, dom.config, pool=pool, user_timeout_s=dom.timeout_s
+                )
             except VerifierError as exc:
                 raise VerifierError(f"domain {name!r}: {exc}") from None
 

@@ -104,6 +104,10 @@ class DomainSpec(SpecModel):
     #   answer_field; python-tests: tests_field, timeout_s; python-expr: timeout_s, rel_tol, abs_tol, max_chars,
     #   memo_size, memo_max_bytes; json-fields: mode, modes, rel_tol, abs_tol, penalize_extra, max_chars;
     #   <module>:<function>: any (handed to it as config)
+    # a <module>:<function> verifier: how long one call may take before the process running it is killed (verdict
+    # timeout, reward 0: a hostile answer can make a verifier hang); null: 30 s. Builtins that run code take theirs
+    # from verifier_config (python-tests, python-expr: timeout_s)
+    verifier_timeout_s: float | None = Field(default=None, gt=0)
     weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
     #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
     group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples

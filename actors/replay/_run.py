@@ -84,7 +84,8 @@ class Replayer:
         self._initial = {name: t.detach().clone() for name, t in self.policy.state_dict().items()}
         self._num_threads = num_threads
         self._domains: dict[str, DomainVerifier] = {
-            name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in domains_of(spec).items()
+            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s)
+            for name, d in domains_of(spec).items()
         }
         self._pool: SandboxPool | None = None
         self._scorer: Scorer | None = None

@@ -55,7 +55,10 @@ class VerifyActor(Actor[VerifyConfig]):
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
         await self._pool.start()
-        verifiers = {name: DomainVerifier(d.verifier, dict(d.verifier_config)) for name, d in self._domains.items()}
+        verifiers = {
+            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s)
+            for name, d in self._domains.items()
+        }
         self._scorer = Scorer(verifiers, pool=self._pool)
         self.ctx.log.info("verify.ready", isolation=self._pool.statistics().isolation, domains=sorted(self._domains))
 

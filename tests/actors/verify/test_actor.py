@@ -35,8 +35,11 @@ def verify_spec(tmp_path: Path, sandbox: str = "{workers: 1}") -> Spec:
     return load_spec(path)
 
 
-def user_verifier_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, bus: str = "") -> Spec:
-    """A spec whose domain ``mine`` is scored by ``score`` of a module holding ``source`` (importable by the test)."""
+def user_verifier_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, bus: str = "", domain: str = ""
+) -> Spec:
+    """A spec whose domain ``mine`` is scored by ``score`` of a module holding ``source`` (importable by the test);
+    ``domain`` adds keys to the domain's entry (``, key: value``)."""
     module = f"user_verifier_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -44,7 +47,7 @@ def user_verifier_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: 
     path.write_text(
         f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true{bus}}}\nruntime: local\n"
         "policy: {model: builtin:tiny-gpt}\n"
-        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'}}\n"
+        f"domains:\n  mine: {{source: builtin:arithmetic, verifier: '{module}:score'{domain}}}\n"
         "actors:\n  verify: {sandbox: {workers: 1}}\n"
         "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
     )
@@ -167,3 +170,19 @@ async def test_a_rollout_slower_to_verify_than_ack_wait_is_verified_once_and_the
         seen = [m.task_id for m in await scored_while_running(actor, ctx, bus, first_only=False, within_s=8)]
     assert seen == ["t1"]
     assert actor.report()["rollouts"] == 1
+
+
+async def test_a_user_verifier_gets_the_time_limit_its_domain_sets(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's verifier had 30 s per answer whatever the spec said (the limit was no spec key): a domain whose
+    verifier calls a slow service could not allow more, one that must be fast could not allow less. The domain's
+    ``verifier_timeout_s`` is now the limit the verify actor gives it."""
+    source = "import time\n\ndef score(completion, task):\n    time.sleep(20)\n    return 1.0\n"
+    spec = user_verifier_spec(tmp_path, monkeypatch, source, domain=", verifier_timeout_s: 0.5")
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        await bus.publish("rollouts", "rollout", rollout_of("mine", {"answer": "4"}, ["4"]).model_dump(mode="json"))
+        [scored] = await scored_while_running(actor, ctx, bus, within_s=15)
+    [completion] = scored.completions
+    assert (completion.reward, completion.verdict) == (0.0, "timeout")
+    assert "took longer than 0.5 s" in completion.detail
