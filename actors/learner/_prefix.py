@@ -1,11 +1,11 @@
 """Shared-prompt packing for the RL step: a GRPO group's prompt is run through the model once, not once per row.
 
 A group of n completions of one prompt costs, packed row by row, n × (prompt + completion) tokens of forward and
-backward; here it costs prompt + n × completion. The prompt pass keeps its keys/values (with their autograd
-history), which are copied to the rows of the group (``index_select``: the gradient of every row flows back into
-the one prompt computation); the completion pass then attends to them. The numbers are those of the row-by-row
-packing (same positions, same masks — a test pins the gradient), only cheaper: with 8 completions of a 25-token
-prompt and 8-token answers, 33 tokens per sample become ~11.
+backward; here it costs prompt + n × completion. The prompt pass keeps its keys/values (with their autograd history),
+which are copied to the rows of the group (a broadcast, or ``index_select`` when groups differ in size: the gradient
+of every row flows back into the one prompt computation); the completion pass then attends to them. The numbers are
+those of the row-by-row packing (same positions, same masks — a test pins the gradient), only cheaper: with 8
+completions of a 25-token prompt and 8-token answers, 33 tokens per sample become ~11.
 
 Layout (:class:`PrefixPacked`): distinct prompts left-padded ``[G, P]``; completions right-padded ``[N, C]`` (a
 row's real tokens first; the padding after them is never attended by a real token, causality sees to it);
@@ -46,6 +46,16 @@ class PrefixPacked:
     behavior: torch.Tensor  # [N, C] behavior logprobs, 0 on padding, NaN for a row given without them
     advantages: torch.Tensor  # [N]
     temperatures: torch.Tensor  # [N]
+    repeats: int = 0  # > 0: row r's prompt is r // repeats (every group that many rows, in order); 0: see row_prompt
+
+    def to_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``'s prompt rows ``[G, …]`` copied to the completion rows ``[N, …]``. Groups of one size, in order
+        (the usual batch), are a broadcast: its gradient is a sum over each group's rows, where ``index_select``'s
+        is a scatter-add, several times slower on a CPU."""
+        if self.repeats:
+            shape = tensor.shape
+            return tensor.unsqueeze(1).expand(shape[0], self.repeats, *shape[1:]).reshape(-1, *shape[1:])
+        return tensor.index_select(0, self.row_prompt)
 
 
 def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) -> PrefixPacked:
@@ -70,7 +80,10 @@ def pack_shared(rows: Sequence[SharedRow], pad_id: int, device: torch.device) ->
                 behavior[r, :n] = torch.tensor(list(logprobs), dtype=torch.float32)
             else:  # no behavior policy sampled it: importance weight 1 (see _loss.importance_weights)
                 behavior[r, :n] = float("nan")
+    size = len(rows) // len(prompts)
+    uniform = size * len(prompts) == len(rows) and all(g == r // size for r, g in enumerate(row_prompt))
     return PrefixPacked(
+        repeats=size if uniform else 0,
         prompt_ids=prompt_ids.to(device),
         prompt_mask=prompt_mask.to(device),
         row_prompt=torch.tensor(row_prompt, dtype=torch.long, device=device),
@@ -89,12 +102,11 @@ def shared_logprobs(policy: Policy, packed: PrefixPacked) -> torch.Tensor:
         packed.prompt_ids, packed.prompt_mask, positions_from_mask(packed.prompt_mask, width), None, use_cache=True
     )
     assert cache is not None
-    index = packed.row_prompt
-    logits = prompt_logits[:, -1:].index_select(0, index)  # [N, 1, V]: scores completion token 0
+    logits = packed.to_rows(prompt_logits[:, -1:])  # [N, 1, V]: scores completion token 0
     steps = packed.completion_ids.shape[1] - 1  # the last token's own prediction is not needed
     if steps > 0:
-        rows_cache = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
-        mask = torch.cat((packed.prompt_mask.index_select(0, index), packed.loss_mask[:, :steps].long()), dim=1)
+        rows_cache = [(packed.to_rows(k), packed.to_rows(v)) for k, v in cache]
+        mask = torch.cat((packed.to_rows(packed.prompt_mask), packed.loss_mask[:, :steps].long()), dim=1)
         tail, _ = policy.forward(
             packed.completion_ids[:, :steps], mask, positions_from_mask(mask, steps), rows_cache, use_cache=False
         )

@@ -111,6 +111,35 @@ def test_rows_with_different_temperatures_score_like_alone() -> None:
             assert torch.allclose(both[row, :n], alone[0, -n:], atol=1e-5)
 
 
+def test_groups_of_one_size_are_broadcast_to_their_rows_with_the_same_numbers() -> None:
+    """The prompt pass's keys and values reach a group's rows by a broadcast when every group has the same number of
+    rows, in order (its gradient a sum, not index_select's scatter-add): the logprobs and the gradient are the
+    same as by index; any other layout goes by index."""
+    import dataclasses
+
+    from actors.learner._prefix import pack_shared, shared_logprobs
+
+    policy = tiny()
+    tok = policy.tokenizer
+    prompts = [encode_prompt(tok, f"{a}+{a}=") for a in (3, 14)]
+    rows = [(p, encode_completion(tok, answer), None, 0.0, 1.0) for p in prompts for answer in ("6", "28", "7")]
+    packed = pack_shared(rows, tok.pad_id, policy.device)
+    assert packed.repeats == 3
+    assert pack_shared(rows[:5], tok.pad_id, policy.device).repeats == 0  # groups of 3 and 2
+    assert pack_shared([rows[0], rows[3], rows[1], rows[4]], tok.pad_id, policy.device).repeats == 0  # interleaved
+    results = []
+    for layout in (packed, dataclasses.replace(packed, repeats=0)):
+        policy.module.zero_grad(set_to_none=True)
+        logp = shared_logprobs(policy, layout)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in policy.module.parameters() if p.grad is not None]))
+    (broadcast, grads_b), (indexed, grads_i) = results
+    assert torch.allclose(broadcast, indexed, atol=1e-6)
+    assert len(grads_b) == len(grads_i) > 0
+    for a, b in zip(grads_b, grads_i, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
 def _mixed_length_samples(policy: Policy, group: int = 1) -> list[TrainSample]:
     """12 rows from 6 to ~60 tokens (several length buckets); consecutive ``group`` rows share their prompt."""
     tok = policy.tokenizer
