@@ -34,9 +34,10 @@ Contract:
 - A restart resumes after the newest version in the decisions log, with its champion (after holds that were only
   counted, it decides on the learner's current version again).
 
-Counters: ``serving_version``, ``best_version``, ``paused`` (1 while paused), ``last_decision`` (text),
-``last_decision_version``, ``last_decision_ts``, ``decisions.<action>``, ``superseded`` (versions pruned before the
-gate could hold them), ``live_serving_mean_score`` / ``live_previous_mean_score`` and their feedback counts.
+Counters: ``serving_version`` (the ``serving`` key, whoever moved it), ``best_version``, ``paused`` (1 while
+paused), ``last_decision`` (text), ``last_decision_version``, ``last_decision_ts``, ``decisions.<action>``,
+``superseded`` (versions pruned before the gate could hold them), ``live_serving_mean_score`` /
+``live_previous_mean_score`` and their feedback counts.
 
 Non-goals: gating on anything but mean verifier reward; several gates per topology.
 """
@@ -56,7 +57,7 @@ import orjson
 
 from actors.gate._config import GateConfig
 from actors.gate._feedback import FeedbackByVersion
-from actors.protocol import CURRENT, weights_bucket
+from actors.protocol import CURRENT, SERVING, weights_bucket
 from actors.replay import (
     DecisionLog,
     RecordingsTail,
@@ -143,6 +144,7 @@ class GateActor(Actor[GateConfig]):
         async with anyio.create_task_group() as tg:
             if self.config.rollback_margin is not None:
                 tg.start_soon(self._watch_feedback)
+            tg.start_soon(self._watch_serving)
             await self._watch_versions()
             tg.cancel_scope.cancel()
 
@@ -159,6 +161,14 @@ class GateActor(Actor[GateConfig]):
                     self.ctx.counters.inc("errors")
                     self.ctx.log.warning("gate.failed", version=manifest.version, error=str(exc))
                 self.decided = max(self.decided, manifest.version)
+
+    async def _watch_serving(self) -> None:
+        """``serving_version`` follows the ``serving`` key whoever moves it: an operator's ``flywheel promote`` or
+        ``rollback`` writes it from another process, and the live view and ``flywheel status`` read this counter as
+        the version users get. ``paused`` is re-read with it, since such a move pauses the gate."""
+        async for raw in iterate_until(self.ctx.bus.kv_watch(self._bucket, SERVING), self.ctx.stopping):
+            self.ctx.counters.set("serving_version", WeightManifest.from_json(raw).version)
+            self._paused()
 
     def report(self) -> dict[str, Any]:
         report: dict[str, Any] = dict(self.ctx.counters.snapshot())

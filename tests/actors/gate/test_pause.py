@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from actors.replay import DecisionLog, read_decisions, resume_gate, rollback, serving_manifest
@@ -44,3 +45,23 @@ async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats
         assert await _serving(rig) == 6 and rig.ctx.counters.get("paused") == 0
     actions = [(e["action"], e.get("version")) for e in read_decisions(run_dir)]
     assert actions == [("promote", 2), ("promote", 3), ("rollback", 2), ("hold", 4), ("resume", None), ("promote", 6)]
+
+
+async def test_its_serving_version_follows_a_move_by_hand(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """``flywheel status`` and the live view show the gate's ``serving_version`` as what users get: after an
+    operator's rollback it must name the version rolled back to, even while the learner publishes nothing new."""
+    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir, run=True) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        for version in (2, 3):
+            await rig.decided(version, weights)
+        assert rig.ctx.counters.get("serving_version") == 3
+        await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
+        assert await _serving(rig) == 2
+        with anyio.fail_after(10):
+            while True:
+                if rig.ctx.counters.get("serving_version") == 2 and rig.ctx.counters.get("paused") == 1:
+                    break
+                await anyio.sleep(0.05)
