@@ -188,8 +188,8 @@ def find_run(where: Path | None = None) -> Path:
         return latest.resolve()
     if where is None:
         raise RunNotFound(
-            "no run found: ./runs/latest does not exist here; pass the run dir "
-            "(flywheel status runs/<name>-<time>) or the runs folder (--run-dir DIR)"
+            "no run found: ./runs/latest does not exist here; name the run dir (runs/<name>-<time>) or the runs "
+            "folder that holds it after the command, e.g. flywheel status /srv/runs"
         )
     raise RunNotFound(f"no run found at {place}: neither {place / RUN_JSON} nor {latest / RUN_JSON} exists")
 

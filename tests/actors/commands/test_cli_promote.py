@@ -76,6 +76,18 @@ def test_promote_and_rollback_say_the_run_promotes_nothing(tmp_path: Path, comma
     assert "decisions.jsonl" not in result.output and "nothing is serving yet" not in result.output
 
 
+@pytest.mark.parametrize("command", [["promote", "v7"], ["rollback"], ["gate", "pause"], ["review"], ["status"]])
+def test_without_a_run_here_the_hint_works_for_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Run outside the run's folder, every command says how to name the run — in a way it takes (a run folder as its
+    argument), not an option only ``status`` has."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 1
+    assert "no run found" in result.output and "--run-dir" not in result.output, result.output
+
+
 def test_promote_without_a_gate_names_what_can_be_promoted(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     actors = {**TRAINING, "serving": SERVICE["serving"]}
     run_dir = _run(tmp_path, actors, bus_url=embedded_nats.url)
