@@ -111,7 +111,7 @@ class JoinState:
             self._on_evict(what)
 
     async def count(self, what: str) -> int:
-        """Entries in one bucket now (deleted keys' markers included until they expire)."""
+        """Entries in one bucket now (:meth:`delete` leaves no marker to count)."""
         info = await self._bus.nc.jetstream().stream_info(f"KV_{self.names[what]}")
         return int(info.state.messages)
 
@@ -140,7 +140,8 @@ class JoinState:
         return True
 
     async def delete(self, what: str, request_id: str) -> None:
-        try:
-            await self._kv[what].delete(kv_key(request_id))
-        except js_errors.KeyNotFoundError:
-            pass
+        """Remove the key and its history without a delete marker: a KV delete leaves a marker message that stays in
+        the bucket until the window closes, so :meth:`count` (``feedback_waiting``) would go on counting feedback
+        joined long ago, and the marker would take room under ``max_pending``."""
+        bucket = self.names[what]
+        await self._js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{kv_key(request_id)}")

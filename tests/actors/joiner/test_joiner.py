@@ -98,6 +98,29 @@ async def test_feedback_before_its_traffic_is_joined_when_the_traffic_arrives(
     assert sample.task_id == "early" and sample.completions[0].reward == 0.0
 
 
+async def test_feedback_joined_after_waiting_is_no_longer_counted_as_waiting(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """``feedback_waiting`` (the live view's "N waiting") counts feedback still waiting for its request: once the
+    request came and the feedback joined, it is not waiting any more."""
+    spec = joiner_spec(tmp_path)
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path) as joiner,
+    ):
+        for i in range(4):
+            await gw.publish("feedback", "feedback", feedback(f"w{i}", score=1.0), id=f"fw{i}")
+        await until(joiner, "feedback.early", 4)
+        assert await joiner.state.count("feedback_pending") == 4
+        for i in range(3):
+            await gw.publish("traffic", "traffic", traffic(f"w{i}"), id=f"tw{i}")
+        await until(joiner, "feedback.joined", 3)
+        assert await joiner.state.count("feedback_pending") == 1
+        await gw.publish("feedback", "feedback", feedback("w0", score=0.0), id="fw0-again")
+        await until(joiner, "feedback.repeat", 1)  # the joined one still counts as applied once
+        assert joiner.ctx.counters.get("feedback.joined") == 3
+
+
 async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
@@ -182,7 +205,7 @@ async def test_a_full_bucket_evicts_its_oldest_and_counts_it(embedded_nats: Embe
 
 async def test_early_feedback_in_a_full_bucket_still_joins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     """Feedback waits in a full feedback_pending bucket (which refuses new entries); when its request arrives the
-    pending entry is deleted — a marker on the same key, which the full bucket takes — and the join goes through."""
+    pending entry is removed (a purge of its key, which a full bucket allows) and the join goes through."""
     spec = joiner_spec(tmp_path, "{max_pending: 3}")
     async with (
         await Bus.connect(embedded_nats.url, topology=spec.name, name="producer") as producer,
