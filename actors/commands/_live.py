@@ -16,7 +16,7 @@ warm start), so the view shows how far each domain has climbed.
 
 With a production loop (a gateway, a joiner or a gate) a service line follows: the version serving users (the
 gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
-requests/s (the gateway replicas' ``served``: completions and chat, differenced between two looks), feedback
+requests/s (the gateway replicas' ``served``: completions and chat answered, differenced between two looks), feedback
 joined and waiting (the joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users
 rate them (the joiner's ``feedback_score``: mean score of the last 200 ratings), whether an operator paused the gate
 and its ``last_decision``.

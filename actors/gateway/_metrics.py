@@ -16,8 +16,8 @@ Series (all prefixed ``flywheel_gateway_``):
   id), ``feedback_total``, ``generated_tokens_total``.
 
 :meth:`Metrics.snapshot` gives the counters the actor puts in its heartbeat: ``requests`` counts every HTTP request
-answered (feedback, health checks and scrapes too), ``served`` only the completions and chat requests (what the live
-view's requests/s shows).
+answered (feedback, health checks and scrapes too), ``served`` only the completions and chat requests a model answered
+(status below 400; what the live view's requests/s shows).
 
 Non-goals: multiprocess mode (one gateway replica is one process), push gateways.
 """
@@ -79,7 +79,7 @@ class Metrics:
         self._feedback = Counter(_PREFIX + "feedback", "Feedback messages accepted and published.", registry=registry)
         self._tokens = Counter(_PREFIX + "generated_tokens", "Completion tokens served.", registry=registry)
         self.requests = 0
-        self.served = 0  # of which completions and chat requests
+        self.served = 0  # of which completions and chat requests answered (not refused)
         self.errors = 0
         self.client_disconnects = 0
         self.internal_errors = 0
@@ -90,7 +90,7 @@ class Metrics:
     # -- recording ---------------------------------------------------------------------------------------
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests += 1
-        self.served += route in INFERENCE_ROUTES
+        self.served += route in INFERENCE_ROUTES and status < 400  # a refusal (400, 404, 503, …) served nothing
         self._requests.labels(route, str(status)).inc()
         self._latency.labels(route).observe(seconds)
 

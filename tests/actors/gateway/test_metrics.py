@@ -45,3 +45,15 @@ def test_served_counts_only_what_a_model_answered() -> None:
         metrics.observe(route, 200, 0.01)
     snapshot = metrics.snapshot()
     assert (snapshot["requests"], snapshot["served"]) == (7, 2)
+
+
+def test_served_leaves_out_refused_requests() -> None:
+    """A completion refused (a bad parameter, an unknown model, no generator serving) served nobody: in a helper's
+    service run the status line said '90 requests' after 68 answers and 22 refusals, and an outage answering only
+    503s would show as traffic served."""
+    metrics = Metrics()
+    metrics.observe("completions", 200, 0.01)
+    for status in (400, 404, 413, 429, 499, 503, 504):
+        metrics.observe("chat", status, 0.01)
+    snapshot = metrics.snapshot()
+    assert (snapshot["requests"], snapshot["served"]) == (8, 1)
