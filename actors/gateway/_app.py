@@ -527,9 +527,9 @@ class Gateway:
                         yield self._chunk(served, rest, None)
                     yield self._chunk(served, None, _finish_reason(message["finish_reason"]))
                     if (served.request.stream_options or {}).get("include_usage"):
-                        usage = {
+                        usage: dict[str, Any] = {
                             "id": served.request_id,
-                            "object": "chat.completion.chunk",
+                            "object": "chat.completion.chunk" if served.route == "chat" else "text_completion",
                             "created": int(served.ts),
                             "model": served.request.model,
                             "choices": [],

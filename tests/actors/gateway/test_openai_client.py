@@ -83,6 +83,18 @@ def test_completions_plain_and_streaming(gateway: Running) -> None:
     assert traffic_for(gateway, streamed[0].id).completion.token_ids == record.completion.token_ids
 
 
+def test_a_completions_stream_with_usage_is_all_text_completion_chunks(gateway: Running) -> None:
+    """The usage chunk of a /v1/completions stream is a ``text_completion`` like the others (as OpenAI sends it), not
+    a chat chunk: a client that dispatches on ``object`` would take it for another API's."""
+    chunks = list(
+        client(gateway).completions.create(
+            model="flywheel", prompt="12+7=", max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert {c.object for c in chunks} == {"text_completion"}
+
+
 def test_unknown_model_is_404_and_not_recorded(gateway: Running) -> None:
     before = gateway.stored("traffic")
     with pytest.raises(openai.NotFoundError) as err:
