@@ -4,15 +4,17 @@ Everything shown comes from the replicas' heartbeat counters, so the view works 
 and needs no extra channel. It reads these counter names (absent ones are simply not shown):
 
 - learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
-  ``heldout_acc.<domain>``, ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
+  ``heldout_acc.<domain>``, ``heldout_acc_start.<domain>`` (the run's first round, every life of it),
+  ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
 - generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
 - verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
   ``verifier_errors.<domain>`` (summed over replicas): answers the domain's verifier could not score — a user's
   function that raised, say. They score 0 and are not trained on; a domain with any shows how many and where the
   verify actor logged why, so a broken verifier is never read as a model that learns nothing.
 
-The first held-out accuracy seen per domain is kept as the baseline (the learner evaluates right after the
-warm start), so the view shows how far each domain has climbed.
+The baseline a domain's climb is measured from is the learner's ``heldout_acc_start`` (its round right after the
+warm start; a resumed learner reads it back from the run's metrics), so ``flywheel status``'s one look and the view
+of a resumed run show the climb since the run began; without it (an older learner), the first accuracy seen.
 
 With a production loop (a gateway, a joiner or a gate) a service line follows: the version serving users (the
 gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
@@ -98,7 +100,10 @@ class LearningView:
         rows = []
         for domain in domains:
             acc = learner.get(f"heldout_acc.{domain}")
-            if acc is not None and domain not in self.baseline:
+            start = learner.get(f"heldout_acc_start.{domain}")
+            if start is not None:
+                self.baseline[domain] = float(start)
+            elif acc is not None and domain not in self.baseline:
                 self.baseline[domain] = float(acc)
             rows.append(
                 {

@@ -86,7 +86,7 @@ from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
 from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
 from actors.learner._ledger import AppliedLedger
-from actors.learner._metrics import MetricsWriter, plot_heldout
+from actors.learner._metrics import MetricsWriter, heldout_first_and_last, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
@@ -242,6 +242,13 @@ class LearnerActor(Actor[LearnerConfig]):
             ctx.log.info(
                 "learner.resumed", checkpoint=str(latest), step=self.step, version=self.version, ledger=len(self.ledger)
             )
+            # the run's held-out figures so far: `flywheel status` and the live view measure climbs from the run's
+            # first round, not from this life's first
+            temperature = config.eval_temperatures[0]
+            found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature)
+            for domain, (first, last) in found.items():
+                ctx.counters.set(f"heldout_acc_start.{domain}", round(first, 4))
+                ctx.counters.set(f"heldout_acc.{domain}", round(last, 4))
         else:
             self.metrics.add(
                 "lifecycle",
@@ -447,6 +454,8 @@ class LearnerActor(Actor[LearnerConfig]):
                     f"heldout_acc{'' if headline else f'@T{result.temperature:g}'}.{result.domain}",
                     round(result.accuracy, 4),
                 )
+                if headline and f"heldout_acc_start.{result.domain}" not in counters.snapshot():
+                    counters.set(f"heldout_acc_start.{result.domain}", round(result.accuracy, 4))
                 self.metrics.add(
                     "eval",
                     {

@@ -8,7 +8,9 @@ Contract:
   resume, warm start, checkpoints).
 - ``incarnation`` names one life of the learner process (a restart is a new incarnation), so parts of different
   lives never collide and the audit trail can tell them apart.
-- :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null).
+- :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null);
+  :func:`heldout_first_and_last` reads the run's first and newest held-out accuracy by domain back from the ``eval``
+  rows, so a resumed learner reports them before its next round.
 - :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
   each incarnation's rows up to the checkpoint the next one resumed from (later ones were rolled back with the
   weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
@@ -30,7 +32,14 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["MetricsWriter", "effective_applied", "plot_heldout", "read_metrics", "sampling_sd"]
+__all__ = [
+    "MetricsWriter",
+    "effective_applied",
+    "heldout_first_and_last",
+    "plot_heldout",
+    "read_metrics",
+    "sampling_sd",
+]
 
 
 class MetricsWriter:
@@ -78,6 +87,21 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     if not parts:
         return pl.DataFrame()
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+
+
+def heldout_first_and_last(run_dir: Path, temperature: float) -> dict[str, tuple[float, float]]:
+    """``{domain: (first, newest)}`` held-out accuracy at ``temperature`` over every life of the run, by time."""
+    evals = read_metrics(run_dir, "eval")
+    if evals.height == 0 or not {"ts", "domain", "accuracy"} <= set(evals.columns):
+        return {}
+    if "temperature" in evals.columns:  # older parts have no temperature: those were rounds at the first one
+        evals = evals.filter(pl.col("temperature").is_null() | (pl.col("temperature") == temperature))
+    ends = (
+        evals.sort("ts")
+        .group_by("domain")
+        .agg(pl.col("accuracy").first().alias("first"), pl.col("accuracy").last().alias("last"))
+    )
+    return {row["domain"]: (float(row["first"]), float(row["last"])) for row in ends.iter_rows(named=True)}
 
 
 def effective_applied(run_dir: Path) -> pl.DataFrame:

@@ -49,6 +49,14 @@ def test_summary_reads_learner_and_generator_counters() -> None:
     assert line is not None and "acc 55% (+25 pts)" in line and "v3" in line
 
 
+def test_the_climb_is_measured_from_the_runs_first_round_not_the_first_look() -> None:
+    """`flywheel status` looks once, and `up --resume` starts a new view: both showed '+0 pts' for a domain that had
+    climbed from 30 % to 42 %. The learner's ``heldout_acc_start`` is the baseline."""
+    counters = {"heldout_acc.math": 0.42, "heldout_acc_start.math": 0.3}
+    line = LearningView().line([_status("learner", "learner", version=9, **counters)])
+    assert line is not None and "acc 42% (+12 pts)" in line
+
+
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
 

@@ -95,6 +95,7 @@ async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedN
             await bus.publish("scored", "scored", payload, id=f"eval-1-t{i}.r.s")
         await wait_until(lambda: actor.ctx.counters.get("dropped_stale.arithmetic") == 8)
         await wait_until(lambda: actor.ctx.counters.get("heldout_acc.arithmetic") == 0.5)
+        assert actor.ctx.counters.get("heldout_acc_start.arithmetic") == 0.5  # the run's first round: the baseline
         assert actor.step == 0 and actor.batcher.completions == 0
         for i in range(2):
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 1.0]), id=f"d{i}")
@@ -520,3 +521,26 @@ async def test_completions_the_verifier_failed_on_are_never_trained_on(
         assert actor.step == 0
     applied = read_metrics(run_dir, "applied").sort("message_id")
     assert applied.select("message_id", "how").rows() == [("errors0", "consumed")]
+
+
+async def test_a_resumed_learner_reports_the_runs_first_and_newest_heldout_accuracy(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Its held-out counters come back with it: the live view and `flywheel status` measure the climb from the run's
+    first round (``heldout_acc_start``), not from the resumed life's first, and show the newest round until the
+    next one."""
+    from actors.learner import MetricsWriter
+
+    spec = write_spec(tmp_path, learner())
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
+        await actor.checkpoint()
+    earlier = MetricsWriter(run_dir, "an-earlier-life")
+    for ts, accuracy in ((100.0, 0.3), (200.0, 0.42)):
+        row = {"ts": ts, "step": 0, "version": 1, "n": 100, "reward_mean": accuracy, "samples": 1}
+        earlier.add("eval", {**row, "domain": "arithmetic", "accuracy": accuracy, "temperature": 0.0})
+        earlier.add("eval", {**row, "domain": "arithmetic", "accuracy": 0.9, "temperature": 1.0})  # not the headline
+    earlier.flush()
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
+        counters = actor.ctx.counters
+        assert counters.get("heldout_acc_start.arithmetic") == 0.3 and counters.get("heldout_acc.arithmetic") == 0.42
