@@ -33,7 +33,9 @@ Contract:
   same bucket (right after its swap), so the batch is sampled by exactly those
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
   Backpressure and `prompts_per_s` do not apply then.
-
+- A nats-server restart (the runtime brings a killed one back on its port) is ridden out: while the backlog and the
+  learner's heartbeat cannot be read, the source publishes nothing and looks again (counted as `bus_waits`, logged
+  once per outage) instead of crashing on the first request that timed out.
 
 Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
 """
@@ -46,6 +48,7 @@ import time
 from typing import Any
 
 import anyio
+import nats.errors
 import nats.js.errors as js_errors
 import orjson
 
@@ -63,6 +66,8 @@ _POLL_S = 0.05  # how often a blocked source looks downstream again (each look c
 #   well under a learner step, so the generators are never a batch short for long
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
+_BUS_AWAY = (nats.errors.Error, TimeoutError)  # what a request raises while the server restarts
+_BUS_RETRY_S = 0.5  # how often a source whose bus is away looks again
 
 
 class SourceActor(Actor[SourceConfig]):
@@ -268,16 +273,27 @@ class SourceActor(Actor[SourceConfig]):
         burst = max(1.0, rate or 0.0)  # at least one prompt, so rates below 1/s still publish
         tokens, last = burst, time.monotonic()
         blocked_since: float | None = None
+        bus_away = False
         while not ctx.stopping.is_set():
-            learners = await self.learner_statuses()  # before the counts: see in_flight
-            groups = await self.consumer_groups()
-            backlog = await self.backlog(groups)
+            try:
+                learners = await self.learner_statuses()  # before the counts: see in_flight
+                groups = await self.consumer_groups()
+                backlog = await self.backlog(groups)
+                room = min(config.max_pending - backlog, _BATCH)
+                if self.max_in_flight is not None and room > 0:
+                    in_flight = await self.in_flight(groups, learners)
+                    ctx.counters.set("in_flight", in_flight)
+                    room = min(room, self.max_in_flight - in_flight)
+            except _BUS_AWAY as exc:
+                ctx.counters.inc("bus_waits")
+                if not bus_away:
+                    ctx.log.warning("source.bus_away", error=f"{type(exc).__name__}: {exc}", retry_s=_BUS_RETRY_S)
+                bus_away = True
+                with anyio.move_on_after(_BUS_RETRY_S):
+                    await ctx.stopping.wait()
+                continue
+            bus_away = False
             ctx.counters.set("backlog", backlog)
-            room = min(config.max_pending - backlog, _BATCH)
-            if self.max_in_flight is not None and room > 0:
-                in_flight = await self.in_flight(groups, learners)
-                ctx.counters.set("in_flight", in_flight)
-                room = min(room, self.max_in_flight - in_flight)
             if rate is not None:
                 now = time.monotonic()
                 tokens, last = min(burst, tokens + (now - last) * rate), now

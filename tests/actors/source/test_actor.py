@@ -270,3 +270,24 @@ async def test_a_heldout_round_published_between_the_reads_of_a_look_is_never_su
         assert await source.in_flight(counted, before) >= 6
         # the next look counts the round and subtracts it: exactly the training groups
         assert await source.in_flight(await source.consumer_groups(), await source.learner_statuses()) == 6
+
+
+async def test_a_nats_server_restart_is_ridden_out(tmp_path: Path) -> None:
+    """The runtime brings a killed nats-server back on its port; until then the source's reads of the backlog time
+    out. It waits for the bus instead of crashing, and publishes again once the server is back."""
+    import os
+    import signal
+
+    spec = write_spec(tmp_path)
+    async with EmbeddedNats(tmp_path / "nats") as server, running_source(spec, server, tmp_path) as (actor, bus):
+        await wait_for(lambda: _at_least(bus, 10))
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        await anyio.sleep(7.0)  # longer than a request's timeout
+        await server.arestart()
+        assert actor.ctx.counters.get("bus_waits") > 0
+        assert len(await drawn_task_ids(bus, 15, batch=5)) == 15  # 10 from before, then new ones: it publishes again
+
+
+async def _at_least(bus: Bus, n: int) -> bool:
+    return await stream_messages(bus) >= n
