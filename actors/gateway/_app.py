@@ -22,7 +22,7 @@ Contract:
   spec's domains are accepted (400 ``unknown_domain``); without it, ``default_domain``.
 * A client that disconnects before its answer cancels its generation (the serve protocol's cancel); nothing
   is recorded for it. So does a request that times out (504) or fails otherwise.
-* Errors are OpenAI-shaped ``{"error": {"message", "type", "code"}}`` (:mod:`actors.gateway._errors`):
+* Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` (:mod:`actors.gateway._errors`):
   malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key
   403, unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or
   generators at capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a
@@ -68,7 +68,7 @@ from actors.gateway._config import GatewayConfig
 from actors.gateway._errors import JSON, ApiError, busy, unknown_model
 from actors.gateway._front import Front, TrustedHosts
 from actors.gateway._metrics import Metrics
-from actors.gateway._prompt import ChatRequest, CompletionRequest, PromptBuilder
+from actors.gateway._prompt import UNSUPPORTED_PARAMETER, ChatRequest, CompletionRequest, PromptBuilder
 from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 
 __all__ = ["ApiKeys", "Gateway"]
@@ -213,7 +213,7 @@ class Gateway:
         try:
             body = _FeedbackRequest.model_validate(raw)
         except pydantic.ValidationError as exc:
-            raise ApiError(400, _first_error(exc)) from None
+            raise _first_error(exc) from None
         score, label = body.score, body.label
         if label is not None:
             label = label.strip().lower()
@@ -308,7 +308,7 @@ class Gateway:
                 ChatRequest.model_validate(raw) if route == "chat" else CompletionRequest.model_validate(raw)
             )
         except pydantic.ValidationError as exc:
-            raise ApiError(400, _first_error(exc)) from None
+            raise _first_error(exc) from None
         if body.model != self.config.model_name:
             raise unknown_model(body.model, self.config.model_name)
         wanted = body.wanted_tokens(self.config.default_max_tokens)
@@ -317,6 +317,7 @@ class Gateway:
                 400,
                 f"max_tokens {wanted} is above this gateway's limit of {self.config.max_tokens}",
                 code="max_tokens_exceeded",
+                param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
             )
         domain = request.headers.get("x-flywheel-domain")
         if domain and domain not in self.domains:
@@ -576,13 +577,17 @@ def _timeout() -> ApiError:
     return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
 
 
-def _first_error(exc: pydantic.ValidationError) -> str:
+def _first_error(exc: pydantic.ValidationError) -> ApiError:
+    """A 400 for the request's first invalid field: the message names it, and so does ``param``."""
     error = exc.errors()[0]
     message = str(error["msg"]).removeprefix("Value error, ")  # our validators' messages, as raised
     where = ".".join(str(part) for part in error["loc"])
-    if where or error["type"] != "value_error":  # a whole-request validator's message names its field itself
-        message = f"{where or 'body'}: {message}"
-    return message + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    unsupported = error["type"] == UNSUPPORTED_PARAMETER
+    if where or error["type"] not in ("value_error", UNSUPPORTED_PARAMETER):  # a whole-request validator's message
+        message = f"{where or 'body'}: {message}"  # names its field itself
+    message += f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    param = where or (str((error.get("ctx") or {}).get("field", "")) or None)
+    return ApiError(400, message, code=UNSUPPORTED_PARAMETER if unsupported else "invalid_value", param=param)
 
 
 def _finish_reason(reason: str) -> str:

@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors of the gateway: ``{"error": {"message", "type", "code"}}`` with an HTTP status.
+"""OpenAI-shaped errors of the gateway: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status
+(``param``: the request field at fault, where one is).
 
 Contract: every error a client sees is an :class:`ApiError`. Messages about the client's own request say what
 was wrong and what is expected; server-side failures (5xx) say what happened in general terms and carry the
@@ -33,14 +34,16 @@ class ApiError(Exception):
         *,
         type: str = "invalid_request_error",
         code: str | None = None,
+        param: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = dict(headers or {})
 
     def body(self) -> bytes:
-        return orjson.dumps({"error": {"message": self.message, "type": self.type, "code": self.code}})
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return orjson.dumps({"error": error})
 
     def response(self) -> Response:
         return Response(self.body(), status_code=self.status, media_type=JSON, headers=self.headers)
@@ -66,4 +69,9 @@ def internal_error(request_id: str) -> ApiError:
 
 
 def unknown_model(model: str, served: str) -> ApiError:
-    return ApiError(404, f"the model {model!r} does not exist; this gateway serves {served!r}", code="model_not_found")
+    return ApiError(
+        404,
+        f"the model {model!r} does not exist; this gateway serves {served!r}",
+        code="model_not_found",
+        param="model",
+    )

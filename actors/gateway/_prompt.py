@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from actors.engines import SamplingParams, Tokenizer
 
@@ -42,6 +43,7 @@ def _is_no_op(field: str, value: Any) -> bool:
 
 
 # fields of the OpenAI API this gateway does not implement → what it would take to honour them
+UNSUPPORTED_PARAMETER = "unsupported_parameter"  # the error type (and code) of a field in UNSUPPORTED
 UNSUPPORTED = {
     "logprobs": "this gateway does not return logprobs",
     "top_logprobs": "this gateway does not return logprobs",
@@ -90,7 +92,11 @@ class _Request(BaseModel):
         for field, value in (self.model_extra or {}).items():
             if field in UNSUPPORTED and not _is_no_op(field, value):
                 shown = orjson.dumps(value).decode()
-                raise ValueError(f"{field}: {UNSUPPORTED[field]}; got {shown} (leave it out, or null)")
+                raise PydanticCustomError(  # the field rides along: the error's param names it
+                    UNSUPPORTED_PARAMETER,
+                    "{field}: {why}; got {shown} (leave it out, or null)",
+                    {"field": field, "why": UNSUPPORTED[field], "shown": shown},
+                )
         return self
 
     def wanted_tokens(self, default: int) -> int:

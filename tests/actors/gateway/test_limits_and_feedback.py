@@ -28,63 +28,73 @@ def post(running: Running, path: str, *, key: str | None = None, **kwargs: objec
 
 def error_of(response: httpx.Response) -> dict[str, object]:
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "code"} and error["message"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert response.headers["x-request-id"].startswith("fw-")
     return dict(error)
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "fragment"),
+    ("body", "status", "fragment", "param"),
     [
-        (b'{"model": "flywheel", "messages": [', 400, "not valid JSON"),
-        (b'["not", "an", "object"]', 400, "body"),
-        (b'{"model": "flywheel"}', 400, "messages"),
-        (b'{"model": "flywheel", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
+        (b'{"model": "flywheel", "messages": [', 400, "not valid JSON", None),
+        (b'["not", "an", "object"]', 400, "body", None),
+        (b'{"model": "flywheel"}', 400, "messages", "messages"),
+        (b'{"model": "flywheel", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role", "messages.0.role"),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "temperature": -1}',
             400,
             "temperature",
+            "temperature",
         ),
-        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n: only n=1"),
+        (b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n: only n=1", "n"),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "logprobs": true}',
             400,
             "logprobs: this gateway does not return logprobs; got true",
+            "logprobs",
         ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
             400,
             "tools: this gateway does not call tools",
+            "tools",
         ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}',
             400,
             "frequency_penalty: this gateway does not apply penalties; got 0.5",
+            "frequency_penalty",
         ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], '
             b'"response_format": {"type": "json_object"}}',
             400,
             "response_format",
+            "response_format",
         ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}',
             400,
             "limit of 64",
+            "max_tokens",
         ),
         (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}',
             413,
             "over the limit",
+            None,
         ),
     ],
 )
-def test_bad_requests_are_4xx_and_not_recorded(gateway: Running, body: bytes, status: int, fragment: str) -> None:
+def test_bad_requests_are_4xx_and_not_recorded(
+    gateway: Running, body: bytes, status: int, fragment: str, param: str | None
+) -> None:
     before = gateway.stored("traffic")
     response = post(gateway, "/v1/chat/completions", content=body)
     assert response.status_code == status, response.text
-    message = str(error_of(response)["message"])
-    assert fragment in message and "Value error" not in message
+    error = error_of(response)
+    assert fragment in str(error["message"]) and "Value error" not in str(error["message"])
+    assert error["param"] == param  # the field at fault, as OpenAI's errors name it
     assert gateway.stored("traffic") == before
 
 

@@ -99,7 +99,8 @@ def test_unknown_model_is_404_and_not_recorded(gateway: Running) -> None:
     before = gateway.stored("traffic")
     with pytest.raises(openai.NotFoundError) as err:
         client(gateway).chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
-    assert "gpt-9" in str(err.value)
-    with pytest.raises(openai.BadRequestError, match="max_tokens 65 is above"):
+    assert "gpt-9" in str(err.value) and err.value.param == "model"
+    with pytest.raises(openai.BadRequestError, match="max_tokens 65 is above") as too_long:
         client(gateway).completions.create(model="flywheel", prompt="x", max_tokens=65)
+    assert (too_long.value.param, too_long.value.code) == ("max_tokens", "max_tokens_exceeded")
     assert gateway.stored("traffic") == before
