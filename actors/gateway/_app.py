@@ -23,12 +23,12 @@ Contract:
 * A client that disconnects before its answer cancels its generation (the serve protocol's cancel); nothing
   is recorded for it. So does a request that times out (504) or fails otherwise.
 * Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` (:mod:`actors.gateway._errors`):
-  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key
-  403, unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or
-  generators at capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a
-  generator silent past ``request_timeout_s`` 504. Server-side failures name nothing internal (the detail is
-  logged with the request id). A failure after an SSE stream started is sent as a final
-  ``data: {"error": …}`` event (the official client raises it) and nothing is recorded.
+  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key 403,
+  unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or generators at
+  capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a generator silent past
+  ``request_timeout_s`` 504 (503 ``bus_unavailable`` when the bus dropped meanwhile). Server-side failures name nothing
+  internal (the detail is logged with the request id). A failure after an SSE stream started is sent as a final ``data:
+  {"error": …}`` event (the official client raises it) and nothing is recorded.
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
@@ -286,7 +286,7 @@ class Gateway:
             except GenerationError as exc:
                 raise self._generation_error(exc, served.request_id) from None
             except TimeoutError:
-                raise _timeout() from None
+                raise self._timeout(call) from None
             await self._record(served, final, stream=False)
             return Response(orjson.dumps(self._body(served, final)), media_type=JSON)
         except CallCancelled:
@@ -365,7 +365,20 @@ class Gateway:
         except GenerationError as exc:
             raise self._generation_error(exc, call.request_id) from None
         except TimeoutError:
-            raise _timeout() from None
+            raise self._timeout(call) from None
+
+    def _timeout(self, call: ServeCall) -> ApiError:
+        """No answer within ``request_timeout_s``: a 504 — or, when the bus connection dropped meanwhile (a
+        nats-server restart), a 503 that says so: the generator may have answered into the outage."""
+        if call.bus_was_away():
+            return ApiError(
+                503,
+                "the message bus was reconnecting while this request waited for its answer; retry",
+                type="server_error",
+                code="bus_unavailable",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
+        return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
 
     async def _read_json(self, request: Request) -> Any:
         """The body as JSON: content type checked, size capped, all of it within ``body_timeout_s``."""
@@ -541,7 +554,11 @@ class Gateway:
         except CallCancelled:
             self.metrics.disconnect()
         except (GenerationError, TimeoutError) as exc:
-            error = self._generation_error(exc, served.request_id) if isinstance(exc, GenerationError) else _timeout()
+            error = (
+                self._generation_error(exc, served.request_id)
+                if isinstance(exc, GenerationError)
+                else self._timeout(call)
+            )
             self.metrics.error(error.code or str(error.status))
             yield b"data: " + error.body() + b"\n\n"
 
@@ -571,10 +588,6 @@ class _Stream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.gateway._release(self.call, self.watch, True)
-
-
-def _timeout() -> ApiError:
-    return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
 
 
 def _first_error(exc: pydantic.ValidationError) -> ApiError:

@@ -68,6 +68,12 @@ class ServeCall:
         self._live = False  # a generator may be working on it: closing now must cancel it
         self._cancelled = False
         self.first: dict[str, Any] = {}
+        self._reconnects = client.reconnects()
+
+    def bus_was_away(self) -> bool:
+        """Whether the bus connection dropped at any time since this call was opened (a nats-server restart, say):
+        a reply that never came may have been lost with it, rather than never sent."""
+        return self._client.reconnects() != self._reconnects or not self._client.connected()
 
     async def start(self) -> dict[str, Any]:
         """Send the request; the first message that is not ``busy`` (an ``error`` message raises)."""
@@ -160,6 +166,13 @@ class ServeClient:
             except Exception:  # the connection is closing anyway
                 pass
             self._sub = None
+
+    def reconnects(self) -> int:
+        """How many times the bus connection was re-established so far."""
+        return int(self._nc.stats.get("reconnects", 0))
+
+    def connected(self) -> bool:
+        return bool(self._nc.is_connected)
 
     def open(
         self, request_id: str, prompt_ids: list[int], params: Mapping[str, Any], *, stream: bool, timeout_s: float
