@@ -23,7 +23,7 @@ Contract:
 * A client that disconnects before its answer cancels its generation (the serve protocol's cancel); nothing
   is recorded for it. So does a request that times out (504) or fails otherwise.
 * Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` (:mod:`actors.gateway._errors`):
-  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing key 401, wrong key 403,
+  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing or wrong key 401,
   unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or generators at
   capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a generator silent past
   ``request_timeout_s`` 504 (503 ``bus_unavailable`` when the bus dropped meanwhile). Server-side failures name nothing
@@ -97,7 +97,12 @@ class ApiKeys:
             )
         given = key.strip().encode()
         if not any(hmac.compare_digest(given, known) for known in self._keys):
-            raise ApiError(403, "invalid API key", code="invalid_api_key")
+            raise ApiError(  # 401, as OpenAI answers it: the SDK raises AuthenticationError (403 is PermissionDenied)
+                401,
+                "invalid API key",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
         return hashlib.sha256(given).hexdigest()[:12]
 
 

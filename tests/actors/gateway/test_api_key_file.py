@@ -80,7 +80,7 @@ async def test_no_configured_key_generates_one_in_the_run_dir(
         assert gateway.url is not None
         assert await post_feedback(gateway.url, path.read_text().strip()) == 200
         assert await post_feedback(gateway.url, None) == 401
-        assert await post_feedback(gateway.url, "not-the-key") == 403
+        assert await post_feedback(gateway.url, "not-the-key") == 401
 
 
 async def test_configured_keys_are_used_and_no_file_is_written(
@@ -105,5 +105,5 @@ async def test_generation_can_be_turned_off(
         embedded_nats, tmp_path, env="FW_TEST_NO_KEYS", extra=", generate_api_key: false"
     ) as gateway:
         assert gateway.url is not None
-        assert await post_feedback(gateway.url, "anything") == 403
+        assert await post_feedback(gateway.url, "anything") == 401
         assert not (tmp_path / "run" / "gateway").exists()

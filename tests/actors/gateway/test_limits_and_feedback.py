@@ -138,7 +138,8 @@ def test_feedback_needs_a_valid_key(gateway: Running) -> None:
     missing = post(gateway, "/v1/feedback", json=body)
     assert missing.status_code == 401 and error_of(missing)["code"] == "missing_api_key"
     wrong = post(gateway, "/v1/feedback", json=body, key="not-the-key")
-    assert wrong.status_code == 403 and error_of(wrong)["code"] == "invalid_api_key"
+    assert wrong.status_code == 401 and error_of(wrong)["code"] == "invalid_api_key"  # OpenAI's status for it
+    assert wrong.headers["www-authenticate"] == 'Bearer error="invalid_token"'
     for bad in (
         {"request_id": "r", "label": "meh"},
         {"request_id": "r", "score": 7},
