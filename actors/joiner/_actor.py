@@ -24,7 +24,8 @@ Contract:
 - The joined sample carries the verifier fields of its domain's task when the request asked one (its prompt, or a
   chat request's last user message, is a task of the domain: ``DomainSource.find``), so the recorded production
   rows can be re-scored by replay and the gate; ``{}`` otherwise.
-- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored``, ``review.queued``,
+- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (both start from what the
+  buckets hold: a restart counts on from the window's joins and requests), ``review.queued``,
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
   answers' quality as users rate it), ``feedback_waiting`` (feedback held for a request not seen yet).
 
@@ -115,6 +116,10 @@ class JoinerActor(Actor[JoinerConfig]):
 
     async def start(self) -> None:
         await self.state.open()
+        # a restarted (or resumed) joiner counts on from what its buckets hold — the join window's requests and
+        # joins — rather than from 0, which the live view read as "no feedback joined"
+        self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
+        self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
         self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
         self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
 

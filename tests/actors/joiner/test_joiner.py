@@ -121,6 +121,27 @@ async def test_feedback_joined_after_waiting_is_no_longer_counted_as_waiting(
         assert joiner.ctx.counters.get("feedback.joined") == 3
 
 
+async def test_a_restarted_joiner_counts_on_from_what_its_buckets_hold(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """After a restart or ``up --resume`` the live view said "feedback 0 joined" while thousands of joins were in the
+    window: the counters started from 0 in every life."""
+    spec = joiner_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            for i in range(3):
+                await gw.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
+            await gw.publish("feedback", "feedback", feedback("r0", score=1.0), id="f0")
+            await gw.publish("feedback", "feedback", feedback("r1", score=0.0), id="f1")
+            await until(joiner, "feedback.joined", 2)
+            await until(joiner, "traffic.stored", 3)
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            assert joiner.ctx.counters.get("feedback.joined") == 2
+            assert joiner.ctx.counters.get("traffic.stored") == 3
+            await gw.publish("feedback", "feedback", feedback("r2", score=1.0), id="f2")
+            await until(joiner, "feedback.joined", 3)
+
+
 async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
