@@ -9,7 +9,9 @@ fields (``@PATH`` reads it from a file):
 - ``python-tests``: the tests' source (``{"tests": TEXT}``);
 - ``python-expr``: the target, a Python literal (``{"target": LITERAL}``);
 - ``json-fields``: the expected fields, a JSON object (``{"fields": OBJECT}``);
-- ``module:function``: ``{"reference": TEXT}``.
+- ``module:function``: ``{"answer": TEXT}`` — what a JSONL row's ``"answer"`` becomes, so a function that reads
+  ``task["answer"]`` scores here as it does in a run (a row's ``"reference"`` is the warm start's and never reaches a
+  verifier; other fields: ``--task``).
 
 ``--task JSON`` adds or overrides fields; ``--config JSON`` is the domain's ``verifier_config``. Prints one JSON
 object: verifier, reward, verdict, detail, elapsed_s, isolation. Every answer finishes within its limit (the
@@ -58,7 +60,7 @@ def task_fields(verifier: str, reference: str, config: dict[str, Any]) -> dict[s
         if not isinstance(fields, dict):
             raise click.BadParameter("a JSON object is expected", param_hint="--reference")
         return {"fields": fields}
-    return {"reference": reference}
+    return {"answer": reference}  # a user's function: as a JSONL row's "answer" reaches it in a run
 
 
 def _json_object(text: str, option: str) -> dict[str, Any]:

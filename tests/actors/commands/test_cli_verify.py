@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from actors.commands._verify import verify
+from actors.commands._verify import task_fields, verify
+from actors.domains import read_jsonl_tasks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,12 +51,20 @@ def test_scores_one_answer_with_any_builtin(
 
 def test_scores_with_a_users_function_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "fw_cli_verifier.py").write_text(
-        "def score(text, task, config):\n    return float(text.strip() == task['reference'] + config['suffix'])\n"
+        "def score(text, task, config):\n    return float(text.strip() == task['answer'] + config['suffix'])\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     args = ["--verifier", "fw_cli_verifier:score", "--reference", "ok", "--config", '{"suffix": "!"}']
     assert _verify(tmp_path, "ok!", *args)[1]["reward"] == 1.0
     assert _verify(tmp_path, "ok", *args)[1]["reward"] == 0.0
+
+
+def test_a_users_function_gets_the_fields_a_jsonl_row_gives_it_in_a_run(tmp_path: Path) -> None:
+    # the verify actor hands a user's function the row's verifier fields: "answer" is where a row's answer goes
+    rows = tmp_path / "tasks.jsonl"
+    rows.write_text('{"prompt": "Reverse: cat", "answer": "tac"}\n')
+    (task,) = read_jsonl_tasks(rows, "words")
+    assert task_fields("my_module:check", "tac", {}) == dict(task.verifier_fields)
 
 
 def test_reference_from_a_file_and_extra_task_fields(tmp_path: Path) -> None:
