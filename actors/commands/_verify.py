@@ -33,7 +33,7 @@ import click
 from actors.commands._sandboxed import isolation_options, limits_for, one_worker_pool, quiet_logs
 from actors.domains._verifiers import VerifierError, build_verifier
 from actors.domains._verifiers._base import read_literal
-from actors.domains._verifiers._registry import needs_sandbox
+from actors.domains._verifiers._registry import needs_sandbox, task_problem
 from actors.sandbox._isolation import IsolationRefused
 from actors.sandbox._pool import SandboxLimits, SandboxPool
 
@@ -143,6 +143,10 @@ def verify(
     fields = task_fields(verifier, reference, config)
     if task_json is not None:
         fields.update(_json_object(task_json, "--task"))
+    # a task that can score no answer (no tests, no target) is a usage mistake, not a verdict
+    problem = task_problem(verifier, config, fields)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="--reference" if task_json is None else "--reference/--task")
     answer = _read_text(file, "the answer")
     if len(answer.encode("utf-8", "replace")) > MAX_ANSWER_BYTES:
         out = {"verifier": verifier, "reward": 0.0, "verdict": "fail", "elapsed_s": 0.0, "isolation": "in-process"}

@@ -115,11 +115,14 @@ def test_mistakes_are_one_line(tmp_path: Path) -> None:
         ["--verifier", "nope", "--reference", "1"],
         ["--verifier", "math", "--reference", "1", "--config", "[1]"],
         ["--verifier", "python-expr", "--reference", "not a literal"],
+        ["--verifier", "python-tests", "--reference", ""],  # no tests: no answer could pass, whatever it is
+        ["--verifier", "json-fields", "--reference", "{}"],
     ):
         path = tmp_path / "a.txt"
         path.write_text("1")
         result = CliRunner().invoke(verify, [*args, str(path)])
         assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        assert "Error" in result.output and "internal_error" not in result.output, result.output
 
 
 def test_weaker_isolation_is_refused_unless_asked_for(tmp_path: Path) -> None:
