@@ -139,21 +139,29 @@ def _encode(value: Any, other: Callable[[Any], Any], budget: list[int], depth: i
     kind = type(value)
     if issubclass(kind, int):
         number = int.__int__(value)
-        return number if number.bit_length() < _BIG_INT_BITS else {"t": "int", "v": hex(number)}
+        if number.bit_length() < _BIG_INT_BITS:
+            return number
+        budget[0] -= number.bit_length() // 4  # its hex digits, charged before they are made
+        if budget[0] < 0:
+            raise _TooLarge
+        return {"t": "int", "v": hex(number)}
     if issubclass(kind, float):
         real = float.__float__(value)
         return real if real - real == 0.0 else {"t": "float", "v": repr(real)}  # nan and ±inf are not JSON
     if issubclass(kind, str):
-        text = str.__str__(value)
-        budget[0] -= len(text)
-        return text
+        budget[0] -= str.__len__(value)  # charged before any copy: a large text the tests never asked for costs nothing
+        if budget[0] < 0:
+            raise _TooLarge
+        return str.__str__(value)
     if issubclass(kind, complex):
         pair = complex.__complex__(value)
         return {"t": "complex", "v": [_encode(pair.real, other, budget), _encode(pair.imag, other, budget)]}
     if issubclass(kind, bytes | bytearray):
         base = bytes if issubclass(kind, bytes) else bytearray
+        budget[0] -= 2 * base.__len__(value)  # charged before the copy and its hex: a large buffer the job keeps (a
+        if budget[0] < 0:  # sieve) must not run the harness out of the job's memory when no test asks for it
+            raise _TooLarge
         raw = base.__getitem__(value, slice(None))
-        budget[0] -= 2 * len(raw)
         return {"t": base.__name__, "v": raw.hex()}
     if issubclass(kind, list):
         return [_encode(item, other, budget, depth + 1) for item in list.__iter__(value)]

@@ -71,6 +71,13 @@ pytestmark = pytest.mark.timeout(30)
             "assert f([5, 1, 4]) == ([1, 4], '1/3', 6)",
         ),
         (
+            "large buffers the job keeps and the tests never read",  # within the job's memory, not the judge's to copy
+            "sieve = bytearray(100 << 20)\ndef f(x):\n    return x + 1\n",
+            "assert f(1) == 2",
+        ),
+        ("a large bytes value", "blob = bytes(100 << 20)\ndef f(x):\n    return x + 1\n", "assert f(1) == 2"),
+        ("a large int", "big = 1 << (1 << 29)\ndef f(x):\n    return x + 1\n", "assert f(1) == 2"),
+        (
             "helpers and loops in the tests",
             "def sq(x):\n    return x * x\n",
             "def check(fn):\n    for i in range(50):\n        assert fn(i) == i ** 2, i\ncheck(sq)",
