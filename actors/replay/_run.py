@@ -97,11 +97,12 @@ class Replayer:
 
     async def __aenter__(self) -> Replayer:
         if any(d.verifier in _CODE_VERIFIERS for d in self._domains.values()):
-            # the isolation policy of the spec's verify actor (a weaker level is the spec's explicit opt-in)
+            # the spec's verify actor's sandbox — its limits (an answer that passed or failed there for its memory,
+            # CPU or output must do the same here, or a replayed outcome "changes" for no reason of the weights) and
+            # its isolation policy (a weaker level is the spec's explicit opt-in)
             verify = next((a.config for a in self.spec.actors.values() if a.kind == "verify"), None)
             sandbox = getattr(verify, "sandbox", None)
-            policy = {"isolation": sandbox.isolation, "min_isolation": sandbox.min_isolation} if sandbox else {}
-            self._pool = SandboxPool(workers=2, **policy)
+            self._pool = SandboxPool.from_config(sandbox) if sandbox is not None else SandboxPool(workers=2)
             await self._pool.start()
         self._scorer = Scorer(self._domains, pool=self._pool)
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 
@@ -21,6 +22,7 @@ from actors.replay import (
     write_report,
 )
 from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
+from topology import load_spec
 from topology.bus import EmbeddedNats
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +40,25 @@ async def test_replay_at_the_recorded_version_reproduces_the_verifier_outcomes(t
     row = report["domains"]["echo"]
     assert row["agreement"] == 1.0 and row["text_match"] == 1.0
     assert row["recorded_mean_reward"] == row["replayed_mean_reward"] == 1.0
+
+
+async def test_code_is_rescored_under_the_limits_of_the_specs_verify_actor(tmp_path: Path) -> None:
+    # a correct answer that needs more memory than the spec's sandbox allows failed in the run: replayed, it must fail
+    # the same way, or the report shows an outcome "changed" by the replay's own limits rather than by the weights
+    fields = {"tests": "assert f(1) == 2"}
+    (tmp_path / "code.jsonl").write_text(orjson.dumps({"prompt": "f(x) = x+1", "verifier_fields": fields}).decode())
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "name: rp-limits\npolicy: {model: builtin:tiny-gpt, config: {n_layer: 1, n_head: 2, n_embd: 32}}\n"
+        "domains:\n  code: {source: 'jsonl:code.jsonl', verifier: python-tests, heldout: 0}\n"
+        "actors:\n  verify: {sandbox: {workers: 1, memory_mb: 64}}\nchannels:\n  rollouts: {external: true}\n"
+    )
+    answer = "block = bytearray(160 << 20)\ndef f(x):\n    return x + 1\n"
+    async with Replayer(load_spec(path)) as replayer:
+        assert replayer._scorer is not None
+        result = await replayer._scorer.score("code", answer, fields)
+        assert (result.verdict, result.reward) == ("memory_limit", 0.0), result
+        assert (await replayer._scorer.score("code", answer.split("\n", 1)[1], fields)).reward == 1.0
 
 
 async def test_same_weights_and_seed_give_the_same_samples_whatever_the_concurrency(tmp_path: Path) -> None:
