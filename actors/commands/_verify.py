@@ -13,7 +13,9 @@ fields (``@PATH`` reads it from a file):
   ``task["answer"]`` scores here as it does in a run (a row's ``"reference"`` is the warm start's and never reaches a
   verifier; other fields: ``--task``).
 
-``--task JSON`` adds or overrides fields; ``--config JSON`` is the domain's ``verifier_config``. Prints one JSON
+``--task JSON`` adds or overrides fields; ``--config JSON`` is the domain's ``verifier_config``. Code runs under the
+limits of a verify actor whose spec sets no ``sandbox`` keys (``--timeout`` and ``--memory`` replace its wall clock
+and address space), so an answer that ran out of memory or CPU time in a run does here too. Prints one JSON
 object: verifier, reward, verdict, detail, elapsed_s, isolation. Every answer finishes within its limit (the
 sandbox's wall clock for code, the helper's time limit for symbolic checks and ``module:function`` verifiers) and
 bounded in memory; a hostile answer gets reward 0 and its verdict. Exit status 0 for every verdict; 1 for a usage
@@ -30,12 +32,13 @@ from typing import Any
 
 import click
 
-from actors.commands._sandboxed import isolation_options, limits_for, one_worker_pool, quiet_logs
+from actors.commands._sandboxed import isolation_options, quiet_logs
 from actors.domains._verifiers import VerifierError, build_verifier
 from actors.domains._verifiers._base import read_literal
 from actors.domains._verifiers._registry import needs_sandbox, task_problem
 from actors.sandbox._isolation import IsolationRefused
-from actors.sandbox._pool import SandboxLimits, SandboxPool
+from actors.sandbox._pool import SandboxPool
+from topology import actor_kinds
 
 MAX_ANSWER_BYTES = 1 << 20  # a longer FILE is refused (reward 0) rather than read whole
 
@@ -84,21 +87,35 @@ def _read_text(source: str, what: str) -> str:
         raise click.ClickException(f"cannot read {what} {source}: {exc.strerror}") from None
 
 
+def sandbox_pool(timeout_s: float | None, memory_mb: int | None, isolation: str, min_isolation: str) -> SandboxPool:
+    """One worker with the limits of a verify actor whose spec sets no ``sandbox`` keys (the kind's defaults, read
+    from its config model), so an answer passes or fails here for its memory or CPU as it does in a run; ``timeout_s``
+    and ``memory_mb`` replace the wall clock and the address space when given."""
+    defaults: Any = actor_kinds()["verify"].config()  # commands do not import kinds: the registry hands its model
+    sandbox = defaults.sandbox
+    update: dict[str, Any] = {"workers": 1, "isolation": isolation, "min_isolation": min_isolation}
+    if timeout_s is not None:
+        update["wall_s"] = timeout_s
+    if memory_mb is not None:
+        update["memory_mb"] = memory_mb
+    return SandboxPool.from_config(sandbox.model_copy(update=update))
+
+
 async def _score(
     verifier: str,
     config: dict[str, Any],
     answer: str,
     fields: dict[str, Any],
-    limits: SandboxLimits,
     isolation: str,
     min_isolation: str,
     timeout_s: float | None,
+    memory_mb: int | None,
 ) -> dict[str, Any]:
     from actors.domains._score import score
 
     pool: SandboxPool | None = None
     if needs_sandbox(verifier):
-        pool = one_worker_pool(limits, isolation, min_isolation)
+        pool = sandbox_pool(timeout_s, memory_mb, isolation, min_isolation)
         await pool.start()
     try:
         built = build_verifier(verifier, config, pool=pool, user_timeout_s=timeout_s)
@@ -120,9 +137,16 @@ async def _score(
     "timeout_s",
     type=click.FloatRange(min=0.01),
     default=None,
-    help="wall-clock seconds for code (default 5) and for a module:function verifier (default 30)",
+    help="wall-clock seconds for code (default: the verify actor's sandbox.wall_s) and for a module:function "
+    "verifier (default 30); code's other limits (CPU time, processes, files) are the verify actor's defaults",
 )
-@click.option("--memory", "memory_mb", type=click.IntRange(min=16), default=512, show_default=True, help="code's MB")
+@click.option(
+    "--memory",
+    "memory_mb",
+    type=click.IntRange(min=16),
+    default=None,
+    help="code's address space in MB (default: the verify actor's sandbox.memory_mb)",
+)
 @isolation_options("code")
 def verify(
     file: str,
@@ -131,7 +155,7 @@ def verify(
     config_json: str,
     task_json: str | None,
     timeout_s: float | None,
-    memory_mb: int,
+    memory_mb: int | None,
     isolation: str,
     min_isolation: str,
 ) -> None:
@@ -152,11 +176,9 @@ def verify(
         out = {"verifier": verifier, "reward": 0.0, "verdict": "fail", "elapsed_s": 0.0, "isolation": "in-process"}
         click.echo(json.dumps({**out, "detail": f"the answer is longer than {MAX_ANSWER_BYTES} bytes"}))
         return
-    code_timeout = timeout_s if timeout_s is not None else 5.0
-    limits = limits_for(code_timeout, memory_mb)
     started = time.monotonic()
     try:
-        out = asyncio.run(_score(verifier, config, answer, fields, limits, isolation, min_isolation, timeout_s))
+        out = asyncio.run(_score(verifier, config, answer, fields, isolation, min_isolation, timeout_s, memory_mb))
     except VerifierError as exc:
         raise click.ClickException(str(exc)) from None
     except IsolationRefused as exc:

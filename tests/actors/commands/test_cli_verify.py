@@ -67,6 +67,19 @@ def test_a_users_function_gets_the_fields_a_jsonl_row_gives_it_in_a_run(tmp_path
     assert task_fields("my_module:check", "tac", {}) == dict(task.verifier_fields)
 
 
+def test_code_runs_under_the_verify_actors_default_limits(tmp_path: Path) -> None:
+    # an answer that a run's verify actor (sandbox defaults: 256 MB, 2 s of CPU) fails for its memory or CPU time
+    # fails here too: `flywheel verify` is how a user asks why a sample scored 0
+    tests = ["--verifier", "python-tests", "--reference", "assert f(1) == 2"]
+    hungry = "block = bytearray(300 << 20)\ndef f(x):\n    return x + 1\n"
+    code, out = _verify(tmp_path, hungry, *tests)
+    assert code == 0 and out["verdict"] == "memory_limit", out
+    assert _verify(tmp_path, hungry, *tests, "--memory", "512")[1]["reward"] == 1.0
+    slow = "import time\nend = time.process_time() + 3\nwhile time.process_time() < end:\n    pass\n"
+    code, out = _verify(tmp_path, slow + "def f(x):\n    return x + 1\n", *tests)
+    assert code == 0 and out["verdict"] == "timeout" and "CPU" in out["detail"], out
+
+
 def test_reference_from_a_file_and_extra_task_fields(tmp_path: Path) -> None:
     tests = tmp_path / "tests.py"
     tests.write_text("assert add(2, 3) == 5\n")
