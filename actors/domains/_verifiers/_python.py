@@ -1,6 +1,7 @@
 """``python-tests`` and ``python-expr`` verifiers: run the completion in the sandbox pool.
 
-python-tests: the completion (its last fenced ```python block if there is one, else the whole text) runs,
+python-tests: the completion (its last fenced ```python block if there is one — a block the completion ends inside,
+its closing fence never generated, runs to the end of the text — else the whole text) runs,
 then the task's ``tests`` (assert-style source) in the same namespace; reward 1.0 only when the sandbox
 reports PASS, i.e. the per-run nonce came back after every test ran (see ``_worker``).
 
@@ -34,12 +35,18 @@ from actors.domains._verifiers._base import VerifierError, VerifyResult, read_li
 from actors.sandbox import SandboxPool, SandboxResult, Verdict
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*)\Z", re.DOTALL)  # a block still open at the end of the text
 TESTS_FIELD = "tests"  # python-tests: the task's field holding the tests, unless verifier_config names another
 
 
 def extract_code(text: str) -> str:
-    blocks = _FENCE.findall(text)
-    return blocks[-1] if blocks else text
+    """The code a completion answers with: its last fenced block, or the whole text when it has none. A completion that
+    ends inside a block (it stopped, or ran out of tokens, before the closing fence) answers with that block."""
+    closed = list(_FENCE.finditer(text))
+    still_open = _OPEN_FENCE.search(text, closed[-1].end() if closed else 0)
+    if still_open is not None:
+        return still_open.group(1)
+    return closed[-1].group(1) if closed else text
 
 
 class PythonTestsVerifier:

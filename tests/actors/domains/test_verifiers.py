@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from actors.domains import VerifierError, build_verifier
 from actors.domains._verifiers._base import read_literal
 from actors.domains._verifiers._math import answers_equal, exact_equal, extract_answer
+from actors.domains._verifiers._python import extract_code
 from actors.sandbox import IsolationRefused, SandboxPool, Verdict
 from actors.sandbox._verdict import classify
 from tests.actors.sandbox._pool_runner import PoolRunner
@@ -165,6 +166,12 @@ def test_python_tests_verifier_uses_fenced_code(sandbox: PoolRunner) -> None:
     text = "Sure:\n```python\ndef sq(x):\n    return x * x\n```\n"
     assert sandbox.call(v.verify(text, {"tests": "assert sq(3) == 9"})).reward == 1.0
     assert sandbox.call(v.verify("print('PASS')", {"tests": "assert sq(3) == 9"})).reward == 0.0
+    # a completion that ended before its closing fence (end of text, or the token budget) answers with its open block
+    unclosed = "Here it is:\n```python\ndef sq(x):\n    return x * x\n"
+    assert sandbox.call(v.verify(unclosed, {"tests": "assert sq(3) == 9"})).reward == 1.0
+    after_a_closed_one = "```python\ndef sq(x):\n    return 0\n```\nFixed:\n```python\ndef sq(x):\n    return x * x"
+    assert sandbox.call(v.verify(after_a_closed_one, {"tests": "assert sq(3) == 9"})).reward == 1.0
+    assert extract_code("```python\nA\n```\nDone. ```") == "A\n"  # a stray fence after the last block opens none
 
 
 def test_pool_refuses_weaker_isolation_than_required() -> None:
