@@ -145,7 +145,9 @@ def _check_verifier_fields(
             line, first = bad[0]
             shorthand = ', or its answer as "answer"' if domain.verifier == "math" else ""
             some = len(bad) < len(rows)  # a few bad rows score internal_error; the rest still train
-            lack = f"{len(bad)} of {len(rows)} rows lack it{', and score no reward' if some else ''}"
+            listed = ", ".join(str(at) for at, _ in bad[:6]) + (", …" if len(bad) > 6 else "")
+            lines = f" (lines {listed})" if len(bad) > 1 else ""  # each bad row's line, not only the first's
+            lack = f"{len(bad)} of {len(rows)} rows lack it{lines}{', and score no reward' if some else ''}"
             check.error(
                 (*path, field),
                 f"{file}:{line}: {first} ({lack}; a row gives the verifier its inputs under "

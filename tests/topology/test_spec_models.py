@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,24 @@ def test_a_hub_id_in_this_machines_cache_is_no_warning(tmp_path: Path, monkeypat
     (tmp_path / "b.yaml").write_text(MINIMAL.replace("builtin:tiny-gpt", "hf:tiny/other"))
     (warning,) = [w for w in load_spec(tmp_path / "b.yaml").warnings if w.path == "policy.model"]
     assert "huggingface-cli download tiny/other" in warning.message
+
+
+def test_python_tests_rows_whose_tests_do_not_compile_are_named_by_validate(tmp_path: Path) -> None:
+    """Tests that do not compile fail every answer: validate says so at the row, with every bad row's line."""
+    rows = [
+        {"prompt": "sq", "verifier_fields": {"tests": "assert sq(3) == 9"}},
+        {"prompt": "cube", "verifier_fields": {"tests": "assert (cube(2) == 8"}},
+        {"prompt": "neg", "verifier_fields": {"tests": 5}},
+    ]
+    (tmp_path / "code.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    domains = "domains:\n  code: {source: 'jsonl:code.jsonl', verifier: python-tests, heldout: 0}\n"
+    text = MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", domains)
+    (tmp_path / "a.yaml").write_text(text)
+    (warning,) = [w for w in load_spec(tmp_path / "a.yaml").warnings if w.path == "domains.code.source"]
+    assert "code.jsonl:2: python-tests verifier: the task's 'tests' do not compile ('(' was never closed at tests " in (
+        warning.message
+    )
+    assert "(2 of 3 rows lack it (lines 2, 3), and score no reward" in warning.message
 
 
 def test_rows_some_of_which_lack_the_verifiers_field_are_a_warning_and_a_replica_skips_the_file_checks(

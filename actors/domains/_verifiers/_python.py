@@ -57,11 +57,22 @@ class PythonTestsVerifier:
 
     @staticmethod
     def task_problem(task: Mapping[str, Any], /, *, tests_field: str = TESTS_FIELD, **_config: Any) -> str | None:
-        """Why no answer to ``task`` can be scored (its fields hold no test source), or None."""
+        """Why no answer to ``task`` can be scored (its fields hold no test source, or one that does not compile: every
+        answer would fail on it), or None. Compiling runs nothing of the tests."""
         tests = task.get(tests_field)
-        if isinstance(tests, str) and tests.strip():
-            return None
-        return f"python-tests verifier: the task has no {tests_field!r} source"
+        if not isinstance(tests, str):
+            kind = type(tests).__name__
+            got = "" if tests is None else f" (its {tests_field!r} is of type {kind}, expected a string)"
+            return f"python-tests verifier: the task has no {tests_field!r} source{got}"
+        if not tests.strip():
+            return f"python-tests verifier: the task has no {tests_field!r} source (its {tests_field!r} is empty)"
+        try:
+            compile(tests, "<tests>", "exec")
+        except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte in the source
+            where = f" at tests line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+            reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+            return f"python-tests verifier: the task's {tests_field!r} do not compile ({reason}{where})"
+        return None
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         problem = self.task_problem(task, tests_field=self.tests_field)
