@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from actors.policy._gpt2 import gpt2_forward, native_gpt2_unsupported
 from actors.policy._hub import model_directory
 from actors.policy._tiny_gpt import KVCache, positions_from_mask
-from actors.policy._tokenizer import HFTokenizer, load_hf_tokenizer
+from actors.policy._tokenizer import HF_LOAD_LOCK, HFTokenizer, load_hf_tokenizer
 
 
 class HFCausalLM(nn.Module):
@@ -97,7 +97,14 @@ def load_hf(
 ) -> tuple[HFCausalLM, HFTokenizer]:
     """Load model and tokenizer from a local directory (``config.json`` + weights + tokenizer files), the tokenizer
     from ``tokenizer_path`` when given (``policy.tokenizer``); ``native`` lets GPT-2 models run through flywheel's
-    own forward (see :class:`HFCausalLM`)."""
+    own forward (see :class:`HFCausalLM`). Safe to call from several threads at once (they load one after another)."""
+    with HF_LOAD_LOCK:
+        return _load_hf(path, dtype=dtype, native=native, tokenizer_path=tokenizer_path)
+
+
+def _load_hf(
+    path: str | Path, *, dtype: torch.dtype | None, native: bool, tokenizer_path: str | Path | None
+) -> tuple[HFCausalLM, HFTokenizer]:
     directory = model_directory(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"policy.model: {str(directory)!r} has no config.json (not a Hugging Face model dir)")
@@ -108,6 +115,7 @@ def load_hf(
     transformers: Any = _transformers  # transformers is only partly typed
 
     transformers.utils.logging.disable_progress_bar()
+    transformers.DynamicCache  # noqa: B018 - resolved here, under the lock, not first by two forwards at once
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:

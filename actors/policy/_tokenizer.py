@@ -15,6 +15,7 @@ Non-goals: chat templates, byte fallback, normalisation.
 from __future__ import annotations
 
 import string
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,13 @@ class HFTokenizer:
         return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"
 
 
+# One Hugging Face load at a time per process (models and tokenizers): transformers resolves its top-level names
+# lazily (two threads asking for the first one see "module 'transformers' has no attribute ...") and from_pretrained
+# builds a model on the meta device by patching torch process-wide (a load beside another one gets meta tensors).
+# ``--single-process`` runs the learner, the generators and the gateway in one process, each loading in a thread.
+HF_LOAD_LOCK = threading.RLock()
+
+
 def load_hf_tokenizer(path: str | Path, field: str = "policy.model") -> HFTokenizer:
     """The Hugging Face tokenizer in a local directory or a hub id in this machine's cache (never downloaded);
     errors are one-line ``ValueError``s that start with ``field``, the spec key that named it."""
@@ -91,7 +99,8 @@ def load_hf_tokenizer(path: str | Path, field: str = "policy.model") -> HFTokeni
     except ImportError as exc:
         raise ValueError(f"{field}: hf models need the 'hf' extra (pip install 'flywheel[hf]')") from exc
     try:
-        return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
+        with HF_LOAD_LOCK:
+            return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{field}: cannot load a tokenizer from {str(directory)!r}: {first_line}") from None

@@ -1,3 +1,4 @@
+import threading
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,25 @@ def test_a_tokenizer_larger_than_the_models_embeddings_or_one_for_a_builtin_mode
     for load in (Policy.from_spec, load_tokenizer):
         with pytest.raises(ValueError, match=r"^policy\.tokenizer: builtin models have their own character tokenizer"):
             load({"model": "builtin:tiny-gpt", "tokenizer": str(larger)})
+
+
+def test_threads_of_one_process_load_at_once(tmp_path: Path) -> None:
+    # --single-process: the learner and a generator each load the policy in a worker thread of the same process; a
+    # load beside another got meta tensors ("Cannot copy out of meta tensor") or no AutoModelForCausalLM at all
+    directory = write_tiny_hf_model(tmp_path / "m")
+    errors: list[str] = []
+
+    def load() -> None:
+        try:
+            policy = Policy.from_spec({"model": f"hf:{directory}"})
+            policy.to("cpu")
+            assert not any(t.is_meta for t in policy.state_dict().values())
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
