@@ -103,7 +103,7 @@ class DomainSpec(SpecModel):
     verifier_config: dict[str, Any] = Field(default_factory=dict)  # the verifier's keyword arguments. math:
     #   answer_field; python-tests: tests_field, timeout_s; python-expr: timeout_s, rel_tol, abs_tol, max_chars,
     #   memo_size, memo_max_bytes; json-fields: mode, modes, rel_tol, abs_tol, penalize_extra, max_chars;
-    #   <module>:<function>: any (handed to it as config)
+    #   <module>:<function>: any (handed to it as config=, {} when empty to a function that declares config)
     # a <module>:<function> verifier: how long one call may take before the process running it is killed (verdict
     # timeout, reward 0: a hostile answer can make a verifier hang); null: 30 s. Builtins that run code take theirs
     # from verifier_config (python-tests, python-expr: timeout_s)

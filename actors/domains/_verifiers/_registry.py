@@ -70,12 +70,15 @@ class FunctionVerifier:
         *,
         timeout_s: float = USER_TIMEOUT_S,
         memory_mb: int = USER_MEMORY_MB,
+        pass_config: bool = False,
     ) -> None:
         self.name, self.config, self.timeout_s, self.memory_mb = name, dict(config), timeout_s, memory_mb
+        # config= goes to a function that declares it (see `takes_config`) and whenever verifier_config is not empty
+        self.pass_config = bool(pass_config) or bool(self.config)
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
-        kwargs = {"config": self.config} if self.config else {}
+        kwargs = {"config": self.config} if self.pass_config else {}
         helpers = shared_helpers(f"user-verifiers-{self.memory_mb}mb", memory_mb=self.memory_mb)
         try:
             out = await helpers.call(self.name, (completion_text, dict(task)), kwargs, timeout_s=self.timeout_s)
@@ -128,6 +131,20 @@ def _import_function(target: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+def takes_config(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` declares a ``config`` parameter (or ``**kwargs``): it is then handed the domain's
+    ``verifier_config`` as ``config=`` even when that is empty (``{}``), so a function written to read its config
+    needs no default for it."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        (p.name == "config" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or p.kind is p.VAR_KEYWORD
+        for p in parameters
+    )
+
+
 def function_problem(target: str, config: Mapping[str, Any]) -> str | None:
     """Why the user's ``module:function`` ``target`` could score no answer when handed ``config`` (the domain's
     ``verifier_config``), or None: it imports, is callable and takes ``(completion_text, task)`` plus ``config=`` when
@@ -140,7 +157,7 @@ def function_problem(target: str, config: Mapping[str, Any]) -> str | None:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins and C callables have none to read: let the call decide
         return None
-    kwargs = {"config": dict(config)} if config else {}
+    kwargs = {"config": dict(config)} if config or takes_config(fn) else {}
     try:
         signature.bind("", {}, **kwargs)
     except TypeError:
@@ -184,4 +201,5 @@ def build_verifier(
     problem = function_problem(name, config)  # fail at build time, with one line, rather than on every answer
     if problem is not None:
         raise VerifierError(problem)
-    return FunctionVerifier(name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S)
+    pass_config = takes_config(_import_function(name))
+    return FunctionVerifier(name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S, pass_config=pass_config)

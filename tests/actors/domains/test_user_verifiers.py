@@ -23,6 +23,9 @@ def plain(completion, task):
 def configured(completion, task, config):
     return float(completion.strip() == task["want"]) * config["scale"]
 
+def reads_config(completion, task, config):
+    return float(completion.strip() == task["want"]) * config.get("scale", 1.0)
+
 def one_argument(completion):
     return 1.0
 
@@ -69,6 +72,9 @@ def test_a_signature_that_cannot_take_the_call_is_refused_when_built(module: Pat
         build_verifier(f"{name}:one_argument")
     configured = build_verifier(f"{name}:configured", {"scale": 0.5})
     assert asyncio.run(configured.verify("ab", {"want": "ab"})).reward == 0.5
+    # a function that declares config gets {} when the domain sets no verifier_config, rather than being refused
+    reads_config = build_verifier(f"{name}:reads_config")
+    assert asyncio.run(reads_config.verify("ab", {"want": "ab"})).reward == 1.0
     assert asyncio.run(build_verifier(f"{name}:plain").verify("ab", {"want": "ab"})).reward == 1.0
 
 
