@@ -93,7 +93,10 @@ class PolicySpec(SpecModel):
 class DomainSpec(SpecModel):
     """A task domain: where prompts come from and how completions are scored."""
 
-    source: str  # builtin:<arithmetic|pyexpr|extract>[?option=value&…] or jsonl:<path relative to the spec>
+    source: str  # builtin:<arithmetic|pyexpr|extract>[?option=value&…] or jsonl:<path relative to the spec>, one
+    #   task a line: {"prompt", "answer"} for math, else {"prompt", "verifier_fields": {…}} with what the verifier
+    #   reads (python-tests: {"tests": "assert f(2) == 4"}; python-expr: target; json-fields: fields; yours: any),
+    #   optional "id" and "reference" (a correct completion, for the warm start)
     # options of a builtin source (also accepted in its string: builtin:arithmetic?digits=3). arithmetic: digits
     #   (per operand, 1-4, default 2), ops (operators per expression, 1-3, default 1), operators (a subset of +-*,
     #   default +-); pyexpr: terms (digits to combine, 2-5, default 3), operators (default +-*); extract: fields (in
