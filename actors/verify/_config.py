@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from topology import ActorKind, SpecModel, register_actor_kind
+from actors.protocol import domains_of
+from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind
 
 
 class SandboxConfig(SpecModel):
@@ -50,6 +51,38 @@ class VerifyConfig(SpecModel):
     max_in_flight: int = Field(default=64, ge=1)  # rollouts being verified at once per replica
 
 
+def _unscored(spec: Spec) -> dict[str, str]:
+    """Domains whose rollouts some actor asks for (a source draws its tasks, the learner evaluates its held-out
+    prompts) but no verify actor scores, each with who asks for it."""
+    every = list(domains_of(spec))
+    scored: set[str] = set()
+    wanted: dict[str, str] = {}
+    for name, actor in spec.actors.items():
+        listed = getattr(actor.config, "domains", None)
+        names = every if listed is None else list(listed)
+        if actor.kind == "verify":
+            scored.update(names)
+        elif actor.kind == "source":
+            wanted.update({domain: f"source {name!r} draws its tasks" for domain in names if domain not in wanted})
+        elif actor.kind == "learner" and getattr(actor.config, "eval_every_steps", 0) > 0:
+            evaluated = f"learner {name!r} evaluates its held-out prompts"
+            wanted.update({domain: evaluated for domain in names if domain not in wanted})
+    return {domain: why for domain, why in wanted.items() if domain not in scored}
+
+
+def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> BaseModel:
+    first = next(name for name, other in spec.actors.items() if other.kind == "verify")
+    if path[-1] == first:  # said once, at the first verify actor's domains
+        for domain, why in _unscored(spec).items():
+            check.error(
+                (*path, "domains"),
+                f"domain {domain!r} is scored by no verify actor, yet {why}: its rollouts would be dead-lettered "
+                f"and the learner would wait for them; expected {domain!r} in a verify actor's domains (or null: "
+                "every domain)",
+            )
+    return actor.config
+
+
 register_actor_kind(
     ActorKind(
         name="verify",
@@ -59,6 +92,7 @@ register_actor_kind(
         publishes=("scored",),
         summary="scores rollouts with the domains' verifiers (code runs in a sandbox pool)",
         references={"domains": "domains"},
+        check=_check,
     )
 )
 
