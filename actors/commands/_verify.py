@@ -43,6 +43,12 @@ from topology import actor_kinds
 MAX_ANSWER_BYTES = 1 << 20  # a longer FILE is refused (reward 0) rather than read whole
 
 
+def _usage(option: str, message: str) -> click.ClickException:
+    """A usage mistake: one line naming the option, exit status 1 (the module's contract; click's own usage errors
+    print the usage too and exit 2, the status of a verifier that could not run)."""
+    return click.ClickException(f"{option}: {message}")
+
+
 def task_fields(verifier: str, reference: str, config: dict[str, Any]) -> dict[str, Any]:
     """The task's verifier fields that ``--reference`` stands for, for ``verifier``."""
     if verifier == "math":
@@ -54,14 +60,14 @@ def task_fields(verifier: str, reference: str, config: dict[str, Any]) -> dict[s
             return {"target": read_literal(reference)}
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             literal = f"a Python literal is expected, got {reference[:60]!r}"
-            raise click.BadParameter(literal, param_hint="--reference") from None
+            raise _usage("--reference", literal) from None
     if verifier == "json-fields":
         try:
             fields = json.loads(reference)
         except ValueError as exc:
-            raise click.BadParameter(f"a JSON object is expected ({exc})", param_hint="--reference") from None
+            raise _usage("--reference", f"a JSON object is expected ({exc})") from None
         if not isinstance(fields, dict):
-            raise click.BadParameter("a JSON object is expected", param_hint="--reference")
+            raise _usage("--reference", "a JSON object is expected")
         return {"fields": fields}
     return {"answer": reference}  # a user's function: as a JSONL row's "answer" reaches it in a run
 
@@ -70,9 +76,9 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc})", param_hint=option) from None
+        raise _usage(option, f"not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise click.BadParameter("a JSON object is expected", param_hint=option)
+        raise _usage(option, "a JSON object is expected")
     return value
 
 
@@ -170,7 +176,7 @@ def verify(
     # a task that can score no answer (no tests, no target) is a usage mistake, not a verdict
     problem = task_problem(verifier, config, fields)
     if problem is not None:
-        raise click.BadParameter(problem, param_hint="--reference" if task_json is None else "--reference/--task")
+        raise _usage("--reference" if task_json is None else "--reference/--task", problem)
     answer = _read_text(file, "the answer")
     if len(answer.encode("utf-8", "replace")) > MAX_ANSWER_BYTES:
         out = {"verifier": verifier, "reward": 0.0, "verdict": "fail", "elapsed_s": 0.0, "isolation": "in-process"}
