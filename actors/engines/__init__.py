@@ -16,6 +16,7 @@ from actors.engines._types import Engine as Engine
 from actors.engines._types import EngineClosedError as EngineClosedError
 from actors.engines._types import FinishReason as FinishReason
 from actors.engines._types import GenerationRequest as GenerationRequest
+from actors.engines._types import RequestError as RequestError
 from actors.engines._types import SamplingParams as SamplingParams
 from actors.engines._types import Tokenizer as Tokenizer
 from actors.engines._types import WeightSource as WeightSource
@@ -58,6 +59,7 @@ __all__ = [
     "EngineHTTPError",
     "FinishReason",
     "GenerationRequest",
+    "RequestError",
     "SGLangEngine",
     "SamplingParams",
     "StepHook",

@@ -78,6 +78,7 @@ from actors.engines._types import (
     EngineClosedError,
     FinishReason,
     GenerationRequest,
+    RequestError,
     WeightSource,
     WeightUpdateError,
 )
@@ -404,13 +405,13 @@ class TorchEngine:
     def _validate(self, request: GenerationRequest) -> None:
         prompt = request.prompt_ids
         if not prompt:
-            raise ValueError(f"request {request.request_id!r}: prompt_ids is empty")
+            raise RequestError(f"request {request.request_id!r}: prompt_ids is empty")
         vocab = self.policy.vocab_size
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
-            raise ValueError(f"request {request.request_id!r}: token id {bad} outside the vocabulary [0, {vocab})")
+            raise RequestError(f"request {request.request_id!r}: token id {bad} outside the vocabulary [0, {vocab})")
         if len(prompt) >= self.policy.max_context:
-            raise ValueError(
+            raise RequestError(
                 f"request {request.request_id!r}: prompt of {len(prompt)} tokens leaves no room in the "
                 f"model's context of {self.policy.max_context}"
             )

@@ -37,6 +37,11 @@ class EngineClosedError(RuntimeError):
     """The engine was closed while a request was waiting or running."""
 
 
+class RequestError(ValueError):
+    """A request this engine can never serve as made — its prompt is empty, holds a token outside the vocabulary, or
+    leaves no room in the model's context: trying it again fails the same way."""
+
+
 _TUPLE_FIELDS = frozenset({"stop", "stop_token_ids"})
 
 

@@ -4,7 +4,9 @@ Each prompt message asks for ``group_size`` completions; they are submitted to t
 published as one rollout (a GRPO group stays together). Many prompts are in flight at once — up to
 ``max_batch_size`` completions — so the engine's continuous batching always has rows to decode. A prompt is
 acked only after its rollout is published: a generator killed mid-prompt loses nothing, its prompts are
-redelivered to a sibling replica or to itself after the restart.
+redelivered to a sibling replica or to itself after the restart. A prompt the engine can never serve as made (a
+``RequestError``: longer than the model's context, say) goes to the dead-letter channel at once, counted per domain
+(``prompts_refused.<domain>``) and logged at most once a minute per domain; other failures are retried.
 
 Weights: a :class:`~actors.weights.WeightSubscriber` watches the topology's current version and swaps it into
 the engine between decode steps. When the topology has a learner, a new generator waits for the first
@@ -29,13 +31,15 @@ from typing import Any
 
 import anyio
 
-from actors.engines import Completion, Engine, GenerationRequest, SamplingParams
+from actors.engines import Completion, Engine, GenerationRequest, RequestError, SamplingParams
 from actors.generator._config import GeneratorConfig
 from actors.policy import encode_prompt, load_tokenizer
 from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
 from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
 from topology.bus import Delivery, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
+
+_REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are logged at most this often
 
 __all__ = ["GeneratorActor"]
 
@@ -52,6 +56,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._tokens = 0
         self._outbox: Outbox | None = None
         self._started = time.monotonic()
+        self._refusal_logged: dict[str, float] = {}  # domain → when a refused prompt of it was last logged
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
         self._staging_root = ctx.run_dir / "weights-staged" / f"{ctx.actor}-{ctx.replica}"
 
@@ -200,6 +205,13 @@ class GeneratorActor(Actor[GeneratorConfig]):
             generated = sum(len(c.token_ids) for c in completions)
             self._tokens += generated
             self.ctx.counters.inc("tokens", generated)
+        except RequestError as exc:  # the prompt itself can never be served (too long for the context): no retries
+            self.ctx.counters.inc(f"prompts_refused.{msg.domain}")
+            now = time.monotonic()
+            if now - self._refusal_logged.get(msg.domain, -_REFUSAL_LOG_EVERY_S) >= _REFUSAL_LOG_EVERY_S:
+                self._refusal_logged[msg.domain] = now  # each is counted; a task drawn again and again is logged
+                self.ctx.log.warning("generator.prompt_refused", task_id=msg.task_id, domain=msg.domain, error=str(exc))
+            await delivery.dead_letter(f"prompt refused by the engine: {exc}")
         except Exception as exc:  # an engine or bus failure: give the prompt back for another try
             self.ctx.counters.inc("errors")
             self.ctx.log.warning("generator.prompt_failed", task_id=msg.task_id, error=str(exc))

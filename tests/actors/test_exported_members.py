@@ -20,9 +20,9 @@ SURFACES: dict[str, set[str]] = {
     },
     "actors.engines": {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",
-        "FinishReason", "GenerationRequest", "parse_dtype", "receive_weights", "SamplingParams", "SGLangEngine",
-        "StepHook", "Tokenizer", "TorchEngine", "VLLMEngine", "WeightBroadcaster", "WeightGroup", "WeightSource",
-        "WeightUpdateError",
+        "FinishReason", "GenerationRequest", "RequestError", "parse_dtype", "receive_weights", "SamplingParams",
+        "SGLangEngine", "StepHook", "Tokenizer", "TorchEngine", "VLLMEngine", "WeightBroadcaster", "WeightGroup",
+        "WeightSource", "WeightUpdateError",
     },
     "actors.domains": {
         "ArithmeticOptions", "build_verifier", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "domains_from_spec",

@@ -1,0 +1,67 @@
+"""The generator actor against a real nats-server: a prompt the engine can never serve is refused at once, not
+retried."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors.generator._actor import GeneratorActor
+from actors.generator._config import GeneratorConfig
+from actors.protocol import PromptMsg, RolloutMsg
+from actors.testing import actor_context
+from topology import BusSpec, load_spec
+from topology.bus import DEADLETTER, Bus, EmbeddedNats
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_delivery(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    # a JSONL row whose prompt does not fit the model's context was nak'ed and retried max_deliver times on every
+    # draw (a warning each time), then dead-lettered: a permanent refusal taken for a passing failure
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: g-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt, config: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32}}\n"
+        "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, max_new_tokens: 4}\n"
+        "actors:\n  generator: {device: cpu}\n"
+        "channels:\n  prompts: {external: true}\n  rollouts: {external: true}\n"
+    )
+    spec = load_spec(path)
+    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
+        for channel in ("prompts", "rollouts", DEADLETTER):
+            await bus.ensure_channel(channel)
+        ctx = actor_context(spec, "generator", bus, tmp_path)
+        config = spec.actors["generator"].config
+        assert isinstance(config, GeneratorConfig)
+        actor = GeneratorActor(ctx, config)
+        await actor.start()
+        try:
+            for task, prompt in (("long", "1+" * 40 + "1="), ("short", "1+1=")):
+                msg = PromptMsg(task_id=task, domain="arithmetic", prompt=prompt, group_size=2)
+                await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.fail_after(30):
+                    async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+                        async for delivery in rollouts:  # the short prompt is answered...
+                            assert delivery.payload.task_id == "short"
+                            await delivery.ack()
+                            break
+                    async with bus.consume(DEADLETTER, "check") as dead:
+                        async for delivery in dead:  # ...and the long one refused, on its first delivery
+                            letter = dict(delivery.payload)
+                            await delivery.ack()
+                            break
+                ctx.stopping.set()
+        finally:
+            await actor.stop()
+    assert letter["num_delivered"] == 1 and "leaves no room in the model's context of 32" in letter["reason"], letter
+    counters = actor.report()
+    assert counters.get("prompts_refused.arithmetic") == 1 and not counters.get("errors"), counters
