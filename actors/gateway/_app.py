@@ -65,7 +65,7 @@ from actors.gateway._client import (
     ServeClient,
 )
 from actors.gateway._config import GatewayConfig
-from actors.gateway._errors import JSON, ApiError, busy, unknown_model
+from actors.gateway._errors import JSON, ApiError, busy, unavailable, unknown_model
 from actors.gateway._front import Front, TrustedHosts
 from actors.gateway._metrics import Metrics
 from actors.gateway._prompt import UNSUPPORTED_PARAMETER, ChatRequest, CompletionRequest, PromptBuilder
@@ -244,8 +244,8 @@ class Gateway:
             self.log.warning(
                 "gateway.feedback_not_stored", request_id=body.request_id, error=f"{type(exc).__name__}: {exc}"
             )
-            raise ApiError(
-                503, "feedback could not be stored right now; retry later", type="server_error", code="unavailable"
+            raise unavailable(
+                "feedback could not be stored right now; retry later", "unavailable", self.config.retry_after_s
             ) from None
         self.metrics.feedback_accepted()
         doc = {"status": "accepted", "id": f"fb-{digest}", "request_id": body.request_id, "score": score}
@@ -360,12 +360,8 @@ class Gateway:
                 "every generator is at capacity", max(self.config.retry_after_s, round(exc.retry_after_s))
             ) from None
         except NoGenerators:
-            raise ApiError(
-                503,
-                "no generator is serving right now; retry later",
-                type="server_error",
-                code="no_generators",
-                headers={"Retry-After": str(self.config.retry_after_s)},
+            raise unavailable(
+                "no generator is serving right now; retry later", "no_generators", self.config.retry_after_s
             ) from None
         except GenerationError as exc:
             raise self._generation_error(exc, call.request_id) from None
@@ -376,12 +372,10 @@ class Gateway:
         """No answer within ``request_timeout_s``: a 504 — or, when the bus connection dropped meanwhile (a
         nats-server restart), a 503 that says so: the generator may have answered into the outage."""
         if call.bus_was_away():
-            return ApiError(
-                503,
+            return unavailable(
                 "the message bus was reconnecting while this request waited for its answer; retry",
-                type="server_error",
-                code="bus_unavailable",
-                headers={"Retry-After": str(self.config.retry_after_s)},
+                "bus_unavailable",
+                self.config.retry_after_s,
             )
         return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
 

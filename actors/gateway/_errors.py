@@ -20,6 +20,7 @@ __all__ = [
     "ApiError",
     "busy",
     "internal_error",
+    "unavailable",
     "unknown_model",
 ]
 
@@ -57,6 +58,11 @@ def busy(message: str, retry_after_s: int) -> ApiError:
         code="busy",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+def unavailable(message: str, code: str, retry_after_s: int) -> ApiError:
+    """A 503: nothing can answer the request now, and a retry later may succeed."""
+    return ApiError(503, message, type="server_error", code=code, headers={"Retry-After": str(retry_after_s)})
 
 
 def internal_error(request_id: str) -> ApiError:

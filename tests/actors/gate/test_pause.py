@@ -4,6 +4,8 @@ decisions log, so a gate started on that log is paused too."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,18 @@ from topology.bus import EmbeddedNats
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
+@asynccontextmanager
+async def promoting(embedded_nats: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[GateRig, dict[str, object]]]:
+    """A running gate that promotes every version it sees, with v2 and v3 promoted; and weights to publish."""
+    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")
+    async with gate_rig(spec, embedded_nats.url, tmp_path / "run", run=True) as rig:
+        assert rig.gate.replayer is not None
+        weights: dict[str, object] = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        for version in (2, 3):
+            await rig.decided(version, weights)
+        yield rig, weights
+
+
 async def _serving(rig: GateRig) -> int:
     manifest = await serving_manifest(rig.bus)
     assert manifest is not None
@@ -23,13 +37,8 @@ async def _serving(rig: GateRig) -> int:
 
 
 async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")  # promotes each version it sees
     run_dir = tmp_path / "run"
-    async with gate_rig(spec, embedded_nats.url, run_dir, run=True) as rig:
-        assert rig.gate.replayer is not None
-        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
-        for version in (2, 3):
-            await rig.decided(version, weights)
+    async with promoting(embedded_nats, tmp_path) as (rig, weights):
         assert await _serving(rig) == 3
         await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
         for version in (4, 5):
@@ -50,13 +59,8 @@ async def test_a_rollback_by_hand_stands_until_the_gate_is_resumed(embedded_nats
 async def test_its_serving_version_follows_a_move_by_hand(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     """``flywheel status`` and the live view show the gate's ``serving_version`` as what users get: after an
     operator's rollback it must name the version rolled back to, even while the learner publishes nothing new."""
-    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")
     run_dir = tmp_path / "run"
-    async with gate_rig(spec, embedded_nats.url, run_dir, run=True) as rig:
-        assert rig.gate.replayer is not None
-        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
-        for version in (2, 3):
-            await rig.decided(version, weights)
+    async with promoting(embedded_nats, tmp_path) as (rig, _):
         assert rig.ctx.counters.get("serving_version") == 3
         await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
         assert await _serving(rig) == 2
