@@ -12,9 +12,7 @@ Samples without verifier fields are marked "no verifier: compared by text only",
 with does not have "not a domain of the spec replayed with". A sample the verifier failed on (``VERIFIER_ERROR``) has
 no reward — its 0 would read as the version answering worse (for the gate, a candidate rejected over a broken
 verifier): replayed, it is left out of the replayed means and counted in ``verifier_errors``; recorded, out of the
-recorded mean and agreement.
-Throughput: replay's
-tokens/s beside the bare engine's on the same prompts.
+recorded mean and agreement. Throughput: replay's tokens/s beside the bare engine's on the same prompts.
 
 Non-goals: statistical tests (the gate's threshold is a plain difference of means).
 """
