@@ -455,13 +455,20 @@ class SandboxPool:
     async def _one(self, worker: _Worker, job: _Job) -> tuple[SandboxResult, bool]:
         iso = str(self.isolation)
         started = time.monotonic()
-        try:
+        sent = False
+
+        async def exchange() -> dict[str, Any]:  # writing the job waits on the worker too (a job over a pipe's buffer)
+            nonlocal sent
             await worker.send(job.frame)
-            report = await asyncio.wait_for(worker.read_frame(), job.timeout_s + _GRACE_S)
+            sent = True
+            return await worker.read_frame()
+
+        try:
+            report = await asyncio.wait_for(exchange(), job.timeout_s + _GRACE_S)
         except TimeoutError:
             return SandboxResult(
                 Verdict.TIMEOUT,
-                f"worker did not answer within {job.timeout_s + _GRACE_S:g} s",
+                f"worker did not {'answer' if sent else 'take the job'} within {job.timeout_s + _GRACE_S:g} s",
                 iso,
                 time.monotonic() - started,
             ), False
