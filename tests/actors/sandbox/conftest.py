@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -23,8 +24,20 @@ def _runner(workers: int) -> Iterator[PoolRunner]:
     try:
         yield PoolRunner(pool, loop)
     finally:
-        loop.run_until_complete(pool.aclose())
-        loop.close()
+        _close(pool, loop)
+
+
+def _close(pool: SandboxPool, loop: asyncio.AbstractEventLoop) -> None:
+    """Close the pool; a close that does not end names every await still pending, instead of a bare timeout."""
+    closing = loop.create_task(pool.aclose())
+    loop.run_until_complete(asyncio.wait({closing}, timeout=12))
+    if not closing.done():
+        stacks = io.StringIO()
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(file=stacks)
+        pytest.fail(f"the pool's close did not end within 12 s; its pending tasks:\n{stacks.getvalue()}")
+    closing.result()
+    loop.close()
 
 
 @pytest.fixture(scope="module")
