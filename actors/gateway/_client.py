@@ -111,7 +111,8 @@ class ServeCall:
             message = await self._next(timeout_s)
 
     async def _next(self, timeout_s: float) -> dict[str, Any]:
-        message = await asyncio.wait_for(self._queue.get(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            message = await self._queue.get()
         if message is _CANCELLED:
             raise CallCancelled(self.request_id)
         if message.get("type") in _TERMINAL:

@@ -129,7 +129,8 @@ class _Worker:
     async def exit_status(self) -> str:
         """How the process ended, for a crash's detail ("exit 1", "killed by SIGKILL", "still running")."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.proc.wait(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.proc.wait()
         code = self.proc.returncode
         if code is None:
             return "worker still running"
@@ -152,7 +153,8 @@ class _Worker:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
         try:
-            await asyncio.wait_for(self.proc.wait(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.proc.wait()
         except (TimeoutError, Exception):
             await self.kill()
 
@@ -162,7 +164,8 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.proc.wait(), 5)
+            async with asyncio.timeout(5):
+                await self.proc.wait()
 
 
 class SandboxPool:
@@ -346,7 +349,8 @@ class SandboxPool:
         )
         worker = _Worker(proc, self.max_frame_bytes)
         try:
-            hello = await asyncio.wait_for(worker.read_frame(), 15)
+            async with asyncio.timeout(15):
+                hello = await worker.read_frame()
         except (TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             await worker.kill()
             raise RuntimeError(f"sandbox worker ({self.isolation}) failed to start: {exc!r}") from exc
@@ -456,15 +460,11 @@ class SandboxPool:
         iso = str(self.isolation)
         started = time.monotonic()
         sent = False
-
-        async def exchange() -> dict[str, Any]:  # writing the job waits on the worker too (a job over a pipe's buffer)
-            nonlocal sent
-            await worker.send(job.frame)
-            sent = True
-            return await worker.read_frame()
-
         try:
-            report = await asyncio.wait_for(exchange(), job.timeout_s + _GRACE_S)
+            async with asyncio.timeout(job.timeout_s + _GRACE_S):  # writing the job waits on the worker too
+                await worker.send(job.frame)
+                sent = True
+                report = await worker.read_frame()
         except TimeoutError:
             return SandboxResult(
                 Verdict.TIMEOUT,

@@ -112,7 +112,8 @@ class AppServer:
             return
         self._server.should_exit = True
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout=self.shutdown_grace_s + 5)
+            async with asyncio.timeout(self.shutdown_grace_s + 5):
+                await asyncio.shield(self._task)
         except TimeoutError:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

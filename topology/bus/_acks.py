@@ -93,7 +93,8 @@ class AckTracker:
                 batch.tokens.append(token)
                 # nats-py concatenates the payload into its command: any bytes-like object will do
                 await publish(subject, data, reply=prefix + token, headers=headers)  # type: ignore[arg-type]
-            return await asyncio.wait_for(asyncio.shield(batch.done), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(batch.done)
         finally:
             for token in batch.tokens:
                 waiting.pop(token, None)

@@ -236,7 +236,8 @@ class ChannelConsumer(Generic[P]):
                 continue
             now = time.monotonic()
             try:
-                await asyncio.wait_for(self._wakeup.wait(), max(0.05, self._pull_deadline - now))
+                async with asyncio.timeout(max(0.05, self._pull_deadline - now)):
+                    await self._wakeup.wait()
             except TimeoutError:
                 if time.monotonic() >= self._pull_deadline:
                     self._outstanding = 0  # our pulls expired unseen (e.g. across a reconnect)
