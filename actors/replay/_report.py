@@ -296,17 +296,17 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
     domains = list(report["domains"])
     series = plot_series(report)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(domains) + 2), 3.5))
+    # constrained layout makes room for long version labels and domain names (tight_layout gives up and warns)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(domains) + 2), 4.0), layout="constrained")
     width = 0.8 / len(series)
     for name, xs, heights, missing in series:
-        ax.bar(xs, heights, width, label=name)
+        ax.bar(xs, heights, width, label=name if len(name) <= 40 else "…" + name[-39:])  # a path's end names it
         for x in missing:  # no bar: a bar of 0 would read as a mean reward of 0
             ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="0.4")
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(domains))], domains)
     ax.set_ylabel("mean reward")
     ax.set_ylim(0, 1.05)
-    ax.legend()
+    fig.legend(loc="outside lower center", ncols=len(series), fontsize=8)
     ax.set_title("replay by domain")
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -166,6 +166,21 @@ def test_the_plot_leaves_a_missing_mean_out_instead_of_drawing_it_as_zero() -> N
     assert (replayed, xs2, heights2, missing2) == ("v3", [0.4, 1.4], [0.75, 0.0], [])  # a real 0 is drawn
 
 
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_the_plot_makes_room_for_a_long_label(tmp_path: Path) -> None:
+    """Weights named by a checkpoint's path gave a legend too wide for the figure: matplotlib warned on the user's
+    console that it could not lay the plot out (and squeezed it)."""
+    from actors.replay._report import _plot
+
+    def row(value: float) -> dict[str, float | None]:
+        return {"recorded_mean_reward": value, "replayed_mean_reward": value, "against_mean_reward": value}
+
+    path = "/home/someone/runs/2026-12-07-a-long-experiment-name/checkpoints/step-000120000/weights.safetensors"
+    report = {"weights": {"label": path}, "against": {"label": "v12"}, "domains": {"arithmetic": row(0.5)}}
+    _plot(report, tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 0
+
+
 async def test_a_verifier_that_fails_scores_nothing_instead_of_zero(tmp_path: Path) -> None:
     """A verifier error is no answer's outcome: replayed or recorded, it is left out of the means (the gate compares
     them) and of agreement, and counted per domain — a 0 would read as the version answering worse."""
