@@ -112,6 +112,17 @@ class _Held:
     samples: list[TrainSample] | None = None  # computed on arrival (async mode), else when its batch is taken
 
 
+def out_of_vocabulary(msg: ScoredMsg, vocab_size: int) -> str | None:
+    """Why ``msg`` holds a token id the policy has no embedding for (the first one found), else None."""
+    rows = [("prompt_ids", msg.prompt_ids)]
+    rows += [(f"completions.{i}.token_ids", c.token_ids) for i, c in enumerate(msg.completions)]
+    for where, ids in rows:
+        top = max(ids, default=0)
+        if top >= vocab_size:
+            return f"token id {top} in {where} is outside the policy's vocabulary of {vocab_size}"
+    return None
+
+
 def _rate(value: float, setting: float | str) -> str:
     """A learning rate for the log, marked when the spec left it to ``auto``."""
     return f"{value:.3g}" + (" (auto)" if setting == "auto" else "")
@@ -495,6 +506,10 @@ class LearnerActor(Actor[LearnerConfig]):
             return
         if mid in self._held:
             self._held[mid].delivery = delivery
+            return
+        problem = out_of_vocabulary(msg, self.policy.vocab_size)
+        if problem is not None:  # from no generator of this policy: it would fail the batch it joined, every time
+            await delivery.dead_letter(problem)
             return
         if self.config.domains and msg.domain not in self.config.domains:
             counters.inc("ignored_domain")

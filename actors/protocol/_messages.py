@@ -17,9 +17,9 @@ whichever arrives first.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "FEEDBACK_LABELS",
@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _CONFIG = ConfigDict(extra="ignore", frozen=True)
+TokenId = Annotated[int, Field(ge=0)]  # an index into a vocabulary; which one is the consumer's to check
+Version = Annotated[int, Field(ge=0)]  # a weight version: 0 is the initial weights
 
 # the verdict of a completion its domain's verifier could not score (it raised, returned no reward, or the sandbox
 # failed): scored 0 so the group still flows, but it says nothing about the answer, so the learner never trains on it
@@ -59,10 +61,20 @@ class CompletionRecord(BaseModel):
 
     model_config = _CONFIG
     text: str
-    token_ids: list[int]
+    token_ids: list[TokenId]
     logprobs: list[float]  # behavior logprob log μ_t per token
-    versions: list[int]  # weight version per token
+    versions: list[Version]  # weight version per token
     finish_reason: Literal["stop", "length", "abort"]
+
+    @model_validator(mode="after")
+    def _one_entry_per_token(self) -> CompletionRecord:
+        # the learner lines the three up token by token: a shorter list would misalign or fail a whole batch
+        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
+            raise ValueError(
+                f"token_ids, logprobs and versions must have one entry per token, got "
+                f"{len(self.token_ids)}, {len(self.logprobs)} and {len(self.versions)}"
+            )
+        return self
 
 
 class RolloutMsg(BaseModel):
@@ -72,7 +84,7 @@ class RolloutMsg(BaseModel):
     task_id: str
     domain: str
     prompt: str
-    prompt_ids: list[int]
+    prompt_ids: list[TokenId]
     verifier_fields: dict[str, Any] = Field(default_factory=dict)
     heldout: bool = False
     temperature: float = Field(ge=0)
@@ -83,7 +95,7 @@ class RolloutMsg(BaseModel):
 
 
 class ScoredCompletion(CompletionRecord):
-    reward: float
+    reward: float = Field(ge=0, le=1)  # every verifier's and every user's score is in [0, 1] (domains._score)
     verdict: str  # "pass", "fail", a sandbox limit ("timeout", …), VERIFIER_ERROR
     detail: str = ""
 
@@ -94,7 +106,7 @@ class ScoredMsg(BaseModel):
     model_config = _CONFIG
     task_id: str
     domain: str
-    prompt_ids: list[int]
+    prompt_ids: list[TokenId]
     heldout: bool = False
     temperature: float = Field(ge=0)
     origin: Literal["domain", "feedback", "review"] = "domain"
@@ -118,7 +130,7 @@ class TrafficMsg(BaseModel):
     domain: str | None = None  # x-flywheel-domain header, else the gateway's default_domain
     prompt: str  # the prompt text the policy saw (chat messages rendered by the chat template)
     messages: list[dict[str, Any]] = Field(default_factory=list)  # chat route: the messages as sent
-    prompt_ids: list[int]
+    prompt_ids: list[TokenId]
     completion: CompletionRecord  # text, token_ids, behavior logprobs, versions, finish_reason
     temperature: float = Field(ge=0)
     top_p: float = 1.0

@@ -1,0 +1,67 @@
+"""A `scored` group no producer of this policy could have sent — token ids past its vocabulary, per-token lists
+of different lengths, a reward outside [0, 1] — is dead-lettered with the reason; the learner keeps training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from tests.actors.learner._helpers import running_learner, scored, wait_until, write_spec
+from topology.bus import DEADLETTER, EmbeddedNats
+
+pytestmark = pytest.mark.anyio
+
+LEARNER = "    batch_size: 8\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
+
+
+def _hostile() -> dict[str, dict[str, Any]]:
+    """Groups that pass the payload's JSON shape but that no generator of the tiny policy produces."""
+    past_vocab = scored("arithmetic", [0.0, 1.0, 1.0, 0.0])
+    past_vocab["completions"][1]["token_ids"][0] = 10**9
+    prompt_past_vocab = scored("arithmetic", [0.0, 1.0, 1.0, 0.0])
+    prompt_past_vocab["prompt_ids"][0] = 101
+    negative = scored("arithmetic", [0.0, 1.0, 1.0, 0.0])
+    negative["completions"][0]["token_ids"][0] = -3
+    misaligned = scored("arithmetic", [0.0, 1.0, 1.0, 0.0])
+    misaligned["completions"][2]["logprobs"] = [-1.0]
+    huge_reward = scored("arithmetic", [0.0, 1.0, 1.0, 0.0])
+    huge_reward["completions"][0]["reward"] = 1e308
+    return {
+        "past_vocab": past_vocab,
+        "prompt_past_vocab": prompt_past_vocab,
+        "negative": negative,
+        "misaligned": misaligned,
+        "huge_reward": huge_reward,
+    }
+
+
+async def test_groups_no_generator_could_send_are_dead_lettered_and_training_goes_on(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, LEARNER)
+    hostile = _hostile()
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        for name, payload in hostile.items():
+            await bus.publish("scored", "scored", payload, id=f"hostile-{name}")
+        for i in range(2):  # one batch of good groups after them
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"good-{i}")
+        await wait_until(lambda: actor.ctx.counters.get("last_checkpoint_step") == 1)
+        reasons: dict[str, str] = {}
+        with anyio.fail_after(30):
+            async with bus.consume(DEADLETTER, "inspect") as letters:
+                async for letter in letters:
+                    await letter.ack()
+                    raw = orjson.loads(letter.payload["raw"])
+                    reasons[raw["id"]] = letter.payload["reason"]
+                    if len(reasons) == len(hostile):
+                        break
+        assert actor.step == 1 and "good-0" in actor.ledger and "good-1" in actor.ledger
+    assert "1000000000" in reasons["hostile-past_vocab"] and "vocabulary of 101" in reasons["hostile-past_vocab"]
+    assert "prompt_ids" in reasons["hostile-prompt_past_vocab"]
+    assert "greater than or equal to 0" in reasons["hostile-negative"]
+    assert "one entry per token" in reasons["hostile-misaligned"]
+    assert "reward" in reasons["hostile-huge_reward"]
