@@ -342,4 +342,4 @@ class ChannelConsumer(Generic[P]):
             await msg.nak(delay=1.0)
             return
         await msg.term()
-        self._bus.stats.dead_lettered += 1
+        self._bus.stats.count_dead_letter(self.group, self.channel)

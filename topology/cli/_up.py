@@ -154,6 +154,8 @@ def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
     for row in rows:
         extra = f" r{row['restarts']}" if row["restarts"] else ""
         extra += " STALE" if row["stale"] else ""
+        dead_lettered = (row["counters"] or {}).get("dead_lettered")
+        extra += f" {dead_lettered} dead-lettered" if isinstance(dead_lettered, int) and dead_lettered else ""
         parts.append(f"{row['actor']}[{row['replica']}]={row['state']}{extra}")
     return f"[{_fmt_duration(elapsed_s)}] " + " ".join(parts)
 

@@ -4,6 +4,8 @@ Contract: :meth:`Replica.run` constructs the actor, runs its hooks in order insi
 also heartbeats, always calls ``stop()`` (also after a crash in ``start``/``run``/``drain``), puts a final
 heartbeat (``stopped`` or ``crashed`` with the error) and returns whether the replica ended cleanly. The same
 code runs in a child process (``_child``) and in ``--single-process`` mode, so both behave alike.
+The heartbeat's counters are the actor's ``report()`` plus, once its consumers dead-lettered anything, the
+framework's ``dead_lettered`` and ``dead_lettered.<channel>`` (what consumers of the actor's group refused).
 
 Non-goals: no restarts here (the supervisor decides), no timeout on ``run()`` ignoring ``stopping`` (the
 supervisor kills a child that does not drain in time).
@@ -50,6 +52,8 @@ class Replica:
                 counters = self.actor.report()
             except Exception as exc:  # a broken report() must not silence the heartbeat
                 counters = {"report_error": f"{type(exc).__name__}: {exc}"}
+        # what this actor's consumers sent to the dead-letter channel: malformed input is counted where it was refused
+        counters = {**counters, **self.ctx.bus.stats.dead_letter_counters(self.ctx.actor)}
         return ReplicaStatus(
             actor=self.ctx.actor,
             replica=self.ctx.replica,
