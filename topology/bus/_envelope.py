@@ -1,7 +1,8 @@
 """The message envelope every durable channel carries: ``{id, type, v, ts, source, payload}``.
 
-Contract: ``encode`` produces orjson bytes; ``decode`` either returns a fully checked ``Envelope`` or raises
-``EnvelopeError`` with a short reason (the dead-letter channel records it). ``id`` doubles as JetStream's
+Contract: ``encode`` produces orjson bytes; ``decode`` either returns a fully checked ``Envelope`` of version
+``ENVELOPE_VERSION`` or raises ``EnvelopeError`` with a short reason (the dead-letter channel records it): a message
+of another version is refused, never read as this one. ``id`` doubles as JetStream's
 ``Nats-Msg-Id`` so that a re-published id inside the dedupe window is stored once.
 
 Non-goals: payload schemas — those belong to the consumer (``Bus.consume(model=...)``); compression.
@@ -80,6 +81,8 @@ def decode(data: bytes) -> Envelope:
         raise EnvelopeError("envelope field 'type' must be a string")
     if not isinstance(v, int) or isinstance(v, bool):
         raise EnvelopeError("envelope field 'v' must be an integer")
+    if v != ENVELOPE_VERSION:  # another schema: read as this one, its fields could mean something else
+        raise EnvelopeError(f"envelope version {v} is not {ENVELOPE_VERSION}, the one this consumer reads")
     if not isinstance(ts, int | float) or isinstance(ts, bool):
         raise EnvelopeError("envelope field 'ts' must be a number")
     if not isinstance(source, str):

@@ -32,6 +32,8 @@ GOOD = {"id": "a", "type": "t", "v": 1, "ts": 1.0, "source": "s", "payload": {}}
         (orjson.dumps({**GOOD, "id": ""}), "'id' must be a non-empty string"),
         (orjson.dumps({**GOOD, "v": "1"}), "'v' must be an integer"),
         (orjson.dumps({**GOOD, "v": True}), "'v' must be an integer"),
+        (orjson.dumps({**GOOD, "v": 2}), "envelope version 2 is not 1"),
+        (orjson.dumps({**GOOD, "v": 0}), "envelope version 0 is not 1"),
         (orjson.dumps({**GOOD, "ts": "now"}), "'ts' must be a number"),
         (orjson.dumps({**GOOD, "source": 3}), "'source' must be a string"),
         (orjson.dumps({**GOOD, "payload": [1]}), "'payload' must be an object"),

@@ -60,7 +60,8 @@ bad_payload = (
     .filter(_fails_model)
     .map(lambda p: orjson.dumps({**GOOD, "payload": p}))
 )
-poison = st.one_of(arbitrary_bytes, not_an_object, missing_field, wrong_type, bad_payload)
+unknown_version = st.integers(-(10**6), 10**6).filter(lambda v: v != 1).map(lambda v: orjson.dumps({**GOOD, "v": v}))
+poison = st.one_of(arbitrary_bytes, not_an_object, missing_field, wrong_type, bad_payload, unknown_version)
 
 
 async def _run(url: str, poisons: list[bytes]) -> None:
