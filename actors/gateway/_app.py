@@ -223,17 +223,17 @@ class Gateway:
         if label is not None:
             label = label.strip().lower()
             if label not in FEEDBACK_LABELS:
-                raise ApiError(400, f"unknown label {body.label!r}; expected one of {', '.join(FEEDBACK_LABELS)}")
+                raise _invalid("label", f"unknown label {body.label!r}; expected one of {', '.join(FEEDBACK_LABELS)}")
         if score is None:
             if label is None:
-                raise ApiError(400, "feedback needs a score (0..1) or a label (good, bad, thumbs_up, …)")
+                raise _invalid("score", "feedback needs a score (0..1) or a label (good, bad, thumbs_up, …)")
             score = FEEDBACK_LABELS[label]
         elif label is not None and FEEDBACK_LABELS[label] != score:  # which one did the user mean?
-            raise ApiError(
-                400, f"score {score} and label {body.label!r} (= {FEEDBACK_LABELS[label]}) disagree: send one"
+            raise _invalid(
+                "label", f"score {score} and label {body.label!r} (= {FEEDBACK_LABELS[label]}) disagree: send one"
             )
         if not 0.0 <= score <= 1.0:
-            raise ApiError(400, f"score must be between 0 and 1, got {score}")
+            raise _invalid("score", f"score must be between 0 and 1, got {score}")
         msg = FeedbackMsg(
             request_id=body.request_id, score=score, label=label, comment=body.comment, ts=time.time(), key_id=key_id
         )
@@ -589,17 +589,32 @@ class _Stream:
             self.gateway._release(self.call, self.watch, True)
 
 
+def _invalid(param: str, message: str) -> ApiError:
+    """A 400 for a field our own checks refuse (after its model accepted it), named as pydantic's would be."""
+    return ApiError(400, message, code="invalid_value", param=param)
+
+
 def _first_error(exc: pydantic.ValidationError) -> ApiError:
     """A 400 for the request's first invalid field: the message names it, and so does ``param``."""
     error = exc.errors()[0]
     message = str(error["msg"]).removeprefix("Value error, ")  # our validators' messages, as raised
-    where = ".".join(str(part) for part in error["loc"])
+    # a union field's errors sit under the member they tried (score.float, prompt.str): the client's field is the name
+    where = ".".join(str(part) for part in error["loc"] if not _is_union_member(part))
     unsupported = error["type"] == UNSUPPORTED_PARAMETER
     if where or error["type"] not in ("value_error", UNSUPPORTED_PARAMETER):  # a whole-request validator's message
         message = f"{where or 'body'}: {message}"  # names its field itself
     message += f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     param = where or (str((error.get("ctx") or {}).get("field", "")) or None)
     return ApiError(400, message, code=UNSUPPORTED_PARAMETER if unsupported else "invalid_value", param=param)
+
+
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "bytes", "none", "list", "dict", "tuple", "set"})
+
+
+def _is_union_member(part: str | int) -> bool:
+    """Whether a part of a pydantic error's location names a union's member schema (``float``, ``list[str]``,
+    ``function-after[…]``) rather than a field or an index — no field of an OpenAI request is named so."""
+    return isinstance(part, str) and (part in _UNION_MEMBERS or "[" in part)
 
 
 def _finish_reason(reason: str) -> str:

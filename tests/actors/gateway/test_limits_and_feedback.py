@@ -140,15 +140,28 @@ def test_feedback_needs_a_valid_key(gateway: Running) -> None:
     wrong = post(gateway, "/v1/feedback", json=body, key="not-the-key")
     assert wrong.status_code == 401 and error_of(wrong)["code"] == "invalid_api_key"  # OpenAI's status for it
     assert wrong.headers["www-authenticate"] == 'Bearer error="invalid_token"'
-    for bad in (
-        {"request_id": "r", "label": "meh"},
-        {"request_id": "r", "score": 7},
-        {"request_id": "r"},
-        {"request_id": "r", "score": True},  # not a score: pydantic alone would store 1.0
-        {"request_id": "r", "score": 1, "label": "bad"},  # which one?
+    for bad, param in (
+        ({"request_id": "r", "label": "meh"}, "label"),
+        ({"request_id": "r", "score": 7}, "score"),
+        ({"request_id": "r", "score": -1}, "score"),
+        ({"request_id": "r", "score": "1"}, "score"),  # a union field: named as sent, not "score.float"
+        ({"request_id": "r"}, "score"),
+        ({"request_id": "r", "score": True}, "score"),  # not a score: pydantic alone would store 1.0
+        ({"request_id": "r", "score": 1, "label": "bad"}, "label"),  # which one?
+        ({"score": 1}, "request_id"),
     ):
-        assert post(gateway, "/v1/feedback", json=bad, key=API_KEY).status_code == 400, bad
+        response = post(gateway, "/v1/feedback", json=bad, key=API_KEY)
+        assert response.status_code == 400, bad
+        error = error_of(response)
+        assert (error["param"], error["code"]) == (param, "invalid_value"), bad  # the field at fault, as OpenAI's
     assert gateway.stored("feedback") == before
+
+
+def test_a_union_fields_error_names_the_field_as_sent(gateway: Running) -> None:
+    response = post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": [1, 2, 3]})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "prompt" and str(error["message"]).startswith("prompt: "), error
 
 
 def test_feedback_before_and_after_its_request(gateway: Running) -> None:
