@@ -21,7 +21,8 @@ Lifecycle:
   checkpoints without waiting for those steps, so the bus's ack window never fills.) The train loop builds batches by
   domain weight (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for
   single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
-  than ``publish_min_interval_s`` after the previous version), checkpoints and evaluates. The held-out prompts out
+  than ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is
+  back, counted in ``bus_waits``), checkpoints and evaluates. The held-out prompts out
   (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training groups,
   and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures the weights'
   moving average (``_average``, updated after every step): it goes out as a version of its own, the round is labelled
@@ -92,7 +93,7 @@ from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
 from actors.protocol import VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import SlotSpaceError, WeightPublisher, weight_transports
-from topology.bus import Delivery
+from topology.bus import BUS_AWAY, Delivery
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["LearnerActor"]
@@ -638,7 +639,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._account(applied, consumed)
         self._report_step(stats, applied, step_s)
         if self._publish_due():
-            await self.publish_weights()
+            await self._publish_or_wait()
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint(background=True)
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
@@ -826,6 +827,17 @@ class LearnerActor(Actor[LearnerConfig]):
         )
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
+
+    async def _publish_or_wait(self) -> None:
+        """The train loop's publish: while the bus is away (a restarting or frozen server), the version waits for the
+        next step (it stays due) and training goes on; the steps in between are in whichever version goes out next."""
+        try:
+            await self.publish_weights()
+        except BUS_AWAY as exc:
+            self.ctx.counters.inc("bus_waits")
+            self.ctx.log.warning(
+                "learner.publish_deferred", step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step"
+            )
 
     def _publish_through_disk(self, reason: str) -> None:
         """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a

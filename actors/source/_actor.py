@@ -48,14 +48,13 @@ import time
 from typing import Any
 
 import anyio
-import nats.errors
 import nats.js.errors as js_errors
 import orjson
 
 from actors.domains import DomainSampler, domains_from_spec
 from actors.protocol import LearnerPace, LearnerStatus, PromptMsg, served_key, weights_bucket
 from actors.source._config import SourceConfig
-from topology.bus import new_id
+from topology.bus import BUS_AWAY, new_id
 from topology.runtime import Actor
 
 __all__ = ["SourceActor"]
@@ -66,7 +65,6 @@ _POLL_S = 0.05  # how often a blocked source looks downstream again (each look c
 #   well under a learner step, so the generators are never a batch short for long
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
-_BUS_AWAY = (nats.errors.Error, TimeoutError)  # what a request raises while the server restarts
 _BUS_RETRY_S = 0.5  # how often a source whose bus is away looks again
 
 
@@ -284,7 +282,7 @@ class SourceActor(Actor[SourceConfig]):
                     in_flight = await self.in_flight(groups, learners)
                     ctx.counters.set("in_flight", in_flight)
                     room = min(room, self.max_in_flight - in_flight)
-            except _BUS_AWAY as exc:
+            except BUS_AWAY as exc:
                 ctx.counters.inc("bus_waits")
                 if not bus_away:
                     ctx.log.warning("source.bus_away", error=f"{type(exc).__name__}: {exc}", retry_s=_BUS_RETRY_S)

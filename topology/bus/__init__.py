@@ -8,12 +8,13 @@ from topology._names import DEADLETTER
 from topology.bus._bus import Bus, EphemeralMessage, EphemeralSubscription
 from topology.bus._consumer import ChannelConsumer, Delivery
 from topology.bus._envelope import ENVELOPE_VERSION, Envelope, decode, encode, new_id
-from topology.bus._errors import BusError, EnvelopeError
+from topology.bus._errors import BUS_AWAY, BusError, EnvelopeError
 from topology.bus._outbox import Outbox
 from topology.bus._server import EmbeddedNats, find_nats_server
 from topology.bus._stats import BusStats
 
 __all__ = [
+    "BUS_AWAY",
     "DEADLETTER",
     "ENVELOPE_VERSION",
     "Bus",

@@ -6,7 +6,9 @@ callers print ``str(error)`` rather than a traceback.
 
 from __future__ import annotations
 
-__all__ = ["BusError", "EnvelopeError"]
+import nats.errors
+
+__all__ = ["BUS_AWAY", "BusError", "EnvelopeError"]
 
 
 class BusError(Exception):
@@ -19,3 +21,8 @@ class EnvelopeError(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# what a request to the bus raises while its server is away (restarting, or frozen): a caller that can wait catches
+# these and tries again later instead of crashing (a publish's BusError, a KV request's nats timeout)
+BUS_AWAY: tuple[type[Exception], ...] = (BusError, nats.errors.Error, TimeoutError)

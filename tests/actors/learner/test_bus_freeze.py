@@ -1,0 +1,42 @@
+"""A learner rides out a bus that stops answering (its nats-server frozen with SIGSTOP): a version due meanwhile waits
+for the first step after the bus is back, counted in ``bus_waits``, and training goes on — it used to crash the learner
+(the announcement's KV put timed out), which then redid every step since its last checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.actors.learner._helpers import running_learner, scored, wait_until, write_spec
+from topology.bus import EmbeddedNats
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+LEARNER = (
+    "    batch_size: 64\n    partial_batch_after_s: 1\n    publish_every_steps: 1\n    checkpoint_every_steps: 1\n"
+    "    eval_every_steps: 0\n    fill_wait_s: 0\n"
+)
+
+
+async def test_a_version_due_while_the_bus_is_frozen_waits_for_it_and_training_goes_on(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, LEARNER, ack_wait_s=30.0)
+    with EmbeddedNats(tmp_path / "nats") as server:  # its own server: this test freezes it
+        assert server.pid is not None
+        async with running_learner(spec, server.url, tmp_path / "run") as (actor, bus):
+            first = actor.version
+            for i in range(2):  # half a batch: trained once it waited partial_batch_after_s
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"before-{i}")
+            await wait_until(lambda: actor.batcher.completions == 8)
+            os.kill(server.pid, signal.SIGSTOP)
+            try:  # the step comes, its version cannot be announced
+                await wait_until(lambda: (actor.ctx.counters.get("bus_waits") or 0) >= 1, timeout_s=60)
+                assert actor.step == 1
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            for i in range(2):
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"after-{i}")
+            await wait_until(lambda: actor.step == 2 and actor.version > first, timeout_s=60)
+            assert await actor.publisher.newest() == actor.version  # the waiting version went out with step 2
