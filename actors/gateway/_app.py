@@ -280,7 +280,7 @@ class Gateway:
         watch = _DisconnectWatch(request.receive, call)
         handed_over = False
         try:
-            await self._start(call)
+            await self._start(call, served)
             if stream:
                 handed_over = True
                 return _Stream(self, call, watch, served)
@@ -289,7 +289,7 @@ class Gateway:
                 async for message in call.messages(self.config.request_timeout_s):
                     final = message
             except GenerationError as exc:
-                raise self._generation_error(exc, served.request_id) from None
+                raise self._generation_error(exc, served) from None
             except TimeoutError:
                 raise self._timeout(call) from None
             await self._record(served, final, stream=False)
@@ -352,7 +352,7 @@ class Gateway:
         )
         return served, body.stream
 
-    async def _start(self, call: ServeCall) -> None:
+    async def _start(self, call: ServeCall, served: _Served) -> None:
         try:
             await call.start()
         except GeneratorsBusy as exc:
@@ -364,7 +364,7 @@ class Gateway:
                 "no generator is serving right now; retry later", "no_generators", self.config.retry_after_s
             ) from None
         except GenerationError as exc:
-            raise self._generation_error(exc, call.request_id) from None
+            raise self._generation_error(exc, served) from None
         except TimeoutError:
             raise self._timeout(call) from None
 
@@ -462,9 +462,11 @@ class Gateway:
             return
         self.metrics.published(tokens)
 
-    def _generation_error(self, exc: GenerationError, request_id: str) -> ApiError:
-        if 400 <= exc.status < 500:  # the generator refused the request itself (context length, parameters)
-            return ApiError(exc.status, str(exc), code="generation_failed")
+    def _generation_error(self, exc: GenerationError, served: _Served) -> ApiError:
+        request_id = served.request_id
+        if 400 <= exc.status < 500:  # the generator refused the prompt itself (empty, longer than the context)
+            param = "messages" if served.route == "chat" else "prompt"  # the rest was checked here, before it went
+            return ApiError(exc.status, str(exc), code="generation_failed", param=param)
         self.log.warning("gateway.generation_failed", request_id=request_id, status=exc.status, error=str(exc))
         status = exc.status if exc.status in (500, 502, 503) else 502
         return ApiError(
@@ -553,11 +555,7 @@ class Gateway:
         except CallCancelled:
             self.metrics.disconnect()
         except (GenerationError, TimeoutError) as exc:
-            error = (
-                self._generation_error(exc, served.request_id)
-                if isinstance(exc, GenerationError)
-                else self._timeout(call)
-            )
+            error = self._generation_error(exc, served) if isinstance(exc, GenerationError) else self._timeout(call)
             self.metrics.error(error.code or str(error.status))
             yield b"data: " + error.body() + b"\n\n"
 

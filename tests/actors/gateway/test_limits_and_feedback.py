@@ -128,7 +128,12 @@ def test_chunked_oversized_body_is_413(gateway: Running) -> None:
 def test_prompt_longer_than_the_context_is_400(gateway: Running) -> None:
     before = gateway.stored("traffic")
     response = post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": "z" * 3000, "max_tokens": 2})
-    assert response.status_code == 400 and "context" in str(error_of(response)["message"])
+    assert response.status_code == 400
+    error = error_of(response)
+    assert "context" in str(error["message"]) and error["param"] == "prompt"  # the field at fault, as OpenAI's
+    chat = {**CHAT, "messages": [{"role": "user", "content": "z" * 3000}]}
+    response = post(gateway, "/v1/chat/completions", json=chat)
+    assert response.status_code == 400 and error_of(response)["param"] == "messages"
     assert gateway.stored("traffic") == before
 
 
