@@ -33,8 +33,11 @@ Lifecycle:
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
 is acked without being applied; anything applied after that checkpoint was never acked and is applied again to
-the restored weights. Every applied message is also written to ``metrics/applied-*.parquet`` with the step and
-the learner's incarnation (flushed before each checkpoint), which is the audit trail tests use.
+the restored weights. Within a life, a message is kept alive from its delivery to its ack, and a redelivery of it
+(after ``ack_wait_s`` anyway: the process was stopped, the bus away) replaces the delivery wherever the message is —
+buffered, in the step under way, waiting for or in a checkpoint — and is never buffered again. Every applied message
+is also written to ``metrics/applied-*.parquet`` with the step and the learner's incarnation (flushed before each
+checkpoint), which is the audit trail tests use.
 
 Checkpoints taken by the train loop are written in the background: the state is copied while nothing steps it
 (milliseconds for a small model), training goes on while the copy is written, and the messages it covers are acked
@@ -169,6 +172,7 @@ class LearnerActor(Actor[LearnerConfig]):
             buffer_size=config.buffer_size,
         )
         self._held: dict[str, _Held] = {}  # buffered, not applied yet
+        self._stepping: dict[str, _Held] = {}  # taken by the step under way: out of the buffer, not accounted yet
         self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
         self._writing: dict[str, Delivery[ScoredMsg]] = {}  # covered by the checkpoint being written, acked after it
         self._written: anyio.Event | None = None  # set once the checkpoint being written is on disk
@@ -508,6 +512,9 @@ class LearnerActor(Actor[LearnerConfig]):
         if mid in self._held:
             self._held[mid].delivery = delivery
             return
+        if mid in self._stepping:  # redelivered while its step runs: that step accounts (and later acks) the fresh one
+            self._stepping[mid].delivery = delivery
+            return
         problem = out_of_vocabulary(msg, self.policy.vocab_size)
         if problem is not None:  # from no generator of this policy: it would fail the batch it joined, every time
             await delivery.dead_letter(problem)
@@ -564,7 +571,7 @@ class LearnerActor(Actor[LearnerConfig]):
         while True:
             await anyio.sleep(every)
             waiting = [*self._unacked.values(), *self._writing.values()]
-            for delivery in [h.delivery for h in self._held.values()] + waiting:
+            for delivery in [h.delivery for h in [*self._held.values(), *self._stepping.values()]] + waiting:
                 try:
                     await delivery.in_progress()
                 except Exception as exc:  # a lost keepalive means a redelivery later: handled by the ledger
@@ -618,10 +625,12 @@ class LearnerActor(Actor[LearnerConfig]):
                 group_samples = held.samples if held.samples is not None else self._samples(held.msg)
                 if group_samples is None:
                     consumed.append(held)
+                    self._stepping[held.delivery.id] = held
                     self._count_no_signal(held.msg)
                     continue
                 samples.extend(group_samples)
                 applied.append(held)
+                self._stepping[held.delivery.id] = held
                 if held.msg.origin == "domain":  # production samples' staleness is the gate's lag: reported apart
                     self._staleness_last.append(self._group_staleness(held.msg))
                 else:
@@ -720,6 +729,7 @@ class LearnerActor(Actor[LearnerConfig]):
     def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
         """Ledger + audit trail for the step just taken (or for consumed groups when no step was taken)."""
         for held in [*applied, *consumed]:
+            self._stepping.pop(held.delivery.id, None)
             self._unacked[held.delivery.id] = held.delivery
         self.ledger.add(h.delivery.id for h in [*applied, *consumed])
         now = time.time()

@@ -14,6 +14,7 @@ import pytest
 
 from actors.learner import Checkpointer, read_metrics
 from actors.learner._actor import LearnerActor
+from actors.learner._trainer import Trainer
 from tests.actors.learner._helpers import effective_applied, running_learner, scored, wait_until, write_spec
 from topology.bus import EmbeddedNats
 
@@ -469,6 +470,45 @@ async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers
     assert sorted(effective_applied(run_dir)) == [f"g{i}" for i in range(8)]
     events = read_metrics(run_dir, "lifecycle").filter(pl.col("event") == "checkpoint")
     assert events["step"].to_list()[-2:] == [2, 4]
+
+
+@pytest.mark.parametrize("keepalive", [True, False])
+async def test_a_group_redelivered_while_its_step_runs_is_applied_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keepalive: bool
+) -> None:
+    """The first step (g0, g1) is held in its worker thread past the ack wait, as a step of a large model, or a learner
+    stopped (SIGSTOP) with groups buffered, can take: its groups are kept alive, or (without the keepalive) redelivered
+    meanwhile and recognised as the step's own — each group is applied once. (A redelivery used to find its group in
+    neither the buffer nor the ledger, and the next step applied it again.)"""
+    spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
+    release, taken = threading.Event(), threading.Event()
+    rl_step = Trainer.rl_step
+
+    def held(self: Trainer, samples: Any) -> Any:
+        if not taken.is_set():
+            taken.set()
+            assert release.wait(60), "the test never let the step go"
+        return rl_step(self, samples)
+
+    monkeypatch.setattr(Trainer, "rl_step", held)
+    if not keepalive:
+        monkeypatch.setattr(LearnerActor, "_keepalive", lambda self: anyio.sleep_forever())
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        js = bus.nc.jetstream()
+        try:
+            for i in range(4):
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+            await wait_until(taken.is_set)
+            await anyio.sleep(2.5 * spec.bus.ack_wait_s)  # past the ack wait, the step still running
+            info = await js.consumer_info(bus.stream("scored"), "learner")
+            assert (info.num_redelivered > 0) is not keepalive
+        finally:
+            release.set()
+        await wait_until(lambda: (actor.ctx.counters.get("last_checkpoint_step") or 0) >= 2)
+        await anyio.sleep(2.5 * spec.bus.ack_wait_s)  # what a redelivery would have done, it has done by now
+        assert actor.step == 2 and not actor.batcher.completions  # no third step on copies of g0 and g1
+    assert sorted(effective_applied(run_dir)) == [f"g{i}" for i in range(4)]
 
 
 async def test_a_checkpoint_write_that_fails_fails_the_run_and_the_resume_applies_every_group_once(
