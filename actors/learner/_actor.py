@@ -655,7 +655,7 @@ class LearnerActor(Actor[LearnerConfig]):
             self._eval_due = True
         if self._eval_due and not self._average_round_out:
             self._eval_due = False
-            await self.publish_eval()
+            await self._publish_eval_or_wait()
         elif self._eval_out:
             self._eval_scored(0)  # (writes off prompts lost on the way)
         return stats
@@ -849,6 +849,18 @@ class LearnerActor(Actor[LearnerConfig]):
                 "learner.publish_deferred", step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step"
             )
 
+    async def _publish_eval_or_wait(self) -> None:
+        """The train loop's held-out round: while the bus is away it stays due and goes out at the first step after
+        the bus is back (labelled with the version then), like a version due meanwhile."""
+        try:
+            await self.publish_eval()
+        except BUS_AWAY as exc:
+            self._eval_due = True
+            self.ctx.counters.inc("bus_waits")
+            self.ctx.log.warning(
+                "learner.eval_deferred", step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step"
+            )
+
     def _publish_through_disk(self, reason: str) -> None:
         """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a
         container's /dev/shm is 64 MB unless it is given more): publish through safetensors files in the run dir from
@@ -923,7 +935,11 @@ class LearnerActor(Actor[LearnerConfig]):
         self._eval_scored(0)
         self._eval_out += len(items)
         self._eval_heard = time.monotonic()
-        await self.ctx.bus.publish_many(self._channel_out, items, source=self.ctx.replica_id)
+        try:
+            await self.ctx.bus.publish_many(self._channel_out, items, source=self.ctx.replica_id)
+        except BaseException:  # not out, or not all of it: a round never complete is never reported, so not waited for
+            self._eval_out = max(0, self._eval_out - len(items))
+            raise
         self.ctx.report_soon()  # eval_out: a source steering by max_in_flight does not count these as training
         self.ctx.counters.inc("eval_rounds")
         self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items))

@@ -40,3 +40,43 @@ async def test_a_version_due_while_the_bus_is_frozen_waits_for_it_and_training_g
                 await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"after-{i}")
             await wait_until(lambda: actor.step == 2 and actor.version > first, timeout_s=60)
             assert await actor.publisher.newest() == actor.version  # the waiting version went out with step 2
+
+
+async def test_a_heldout_round_due_while_the_bus_is_frozen_goes_out_after_it(tmp_path: Path) -> None:
+    """The round (its average's weights first, then its prompts) cannot go out while the bus is frozen: it stays due
+    and goes out at the first step after — it used to crash the learner like the version did."""
+    config = LEARNER.replace("    eval_every_steps: 0\n", "    eval_every_steps: 1\n") + (
+        "  generator: {engine: torch, device: cpu}\n"  # with a generator, the learner publishes held-out prompts
+    )
+    spec = write_spec(tmp_path, config, ack_wait_s=30.0)
+    with EmbeddedNats(tmp_path / "nats") as server:
+        assert server.pid is not None
+        async with running_learner(spec, server.url, tmp_path / "run") as (actor, bus):
+            js = bus.nc.jetstream()
+
+            async def published_is(n: int) -> bool:
+                return int((await js.stream_info(bus.stream("prompts"))).state.messages) == n
+
+            assert await published_is(8)  # the baseline round: 8 held-out tasks
+            for i in range(8):  # scored, so that the first step need not wait for it
+                await bus.publish(
+                    "scored",
+                    "scored",
+                    scored("arithmetic", [1.0], heldout=True, temperature=0.0),
+                    id=f"eval-1-t{i}.r.s",
+                )
+            await wait_until(lambda: actor.report()["eval_out"] == 0)
+            for i in range(2):
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"before-{i}")
+            await wait_until(lambda: actor.batcher.completions == 8)
+            os.kill(server.pid, signal.SIGSTOP)
+            try:  # the step comes; neither its version nor its round can go out
+                await wait_until(lambda: (actor.ctx.counters.get("bus_waits") or 0) >= 2, timeout_s=90)
+                assert actor.step == 1 and actor.report()["eval_out"] == 0
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            for i in range(2):
+                await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"after-{i}")
+            await wait_until(lambda: actor.step == 2, timeout_s=60)
+            await wait_until(lambda: published_is(16), timeout_s=60)  # the round went out after the freeze
+            assert actor.report()["eval_out"] == 8
