@@ -5,7 +5,8 @@ and needs no extra channel. It reads these counter names (absent ones are simply
 
 - learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
   ``heldout_acc.<domain>``, ``heldout_acc_start.<domain>`` (the run's first round, every life of it),
-  ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1);
+  ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1), and during the warm start
+  ``warmstart_step``, ``warmstart_steps`` and ``warmstart_loss`` (its RL ``step`` stays 0 until it ends);
 - generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
 - verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
   ``verifier_errors.<domain>`` (summed over replicas): answers the domain's verifier could not score — a user's
@@ -120,6 +121,7 @@ class LearningView:
             "phase": _PHASES.get(phase, phase) if isinstance(phase, int | float) else phase,
             "version": learner.get("version"),
             "step": learner.get("step"),
+            "warmstart": {key: learner.get(f"warmstart_{key}") for key in ("step", "steps", "loss")},
             "samples": learner.get("samples_applied"),
             "staleness": learner.get("staleness_mean"),
             "tokens_per_s": tokens_per_s,
@@ -218,7 +220,12 @@ class LearningView:
             bits.append(str(summary["phase"]))
         if summary["version"] is not None:
             bits.append(f"v{int(summary['version'])}")
-        if summary["step"] is not None:
+        warm = summary.get("warmstart") or {}
+        if summary["phase"] == "warmstart" and warm.get("steps"):  # RL's step is 0 all along: show the warm start's
+            bits.append(f"step {int(warm.get('step') or 0)}/{int(warm['steps'])}")
+            if warm.get("loss") is not None:
+                bits.append(f"loss {float(warm['loss']):.3f}")
+        elif summary["step"] is not None:
             bits.append(f"step {int(summary['step'])}")
         if summary["samples"] is not None:
             bits.append(f"{int(summary['samples']):,} samples")

@@ -344,6 +344,7 @@ class LearnerActor(Actor[LearnerConfig]):
         started = time.perf_counter()
         lr = warm_start_lr(warm.lr, self.policy.num_parameters())
         ctx.log.info("learner.warmstart_start", steps=steps, lr=_rate(lr, warm.lr))
+        ctx.counters.set("warmstart_steps", steps)  # the live view shows "warm start step 37/200", not "step 0"
 
         def on_step(step: int, loss: float) -> None:
             ctx.counters.set("warmstart_step", step)

@@ -57,6 +57,14 @@ def test_the_climb_is_measured_from_the_runs_first_round_not_the_first_look() ->
     assert line is not None and "acc 42% (+12 pts)" in line
 
 
+def test_the_warm_start_shows_its_own_step_and_loss() -> None:
+    """The warm start showed 'warmstart · v0 · step 0' for its whole length (its RL step is 0 all along), which reads
+    as a stuck learner: its own step, of how many, and its loss are shown instead."""
+    counters = {"warmstart_step": 37, "warmstart_steps": 200, "warmstart_loss": 1.25}
+    line = LearningView().line([_status("learner", "learner", phase="warmstart", version=0, step=0, **counters)])
+    assert line is not None and "warmstart · v0 · step 37/200 · loss 1.250" in line
+
+
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
 
