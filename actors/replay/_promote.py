@@ -332,15 +332,10 @@ async def rollback(
     if log is None:
         log = DecisionLog(run_dir)
     log.update()
-    history = [e for e in log.serving if "manifest" in e]
-    earlier = [e for e in history if int(e["version"]) != current.version]
-    chain = [int(e["version"]) for e in history]
-    if current.version in chain:  # the one that served before the current version's latest promotion
-        last = len(chain) - 1 - chain[::-1].index(current.version)
-        earlier = [e for e in history[:last] if int(e["version"]) != current.version]
-    if not earlier:
+    earlier = _served_before(current.version, [e for e in log.serving if "manifest" in e])
+    if earlier is None:
         raise ValueError(f"no earlier serving version than v{current.version} in {decisions_path(run_dir)}")
-    target = await _pin(bus, run_dir, WeightManifest.from_json(orjson.dumps(earlier[-1]["manifest"])))  # still there?
+    target = await _pin(bus, run_dir, WeightManifest.from_json(orjson.dumps(earlier["manifest"])))  # still there?
     await bus.kv_put(weights_bucket(bus.topology), SERVING, target.to_json())
     return record(
         run_dir,
@@ -356,6 +351,27 @@ async def rollback(
             **({"gate": "paused"} if pause else {}),
         },
     )
+
+
+def _served_before(current: int, history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The entry of the version that served before ``current``, the serving history read as a stack: a promotion
+    pushes its version, a rollback pops back to the one it restored. So a second rollback goes further back instead
+    of returning to the version the first one rolled back from."""
+    stack: list[dict[str, Any]] = []
+    for entry in history:
+        version = int(entry["version"])
+        below = [int(e["version"]) for e in stack[:-1]]
+        if entry.get("action") == "rollback" and version in below:  # back down to it (else: like a promotion)
+            del stack[len(below) - below[::-1].index(version) :]
+            stack[-1] = entry  # its newest manifest
+            continue
+        if stack and int(stack[-1]["version"]) == version:
+            stack[-1] = entry
+            continue
+        stack.append(entry)
+    while stack and int(stack[-1]["version"]) == current:
+        stack.pop()
+    return stack[-1] if stack else None
 
 
 def pause_gate(run_dir: Path, *, by: str, reason: str) -> dict[str, Any]:

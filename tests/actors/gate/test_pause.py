@@ -69,3 +69,35 @@ async def test_its_serving_version_follows_a_move_by_hand(embedded_nats: Embedde
                 if rig.ctx.counters.get("serving_version") == 2 and rig.ctx.counters.get("paused") == 1:
                     break
                 await anyio.sleep(0.05)
+
+
+async def test_a_second_rollback_goes_further_back_not_to_the_version_rolled_back_from(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """`flywheel rollback` twice served v2, then v3 again: the version the first rollback took users off. The serving
+    history is a stack: v4 → v3 → v2, and then there is nothing earlier."""
+    run_dir = tmp_path / "run"
+    async with promoting(embedded_nats, tmp_path) as (rig, weights):
+        await rig.decided(4, weights)
+        assert await _serving(rig) == 4
+        await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
+        assert await _serving(rig) == 3
+        await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
+        assert await _serving(rig) == 2
+        with pytest.raises(ValueError, match="no earlier serving version than v2"):
+            await rollback(rig.bus, run_dir, by="cli:ops", pause=True)
+        assert await _serving(rig) == 2
+
+
+def test_a_rollback_to_a_version_not_below_counts_as_a_promotion() -> None:
+    """A log written before rollbacks stacked (v1, v95, rollback to v1, 'rollback' to v95) still knows v1 served
+    before v95, instead of forgetting everything under the last entry."""
+    from actors.replay._promote import _served_before
+
+    history = [
+        {"action": action, "version": version}
+        for action, version in (("promote", 1), ("promote", 95), ("rollback", 1), ("rollback", 95))
+    ]
+    before = _served_before(95, history)
+    assert before is not None and before["version"] == 1
+    assert _served_before(1, history[:3]) is None
