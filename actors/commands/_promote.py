@@ -82,7 +82,9 @@ async def connect_run(run_dir: Path, name: str) -> Any:
 
     info = read_run_info(run_dir)
     if info.stopped_at is not None or not pid_alive(info.pid):
-        raise click.ClickException(f"the run at {run_dir} is not running (start it with flywheel up)")
+        raise click.ClickException(  # a new `flywheel up` would start another run, not this one
+            f"the run at {run_dir} is not running (continue it with: flywheel up --resume {run_dir})"
+        )
     try:
         with anyio.fail_after(10):
             return await connect_to(run_dir, name=name, info=info)

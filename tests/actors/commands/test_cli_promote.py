@@ -88,6 +88,19 @@ def test_without_a_run_here_the_hint_works_for_the_command(
     assert "no run found" in result.output and "--run-dir" not in result.output, result.output
 
 
+@pytest.mark.parametrize("command", [["promote", "current"], ["rollback"], ["review", "--wait", "0"]])
+def test_a_stopped_run_is_continued_with_resume_not_a_new_up(tmp_path: Path, command: list[str]) -> None:
+    """On a stopped run these said 'start it with flywheel up', which starts another run (and moves runs/latest)
+    that the command, given this run's folder, still could not reach."""
+    run_dir = _run(tmp_path, SERVICE)
+    info = read_run_info(run_dir)
+    info.stopped_at, info.exit = time.time(), "ok"
+    write_run_info(run_dir, info)
+    result = CliRunner().invoke(main, [*command, str(run_dir)])
+    assert result.exit_code == 1
+    assert f"is not running (continue it with: flywheel up --resume {run_dir})" in result.output, result.output
+
+
 def test_promote_without_a_gate_names_what_can_be_promoted(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     actors = {**TRAINING, "serving": SERVICE["serving"]}
     run_dir = _run(tmp_path, actors, bus_url=embedded_nats.url)
