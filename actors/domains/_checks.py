@@ -118,6 +118,8 @@ def _check_opens(check: SectionCheck, path: KeyPath, name: str, domain: DomainSp
                 message += f" (the source string is at {check.where((*path, 'source'))})"
         else:
             at = ("source",) if err.option is not None else (err.key or "source",)
+        if err.key == "heldout" and "heldout" not in domain.model_fields_set:  # the user wrote no `heldout` to lower
+            message += f" (this domain gives none: the default is {DomainSpec.model_fields['heldout'].default})"
         check.error((*path, *at), message)
         return None
 

@@ -103,6 +103,30 @@ def test_jsonl_rows_must_carry_what_a_builtin_verifier_reads_but_a_users_functio
     load_spec(tmp_path / "mine.yaml")
 
 
+def test_a_small_jsonl_file_without_heldout_says_the_default_is_what_leaves_no_training_task(
+    tmp_path: Path,
+) -> None:
+    """The README's example domain (`{source: jsonl:data/tasks.jsonl, verifier: math}`) over a 20-row file said
+    "lower the domain's `heldout`" of a domain that sets none: the default's value is named."""
+    (tmp_path / "tasks.jsonl").write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(20)))
+    domains = "domains:\n  mine: {source: 'jsonl:tasks.jsonl', verifier: math}\n"
+    (tmp_path / "a.yaml").write_text(
+        MINIMAL.replace("domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math}\n", domains)
+    )
+    with pytest.raises(SpecError) as caught:
+        load_spec(tmp_path / "a.yaml")
+    (error,) = caught.value.errors
+    assert error.path == "domains.mine.heldout"
+    assert "held-out size 200 leaves no training tasks (20 rows)" in error.message
+    assert error.message.endswith("(this domain gives none: the default is 200)")
+    (tmp_path / "b.yaml").write_text(
+        (tmp_path / "a.yaml").read_text().replace("verifier: math}", "verifier: math, heldout: 30}")
+    )
+    with pytest.raises(SpecError) as caught:
+        load_spec(tmp_path / "b.yaml")
+    assert "the default" not in caught.value.errors[0].message
+
+
 def test_all_errors_are_reported_in_one_run() -> None:
     text = MINIMAL.replace("replicas: 2", "replicas: 0") + "  bogus: {kind: nope}\nextra_top: 1\n"
     with pytest.raises(SpecError) as caught:
