@@ -242,6 +242,9 @@ def parse_text(text: str, file: str, environ: dict[str, str] | os._Environ[str] 
             message += f" ({context})"
         if "\\t" in message or "\t" in message:
             message += " — YAML does not allow tabs for indentation; use spaces"
+        index = getattr(mark, "index", -1)
+        if 0 < index < len(text) and text[index - 1 : index + 1] == "${":  # a flow mapping's `{` to YAML
+            message += ' — inside {…} or […] quote a ${VAR} ("${VAR}"), or write the mapping one key a line'
         doc.issue(loc, (), message)
         return doc
     if node is None:

@@ -61,6 +61,18 @@ def test_unquoted_interpolation_is_retyped_quoted_stays_a_string() -> None:
     assert doc.data == {"a": 2, "b": "2", "c": True}
 
 
+@pytest.mark.parametrize("flow", ["bus: {url: nats://h:4222, creds_file: ${NATS_CREDS}}", "ports: [${PORT}]"])
+def test_an_unquoted_variable_in_a_flow_mapping_says_to_quote_it(flow: str) -> None:
+    """The README's own `bus: {url: …, creds_file: ${NATS_CREDS}}` was only "invalid YAML: expected ',' or '}', but
+    got '{'": YAML reads the `{` of `${` as a new mapping. The message says how to write it."""
+    doc = parse_text(f"name: t\n{flow}\n", "t.yaml", {"NATS_CREDS": "/c.creds", "PORT": "1"})
+    (issue,) = doc.issues
+    assert (issue.line, issue.message.split(":")[0]) == (2, "invalid YAML")
+    assert 'quote a ${VAR} ("${VAR}")' in issue.message
+    quoted = parse_text('bus: {url: nats://h:4222, creds_file: "${NATS_CREDS}"}\n', "t.yaml", {"NATS_CREDS": "/c"})
+    assert not quoted.issues and quoted.data == {"bus": {"url": "nats://h:4222", "creds_file": "/c"}}
+
+
 def test_undefined_variable_is_an_error_at_its_scalar() -> None:
     doc = parse_text("bus:\n  url: ${NOPE_NOT_SET}\n", "s.yaml", {})
     (issue,) = doc.issues
