@@ -6,7 +6,8 @@ and needs no extra channel. It reads these counter names (absent ones are simply
 - learner: ``version``, ``step``, ``samples_applied``, ``staleness_mean``, ``reward.<domain>``,
   ``heldout_acc.<domain>``, ``heldout_acc_start.<domain>`` (the run's first round, every life of it),
   ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1), and during the warm start
-  ``warmstart_step``, ``warmstart_steps`` and ``warmstart_loss`` (its RL ``step`` stays 0 until it ends);
+  ``warmstart_step``, ``warmstart_steps`` and ``warmstart_loss`` (its RL ``step`` stays 0 until it ends), and
+  ``eval_out`` (held-out prompts not scored yet: at step 0 the baseline round RL waits for);
 - generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
 - verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
   ``verifier_errors.<domain>`` (summed over replicas): answers the domain's verifier could not score — a user's
@@ -122,6 +123,7 @@ class LearningView:
             "version": learner.get("version"),
             "step": learner.get("step"),
             "warmstart": {key: learner.get(f"warmstart_{key}") for key in ("step", "steps", "loss")},
+            "eval_out": learner.get("eval_out"),
             "samples": learner.get("samples_applied"),
             "staleness": learner.get("staleness_mean"),
             "tokens_per_s": tokens_per_s,
@@ -227,6 +229,8 @@ class LearningView:
                 bits.append(f"loss {float(warm['loss']):.3f}")
         elif summary["step"] is not None:
             bits.append(f"step {int(summary['step'])}")
+            if summary["phase"] == "rl" and not summary["step"] and summary.get("eval_out"):  # RL waits for it
+                bits.append(f"held-out baseline round: {int(summary['eval_out']):,} prompts to score")
         if summary["samples"] is not None:
             bits.append(f"{int(summary['samples']):,} samples")
         bits.append(f"{summary['tokens_per_s']:,.0f} tok/s")

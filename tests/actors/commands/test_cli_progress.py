@@ -65,6 +65,16 @@ def test_the_warm_start_shows_its_own_step_and_loss() -> None:
     assert line is not None and "warmstart · v0 · step 37/200 · loss 1.250" in line
 
 
+def test_the_baseline_round_rl_waits_for_is_shown_at_step_0() -> None:
+    """After the warm start the view showed 'rl · v1 · step 0 · 0 samples' while the learner waited for its held-out
+    baseline round: it says so, and how many prompts are still out. Later rounds run beside training: not shown."""
+    view = LearningView()
+    line = view.line([_status("learner", "learner", phase="rl", version=1, step=0, samples_applied=0, eval_out=412)])
+    assert line is not None and "step 0 · held-out baseline round: 412 prompts to score" in line
+    line = view.line([_status("learner", "learner", phase="rl", version=9, step=20, samples_applied=9, eval_out=400)])
+    assert line is not None and "held-out baseline" not in line
+
+
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
 
