@@ -8,11 +8,13 @@ has one only when a user rated it): ``recorded_samples`` says how many the recor
 markdown shows it beside that mean when it is not every sample. ``changed`` lists the samples whose outcome differs
 between the two versions (key, domain, prompt, each version's verdict, reward and text); the markdown shows the
 first ``CHANGED_SHOWN`` of them.
-Samples without verifier fields are marked "no verifier: compared by text only", those of a domain the spec replayed
-with does not have "not a domain of the spec replayed with". A sample the verifier failed on (``VERIFIER_ERROR``) has
-no reward — its 0 would read as the version answering worse (for the gate, a candidate rejected over a broken
-verifier): replayed, it is left out of the replayed means and counted in ``verifier_errors``; recorded, out of the
-recorded mean and agreement. Throughput: replay's tokens/s beside the bare engine's on the same prompts.
+Samples without verifier fields (served prompts that are no task of their domain: its verifier has no answer to
+check) are marked "prompts that are no task of the domain: compared by text only", those of a domain the spec
+replayed with does not have "not a domain of the spec replayed with". A sample the verifier failed on
+(``VERIFIER_ERROR``) has no reward — its 0 would read as the version answering worse (for the gate, a candidate
+rejected over a broken verifier): replayed, it is left out of the replayed means and counted in ``verifier_errors``;
+recorded, out of the recorded mean and agreement. Throughput: replay's tokens/s beside the bare engine's on the
+same prompts.
 
 Non-goals: statistical tests (the gate's threshold is a plain difference of means).
 """
@@ -171,7 +173,7 @@ def _note(row: dict[str, Any]) -> str:
         return ""
     if row["not_in_spec"]:  # replayed with another spec than the run's (--spec)
         return "not a domain of the spec replayed with: compared by text only"
-    return "no verifier: compared by text only"
+    return "prompts that are no task of the domain: compared by text only"  # its verifier has no answer to check
 
 
 def _fmt(value: Any) -> str:

@@ -21,6 +21,7 @@ from actors.replay import (
     resolve_weights,
     write_report,
 )
+from actors.replay._run import TEXT_ONLY
 from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
 from topology import load_spec
 from topology.bus import EmbeddedNats
@@ -179,6 +180,18 @@ def test_the_plot_makes_room_for_a_long_label(tmp_path: Path) -> None:
     report = {"weights": {"label": path}, "against": {"label": "v12"}, "domains": {"arithmetic": row(0.5)}}
     _plot(report, tmp_path / "report.png")
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+async def test_served_prompts_that_are_no_task_say_so_not_that_the_domain_lacks_a_verifier(tmp_path: Path) -> None:
+    """`flywheel replay --from traffic` on the service's recordings noted "no verifier" for the production domain,
+    which has one (math): users' prompts that are no row of its file have no answer to check against."""
+    spec = replay_spec(tmp_path)
+    await record_run(spec, tmp_path, version=1)
+    items = load_items(tmp_path / "recordings")
+    domain = items[0].domain
+    run = ReplayRun("v1", 1, [Outcome(i.key, domain, "", 1, None, TEXT_ONLY) for i in items], len(items), 1.0)
+    row = build_report(items, run, seed=0)["domains"][domain]
+    assert row["note"] == "prompts that are no task of the domain: compared by text only"
 
 
 async def test_a_verifier_that_fails_scores_nothing_instead_of_zero(tmp_path: Path) -> None:
