@@ -177,7 +177,8 @@ class LearningView:
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(title=self.headline(summary), title_justify="left", show_edge=False, pad_edge=False)
+        # the headline above the table, not its title: a title wraps at the table's width (about 64 columns)
+        table = Table(show_edge=False, pad_edge=False)
         for column in ("domain", "reward", "held-out acc", "Δ since start", "dropped (stale)"):
             table.add_column(column, justify="left" if column == "domain" else "right")
         errors = any(row["verifier_errors"] for row in summary["domains"])
@@ -195,7 +196,7 @@ class LearningView:
         parts: list[Any] = [Text(service)] if (service := self.service_line(summary)) is not None else []
         if errors:
             parts.append(Text(_ERRORS_HINT, style="bold red"))
-        return Group(*parts, table) if parts else table
+        return Group(*parts, Text(self.headline(summary), style="italic"), table)
 
     def line(self, records: Iterable[Any]) -> str | None:
         summary = self.summarize(records)

@@ -75,6 +75,24 @@ def test_the_baseline_round_rl_waits_for_is_shown_at_step_0() -> None:
     assert line is not None and "held-out baseline" not in line
 
 
+def test_the_headline_wraps_at_the_terminal_not_at_the_tables_width() -> None:
+    """In `flywheel up`'s live view and `flywheel status` the headline was the domain table's title, wrapped at the
+    table's width (about 64 columns) into two or three ragged lines on a 120-column terminal."""
+    from rich.console import Console
+
+    counters = {"reward.arithmetic": 0.4, "heldout_acc.arithmetic": 0.3, "staleness_mean": 1.5}
+    records = [
+        _status("learner", "learner", phase="rl", version=62, step=136, samples_applied=8705, **counters),
+        _status("gen", "generator", tokens_per_s=3224.0, version=60),
+    ]
+    view = LearningView()
+    headline = view.headline(view.summarize(records) or {})
+    assert 64 < len(headline) < 120
+    console = Console(width=120, record=True)
+    console.print(view.renderable(records))
+    assert headline in console.export_text().splitlines()
+
+
 def test_no_learning_actors_means_no_view() -> None:
     assert LearningView().summarize([_status("src", "source", published=3)]) is None
 
