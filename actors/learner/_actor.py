@@ -146,6 +146,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.step = 0
         self.version = 0
         self.phase = "init"
+        self._unstarted = False  # stopped during the warm start: start() returned early, run() and drain() do nothing
         self.max_staleness = config.effective_max_staleness
         self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
         sync = config.mode == "sync"  # sync publishes after every step: the source waits for each version
@@ -281,6 +282,8 @@ class LearnerActor(Actor[LearnerConfig]):
             steps = policy_spec.warm_start_steps
             if policy_spec.checkpoint is None and steps > 0:
                 await self._warm_start(domains, steps)
+                if self._unstarted:  # stopped part-way: no checkpoint, so a resumed run warm-starts afresh
+                    return
             if self.trainer.reference is not None:
                 self.trainer.reset_reference()  # the KL anchor is the post-warm-start policy
             if self.average is not None:
@@ -353,11 +356,23 @@ class LearnerActor(Actor[LearnerConfig]):
             if step == 1 or step % self.config.warm_start_log_every == 0 or step == steps:
                 ctx.log.info("learner.warmstart", step=step, of=steps, loss=round(loss, 4))
 
+        stopping = ctx.stopping
         result = await anyio.to_thread.run_sync(
             lambda: warm_start(
-                self.trainer, domains, steps=steps, lr=lr, batch_size=warm.batch_size, seed=0, on_step=on_step
+                self.trainer,
+                domains,
+                steps=steps,
+                lr=lr,
+                batch_size=warm.batch_size,
+                seed=0,
+                on_step=on_step,
+                should_stop=stopping.is_set,  # Ctrl-C: a drain within a step, not a kill after the drain timeout
             )
         )
+        if result.stopped:
+            self._unstarted = True
+            ctx.log.info("learner.warmstart_stopped", steps_done=result.steps, of=steps)
+            return
         if result.skipped_reason:
             ctx.log.warning("learner.warmstart_skipped", reason=result.skipped_reason, steps_done=result.steps)
         seconds = time.perf_counter() - started
@@ -378,6 +393,8 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
+        if self._unstarted:
+            return
         config = self.config
         channel = self.ctx.input_channel
         # un-acked at most: the buffer, the groups a checkpoint being written covers, and as many again applied
@@ -408,6 +425,8 @@ class LearnerActor(Actor[LearnerConfig]):
         # run() already checkpointed and acked every applied message; buffered ones stay un-acked (redelivered).
         from actors.learner._export import export_safetensors
 
+        if self._unstarted:  # weights part-way through the warm start: nothing to export
+            return
         self.metrics.flush()
         await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)
         average = self.average

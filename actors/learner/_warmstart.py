@@ -48,6 +48,7 @@ class WarmStartResult:
     steps: int = 0
     losses: list[float] = field(default_factory=list)
     skipped_reason: str = ""
+    stopped: bool = False  # should_stop() said so before the last step: the weights are part-way
 
 
 def reference_pairs(sampler: DomainSampler, count: int, max_len: int | None = None) -> list[tuple[str, str]]:
@@ -72,8 +73,10 @@ def warm_start(
     batch_size: int,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> WarmStartResult:
-    """Run ``steps`` supervised steps; ``on_step(step, loss)`` after each (1-based)."""
+    """Run ``steps`` supervised steps; ``on_step(step, loss)`` after each (1-based); ``should_stop()`` before each:
+    True ends it there (``stopped``)."""
     result = WarmStartResult()
     if steps <= 0:
         result.skipped_reason = "warm_start.steps is 0"
@@ -81,6 +84,9 @@ def warm_start(
     sampler = DomainSampler(domains, random.Random(seed))
     optimizer = adamw(trainer.params, lr=lr, weight_decay=0.0)
     for step in range(1, steps + 1):
+        if should_stop is not None and should_stop():
+            result.stopped = True
+            return result
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr)
         pairs = reference_pairs(sampler, batch_size, trainer.policy.max_context)

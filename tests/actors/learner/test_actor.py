@@ -15,8 +15,16 @@ import pytest
 from actors.learner import Checkpointer, read_metrics
 from actors.learner._actor import LearnerActor
 from actors.learner._trainer import Trainer
-from tests.actors.learner._helpers import effective_applied, running_learner, scored, wait_until, write_spec
-from topology.bus import EmbeddedNats
+from actors.testing import actor_context
+from tests.actors.learner._helpers import (
+    effective_applied,
+    learner_config,
+    running_learner,
+    scored,
+    wait_until,
+    write_spec,
+)
+from topology.bus import Bus, EmbeddedNats
 
 pytestmark = pytest.mark.anyio
 
@@ -584,3 +592,29 @@ async def test_a_resumed_learner_reports_the_runs_first_and_newest_heldout_accur
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
         counters = actor.ctx.counters
         assert counters.get("heldout_acc_start.arithmetic") == 0.3 and counters.get("heldout_acc.arithmetic") == 0.42
+
+
+async def test_a_stop_during_the_warm_start_ends_it_within_a_step_and_keeps_no_part_way_state(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Ctrl-C in `just demo`'s first half-minute waited out the whole warm start (in a thread, deaf to the stop):
+    the supervisor killed the learner after its drain timeout. The warm start now stops at the next step, and the
+    learner checkpoints and exports nothing part-way, so a resumed run warm-starts afresh."""
+    spec = write_spec(tmp_path, learner(), warm_steps=100_000)
+    run_dir = tmp_path / "run"
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="learner") as bus:
+        for channel in spec.channels.values():
+            await bus.ensure_channel(channel.name)
+        ctx = actor_context(spec, "learner", bus, run_dir)
+        actor = LearnerActor(ctx, learner_config(spec))
+        with anyio.fail_after(30):  # unstopped, the warm start takes minutes
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.start)
+                await wait_until(lambda: (ctx.counters.get("warmstart_step") or 0) >= 2)
+                ctx.stopping.set()
+            await actor.run()
+            await actor.drain()
+            await actor.stop()
+    assert 2 <= (ctx.counters.get("warmstart_step") or 0) < 100_000
+    assert actor.version == 0 and Checkpointer(ctx.state_dir / "checkpoints").latest() is None
+    assert not (run_dir / "export").exists()
