@@ -176,6 +176,7 @@ class RuntimeBase:
         self._finished: set[tuple[str, int]] = set()
         self._crashes: dict[tuple[str, int], _Crashes] = {}
         self._still_crashing: list[tuple[str, int]] = []  # in a crash loop, and not running again when the stop came
+        self._killed: tuple[list[str], str] | None = None  # replicas killed at the stop, without a drain, and why
 
     @property
     def run_dir(self) -> Path | None:
@@ -346,6 +347,11 @@ class RuntimeBase:
             if not recovered:
                 self._still_crashing.append(key)
 
+    def killed_at_stop(self, replicas: list[str], why: str) -> None:
+        """Replicas the stop killed without their drain (the drain timeout ran out, or a second signal): the final
+        message names them instead of calling the stop clean."""
+        self._killed = (replicas, why)
+
     def _crash_summary(self, keys: list[tuple[str, int]]) -> str:
         parts = []
         for actor, replica in keys:
@@ -364,16 +370,19 @@ class RuntimeBase:
                 f"{self._crash_summary(self._still_crashing)}. Their logs: {logs}/"
             )
         ok = self._failure is None
+        stopped = f"stopped cleanly ({self._stop_reason})"
+        if self._killed is not None:
+            replicas, why = self._killed
+            stopped = f"stopped ({self._stop_reason}); killed without a drain ({why}): {', '.join(replicas)}"
         if self._failure is not None:
             message = self._failure
         elif self._crashes:
             count = sum(c.count for c in self._crashes.values())
-            message = (
-                f"stopped cleanly ({self._stop_reason}) after {count} replica crash{'es' if count != 1 else ''}, "
-                f"all recovered: {self._crash_summary(sorted(self._crashes))}"
-            )
+            crashes = f"after {count} replica crash{'es' if count != 1 else ''}, all recovered"
+            joint = "; " if self._killed is not None else " "
+            message = f"{stopped}{joint}{crashes}: {self._crash_summary(sorted(self._crashes))}"
         else:
-            message = f"stopped cleanly ({self._stop_reason})"
+            message = stopped
         session.info.exit = "ok" if ok else message.splitlines()[0]
         return RunResult(ok=ok, message=message, run_dir=session.run_dir)
 

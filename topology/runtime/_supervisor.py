@@ -165,6 +165,7 @@ class LocalRuntime(RuntimeBase):
         if late:
             why = "second signal" if self._hurry.is_set() else f"no drain within {self.drain_timeout_s:g}s"
             _log.warning("killing replicas", replicas=late, why=why, left_s=round(deadline - time.monotonic(), 1))
+            self.killed_at_stop(late, why)
         self._kill_all()
 
     def _kill_all(self) -> None:

@@ -152,3 +152,19 @@ def test_each_crash_says_why_and_a_run_stopped_while_crash_looping_is_not_clean(
     assert up.returncode == 1, err
     assert "stopped (SIGTERM received) with replicas that were crashing, not running: boom[0] crashed" in err
     assert "exited with status 1: RuntimeError: deliberate crash" in err
+
+
+def test_a_replica_killed_at_the_stop_is_named_not_called_a_clean_stop(tmp_path: Path) -> None:
+    """Ctrl-C while a replica could not drain (the learner in its warm start) logged "killing replicas … no drain
+    within 10s" and then said "stopped cleanly": the final line names who was killed without a drain, and why."""
+    actors = "  ticker: {interval_s: 0.05}\n  crasher: {crash_after_s: 600}"  # its run() never looks at the stop
+    up = start_up(write_spec(tmp_path, actors), "--duration", "3", "--drain-timeout", "1")
+    try:
+        out, err = up.communicate(timeout=60)
+        assert up.returncode == 0, err
+        assert "stopped (--duration 3s elapsed); killed without a drain (no drain within 1s): crasher[0]" in out
+        assert "stopped cleanly" not in out
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
