@@ -150,3 +150,15 @@ def effective_applied(run_dir: Path) -> list[str]:
     from actors.learner import effective_applied as rows
 
     return list(rows(run_dir)["message_id"].to_list())
+
+
+async def score_round(actor: LearnerActor, bus: Bus, version: int) -> None:
+    """Score every prompt of the round labelled ``version`` (8 held-out tasks, all correct) and wait for them."""
+    for i in range(8):
+        await bus.publish(
+            "scored",
+            "scored",
+            scored("arithmetic", [1.0], heldout=True, temperature=0.0),
+            id=f"eval-{version}-t{i}.r.s",
+        )
+    await wait_until(lambda: actor.report()["eval_out"] == 0)

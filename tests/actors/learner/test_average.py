@@ -13,11 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from actors.learner import read_metrics
-from actors.learner._actor import LearnerActor
 from actors.learner._average import WeightAverage
 from actors.policy import Policy
-from tests.actors.learner._helpers import TINY, running_learner, scored, wait_until, write_spec
-from topology.bus import Bus, EmbeddedNats
+from tests.actors.learner._helpers import TINY, running_learner, score_round, scored, wait_until, write_spec
+from topology.bus import EmbeddedNats
 
 
 def tiny_policy() -> Policy:
@@ -72,18 +71,6 @@ def learner(extra: str = "", *, rounds: bool = False) -> str:
 def publishes(run_dir: Path) -> pl.DataFrame:
     rows = read_metrics(run_dir, "lifecycle")
     return rows.filter(pl.col("event") == "publish").sort("ts").select("step", "version", "weights")
-
-
-async def score_round(actor: LearnerActor, bus: Bus, version: int) -> None:
-    """Score every prompt of the round labelled ``version`` (8 held-out tasks, all correct) and wait for them."""
-    for i in range(8):
-        await bus.publish(
-            "scored",
-            "scored",
-            scored("arithmetic", [1.0], heldout=True, temperature=0.0),
-            id=f"eval-{version}-t{i}.r.s",
-        )
-    await wait_until(lambda: actor.report()["eval_out"] == 0)
 
 
 @pytest.mark.anyio

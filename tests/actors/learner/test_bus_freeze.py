@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.actors.learner._helpers import running_learner, scored, wait_until, write_spec
+from tests.actors.learner._helpers import running_learner, score_round, scored, wait_until, write_spec
 from topology.bus import EmbeddedNats
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -58,14 +58,7 @@ async def test_a_heldout_round_due_while_the_bus_is_frozen_goes_out_after_it(tmp
                 return int((await js.stream_info(bus.stream("prompts"))).state.messages) == n
 
             assert await published_is(8)  # the baseline round: 8 held-out tasks
-            for i in range(8):  # scored, so that the first step need not wait for it
-                await bus.publish(
-                    "scored",
-                    "scored",
-                    scored("arithmetic", [1.0], heldout=True, temperature=0.0),
-                    id=f"eval-1-t{i}.r.s",
-                )
-            await wait_until(lambda: actor.report()["eval_out"] == 0)
+            await score_round(actor, bus, 1)  # the baseline round scored: the first step need not wait for it
             for i in range(2):
                 await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"before-{i}")
             await wait_until(lambda: actor.batcher.completions == 8)
