@@ -88,7 +88,7 @@ from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
-from actors.learner._eval import CORRECT, EvalTracker, eval_message_id
+from actors.learner._eval import CORRECT, EvalTracker, eval_message_id, round_version
 from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import MetricsWriter, heldout_first_and_last, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
@@ -473,6 +473,10 @@ class LearnerActor(Actor[LearnerConfig]):
     async def _on_delivery(self, delivery: Delivery[ScoredMsg]) -> None:
         counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
         if msg.heldout:
+            if round_version(mid, msg) > self.version:  # no round of this learner's weights (rolled back by a resume,
+                counters.inc("heldout_unknown_version")  # or a foreign message): counted, and never evicts real rounds
+                await delivery.ack()
+                return
             result = self.evals.record(mid, msg)
             if result is not None and result.errors:
                 counters.inc(f"heldout_verifier_errors.{result.domain}", result.errors)

@@ -29,11 +29,17 @@ from dataclasses import dataclass
 from actors.domains import Task
 from actors.protocol import VERIFIER_ERROR, ScoredMsg
 
-__all__ = ["EvalResult", "EvalTracker", "eval_message_id"]
+__all__ = ["EvalResult", "EvalTracker", "eval_message_id", "round_version"]
 
 _ID = re.compile(r"^eval-(\d+)-")
 _KEEP_ROUNDS = 16  # incomplete rounds older than the newest 16 are forgotten
 CORRECT = 1.0 - 1e-9
+
+
+def round_version(message_id: str, msg: ScoredMsg) -> int:
+    """The version a held-out score's round is labelled with: from its id, else its oldest token's version."""
+    match = _ID.match(message_id)
+    return int(match.group(1)) if match else min((v for c in msg.completions for v in c.versions), default=0)
 
 
 def eval_message_id(version: int, task: Task, temperature: float | None = None) -> str:
@@ -67,9 +73,7 @@ class EvalTracker:
 
     def record(self, message_id: str, msg: ScoredMsg) -> EvalResult | None:
         """Account one held-out score; returns the round's result when this score completes it."""
-        match = _ID.match(message_id)
-        version = int(match.group(1)) if match else min((v for c in msg.completions for v in c.versions), default=0)
-        key = (version, msg.domain, msg.temperature)
+        key = (round_version(message_id, msg), msg.domain, msg.temperature)
         seen = self._seen.setdefault(key, set())
         if message_id in seen:  # a redelivery of a score already counted
             return None
@@ -84,7 +88,7 @@ class EvalTracker:
             return None
         del self._rounds[key]
         return EvalResult(
-            version=version,
+            version=key[0],
             domain=msg.domain,
             n=len(rewards),
             accuracy=sum(r >= CORRECT for r in rewards) / len(rewards) if rewards else 0.0,

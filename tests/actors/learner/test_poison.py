@@ -65,3 +65,26 @@ async def test_groups_no_generator_could_send_are_dead_lettered_and_training_goe
     assert "greater than or equal to 0" in reasons["hostile-negative"]
     assert "one entry per token" in reasons["hostile-misaligned"]
     assert "reward" in reasons["hostile-huge_reward"]
+
+
+async def test_heldout_scores_of_versions_never_published_leave_the_real_round_alone(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Sixteen held-out scores labelled with versions this learner never published (a foreign client's, or rounds
+    of weights a resume rolled back) made the tracker forget the oldest round in progress — the real one — which then
+    never completed, so no held-out accuracy was reported again. They are counted and left out now."""
+    config = LEARNER.replace("    eval_every_steps: 0\n", "") + "    eval_every_steps: 100\n"
+    spec = write_spec(tmp_path, config + "  generator: {engine: torch, device: cpu}\n")
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+
+        async def score(message_id: str) -> None:
+            payload = scored("arithmetic", [1.0], heldout=True, temperature=0.0)
+            await bus.publish("scored", "scored", payload, id=message_id)
+
+        await score("eval-1-t0.r.s")  # the baseline round (version 1), first score
+        for i in range(16):
+            await score(f"eval-{10**9 + i}-t0.r.s")
+        for i in range(1, 8):
+            await score(f"eval-1-t{i}.r.s")
+        await wait_until(lambda: "heldout_acc.arithmetic" in actor.ctx.counters.snapshot(), timeout_s=30)
+        assert actor.ctx.counters.get("heldout_unknown_version") == 16
