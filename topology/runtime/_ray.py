@@ -5,7 +5,9 @@ Contract:
   :class:`LocalRuntime`: run dir, ``run.json``, the embedded ``nats-server`` or the spec's ``bus.url``, every
   channel. It then joins the Ray cluster at ``runtime.address`` / ``--address`` (``auto``, ``ray://…``), or
   uses the Ray instance this process already initialized, or starts a local one — and shuts down only what
-  it started.
+  it started. A local instance it starts runs its workers at the driver's priority (``worker_niceness: 0``): Ray's
+  default of nice 15 lets any other busy process on the machine starve every actor.
+  A cluster joined keeps its own setting (start its nodes with ``RAY_worker_niceness=0`` on shared machines).
 - Each replica is one Ray actor (:class:`ReplicaHost`) asking for its actor's ``resources`` (``num_cpus``,
   ``num_gpus``, ``memory_mb``, ``custom``). Inside it runs the very lifecycle code of a local child process
   (:func:`topology.runtime._child.run_replica`): same bus, heartbeats, ``ctx.stopping``, actor code.
@@ -37,6 +39,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["RayRuntime", "RayUnavailable", "ReplicaHost", "bundle_for", "forwarded_env"]
 
 _log = structlog.get_logger("flywheel.runtime")
+LOCAL_RAY_SYSTEM_CONFIG = MappingProxyType({"worker_niceness": 0})  # Ray starts workers at nice 15 unless told so
 _MIN_CPU = 0.01  # a placement-group bundle may not be empty: a replica asking for nothing reserves this much
 _UNAVAILABLE_FAST_S = 2.0  # a call that fails this fast right after a counted death hit a restarting actor
 _UNAVAILABLE_RETRY_S = 0.5  # then it is retried this often...
@@ -164,6 +168,18 @@ class ReplicaHost:
         os.close(fd)
 
 
+def ray_init_options(address: str | None, ray_init: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``ray.init``'s options: a local instance started here gets ``LOCAL_RAY_SYSTEM_CONFIG`` under the caller's own
+    ``_system_config``; joining a cluster (an address, or ``RAY_ADDRESS``) passes none (Ray refuses one there)."""
+    options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+    if address is None:
+        options.update(include_dashboard=False)
+    options.update(ray_init)
+    if address is None and not env.get("RAY_ADDRESS"):
+        options["_system_config"] = {**LOCAL_RAY_SYSTEM_CONFIG, **dict(ray_init.get("_system_config") or {})}
+    return options
+
+
 class RayRuntime(RuntimeBase):
     """Runs each replica as a Ray actor, supervised by the driver. See the module docstring.
 
@@ -226,10 +242,7 @@ class RayRuntime(RuntimeBase):
                 await anyio.to_thread.run_sync(ray.shutdown)
 
     def _init_ray(self, ray: Any) -> None:
-        options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-        if self.address is None:
-            options.update(include_dashboard=False)
-        options.update(self.ray_init)
+        options = ray_init_options(self.address, self.ray_init, os.environ)
         try:
             ray.init(address=self.address, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
