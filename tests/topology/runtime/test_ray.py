@@ -49,8 +49,8 @@ def ray_instance() -> Iterator[None]:
 
 
 def test_workers_of_a_local_ray_run_at_the_drivers_priority(ray_instance: None) -> None:
-    """Ray starts its workers at nice 15: beside two busy loops (`just stress`), the embedded default under Ray ran
-    ~15x slower than alone (its warm start's 20 steps took 72 s) and ran out of its test's time."""
+    """Ray starts its workers at nice 15: beside two busy loops (`just stress`) every actor starved, and the embedded
+    default under Ray ran out of its test's time (bench/RESULTS.md, 2026-12-07)."""
     import ray
 
     @ray.remote
