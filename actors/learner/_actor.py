@@ -72,7 +72,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -671,15 +671,14 @@ class LearnerActor(Actor[LearnerConfig]):
         self._steps_t.append(time.monotonic())
         self._account(applied, consumed)
         self._report_step(stats, applied, step_s)
-        if self._publish_due():
-            await self._publish_or_wait()
+        if self._publish_due():  # a version not announced stays due: _publish_due() says so again next step
+            await self._unless_bus_away(self.publish_weights, "learner.publish_deferred")
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint(background=True)
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
             self._eval_due = True
         if self._eval_due and not self._average_round_out:
-            self._eval_due = False
-            await self._publish_eval_or_wait()
+            self._eval_due = not await self._unless_bus_away(self.publish_eval, "learner.eval_deferred")
         elif self._eval_out:
             self._eval_scored(0)  # (writes off prompts lost on the way)
         return stats
@@ -862,28 +861,17 @@ class LearnerActor(Actor[LearnerConfig]):
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
 
-    async def _publish_or_wait(self) -> None:
-        """The train loop's publish: while the bus is away (a restarting or frozen server), the version waits for the
-        next step (it stays due) and training goes on; the steps in between are in whichever version goes out next."""
+    async def _unless_bus_away(self, publish: Callable[[], Awaitable[None]], event: str) -> bool:
+        """The train loop's publishes (a version, a held-out round): while the bus is away (a restarting or frozen
+        server) the publish fails, is counted in ``bus_waits`` and logged as ``event``, and stays due for the first
+        step after the bus is back (training goes on; those steps are in whatever goes out then). False then."""
         try:
-            await self.publish_weights()
+            await publish()
         except BUS_AWAY as exc:
             self.ctx.counters.inc("bus_waits")
-            self.ctx.log.warning(
-                "learner.publish_deferred", step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step"
-            )
-
-    async def _publish_eval_or_wait(self) -> None:
-        """The train loop's held-out round: while the bus is away it stays due and goes out at the first step after
-        the bus is back (labelled with the version then), like a version due meanwhile."""
-        try:
-            await self.publish_eval()
-        except BUS_AWAY as exc:
-            self._eval_due = True
-            self.ctx.counters.inc("bus_waits")
-            self.ctx.log.warning(
-                "learner.eval_deferred", step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step"
-            )
+            self.ctx.log.warning(event, step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step")
+            return False
+        return True
 
     def _publish_through_disk(self, reason: str) -> None:
         """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a

@@ -407,9 +407,7 @@ class RayRuntime(RuntimeBase):
                 await anyio.sleep(0.05)
         if self._active:
             late = [f"{a}[{r}]" for a, r in sorted(self._active)]
-            why = "second signal" if self._hurry.is_set() else f"no drain within {self.drain_timeout_s:g}s"
-            _log.warning("killing replicas", replicas=late, why=why)
-            self.killed_at_stop(late, why)
+            self.killed_at_stop(late)
 
     def _kill_all(self, ray: Any) -> None:
         from ray.util.placement_group import remove_placement_group

@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import anyio
 import structlog
@@ -347,9 +347,11 @@ class RuntimeBase:
             if not recovered:
                 self._still_crashing.append(key)
 
-    def killed_at_stop(self, replicas: list[str], why: str) -> None:
-        """Replicas the stop killed without their drain (the drain timeout ran out, or a second signal): the final
-        message names them instead of calling the stop clean."""
+    def killed_at_stop(self, replicas: list[str], **log: Any) -> None:
+        """Replicas the stop is about to kill without their drain (the drain timeout ran out, or a second signal):
+        logged (with ``log``'s fields), and the final message names them instead of calling the stop clean."""
+        why = "second signal" if self._hurry.is_set() else f"no drain within {self.drain_timeout_s:g}s"
+        _log.warning("killing replicas", replicas=replicas, why=why, **log)
         self._killed = (replicas, why)
 
     def _crash_summary(self, keys: list[tuple[str, int]]) -> str:

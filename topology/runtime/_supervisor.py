@@ -163,9 +163,7 @@ class LocalRuntime(RuntimeBase):
                 await anyio.sleep(_POLL_S)
         late = [f"{a}[{r}]" for (a, r), p in live.items() if p.poll() is None]
         if late:
-            why = "second signal" if self._hurry.is_set() else f"no drain within {self.drain_timeout_s:g}s"
-            _log.warning("killing replicas", replicas=late, why=why, left_s=round(deadline - time.monotonic(), 1))
-            self.killed_at_stop(late, why)
+            self.killed_at_stop(late, left_s=round(deadline - time.monotonic(), 1))
         self._kill_all()
 
     def _kill_all(self) -> None:
