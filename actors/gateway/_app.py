@@ -23,7 +23,8 @@ Contract:
 * A client that disconnects before its answer cancels its generation (the serve protocol's cancel); nothing
   is recorded for it. So does a request that times out (504) or fails otherwise.
 * Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` (:mod:`actors.gateway._errors`):
-  malformed JSON or invalid fields 400, a ``max_tokens`` above the gateway's cap 400, missing or wrong key 401,
+  malformed JSON or invalid fields 400, a chat content part other than text (an image, audio, a file) 400, a
+  ``max_tokens`` above the gateway's cap 400, missing or wrong key 401,
   unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or generators at
   capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a generator silent past
   ``request_timeout_s`` 504 (503 ``bus_unavailable`` when the bus dropped meanwhile). Server-side failures name nothing
@@ -68,7 +69,13 @@ from actors.gateway._config import GatewayConfig
 from actors.gateway._errors import JSON, ApiError, busy, unavailable, unknown_model
 from actors.gateway._front import Front, TrustedHosts
 from actors.gateway._metrics import Metrics
-from actors.gateway._prompt import UNSUPPORTED_PARAMETER, ChatRequest, CompletionRequest, PromptBuilder
+from actors.gateway._prompt import (
+    UNSUPPORTED_PARAMETER,
+    UNSUPPORTED_VALUE,
+    ChatRequest,
+    CompletionRequest,
+    PromptBuilder,
+)
 from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 
 __all__ = ["ApiKeys", "Gateway"]
@@ -598,12 +605,12 @@ def _first_error(exc: pydantic.ValidationError) -> ApiError:
     message = str(error["msg"]).removeprefix("Value error, ")  # our validators' messages, as raised
     # a union field's errors sit under the member they tried (score.float, prompt.str): the client's field is the name
     where = ".".join(str(part) for part in error["loc"] if not _is_union_member(part))
-    unsupported = error["type"] == UNSUPPORTED_PARAMETER
-    if where or error["type"] not in ("value_error", UNSUPPORTED_PARAMETER):  # a whole-request validator's message
+    unsupported = error["type"] in (UNSUPPORTED_PARAMETER, UNSUPPORTED_VALUE)
+    if where or not (unsupported or error["type"] == "value_error"):  # a whole-request validator's message
         message = f"{where or 'body'}: {message}"  # names its field itself
     message += f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     param = where or (str((error.get("ctx") or {}).get("field", "")) or None)
-    return ApiError(400, message, code=UNSUPPORTED_PARAMETER if unsupported else "invalid_value", param=param)
+    return ApiError(400, message, code=error["type"] if unsupported else "invalid_value", param=param)
 
 
 _UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "bytes", "none", "list", "dict", "tuple", "set"})

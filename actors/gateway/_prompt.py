@@ -12,7 +12,10 @@ Prompt ids are always ``encode_prompt(tokenizer, prompt_text)`` — the rule the
 use — so the recorded ``prompt_ids`` are exactly what a replay or the learner rebuilds from the text.
 
 Sampling parameters honoured: ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
-``stop``, ``seed``. ``n`` must be 1. Fields this gateway cannot honour (`UNSUPPORTED`: ``logprobs``, ``tools``,
+``stop``, ``seed``. ``n`` must be 1. A chat message's content is a string or a list of text parts
+(``{"type": "text", "text": …}``); any other part (``image_url``, ``input_audio``, ``file``, …) is a 400 whose
+``param`` names it (``messages.0.content.1.type``): the engines read text only, and an answer that silently left the
+image out would look like an answer to it. Fields this gateway cannot honour (`UNSUPPORTED`: ``logprobs``, ``tools``,
 penalties, ``echo``, …) are a 400 that names the field when set to anything but their no-op value (clients send
 ``logprobs: false`` or ``frequency_penalty: 0`` by habit; an answer that ignored a real one would look served as
 asked). Other unknown fields are ignored (clients send many).
@@ -44,6 +47,7 @@ def _is_no_op(field: str, value: Any) -> bool:
 
 # fields of the OpenAI API this gateway does not implement → what it would take to honour them
 UNSUPPORTED_PARAMETER = "unsupported_parameter"  # the error type (and code) of a field in UNSUPPORTED
+UNSUPPORTED_VALUE = "unsupported_value"  # the error type (and code) of a value the gateway cannot serve (an image)
 UNSUPPORTED = {
     "logprobs": "this gateway does not return logprobs",
     "top_logprobs": "this gateway does not return logprobs",
@@ -122,6 +126,26 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _text_parts_only(self) -> ChatRequest:
+        for m, message in enumerate(self.messages):
+            for p, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                kind = part.get("type")
+                if kind != "text":
+                    shown = orjson.dumps(kind).decode()
+                    raise PydanticCustomError(  # the part rides along: the error's param names it
+                        UNSUPPORTED_VALUE,
+                        "{field}: only text content parts are supported (this gateway's models read text), got {shown}",
+                        {"field": f"messages.{m}.content.{p}.type", "shown": shown},
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise PydanticCustomError(
+                        "value_error",
+                        "{field}: a text part needs its text as a string",
+                        {"field": f"messages.{m}.content.{p}.text"},
+                    )
+        return self
 
 
 class CompletionRequest(_Request):

@@ -41,6 +41,12 @@ def error_of(response: httpx.Response) -> dict[str, object]:
         (b'{"model": "flywheel"}', 400, "messages", "messages"),
         (b'{"model": "flywheel", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role", "messages.0.role"),
         (
+            b'{"model": "flywheel", "messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]}',
+            400,
+            "a text part needs its text as a string",
+            "messages.0.content.0.text",
+        ),
+        (
             b'{"model": "flywheel", "messages": [{"role": "user", "content": "x"}], "temperature": -1}',
             400,
             "temperature",

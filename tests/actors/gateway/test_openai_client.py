@@ -104,3 +104,38 @@ def test_unknown_model_is_404_and_not_recorded(gateway: Running) -> None:
         client(gateway).completions.create(model="flywheel", prompt="x", max_tokens=65)
     assert (too_long.value.param, too_long.value.code) == ("max_tokens", "max_tokens_exceeded")
     assert gateway.stored("traffic") == before
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "file", "file": {"file_id": "file-abc"}},
+    ],
+)
+def test_a_content_part_other_than_text_is_refused_by_name(gateway: Running, part: dict[str, object]) -> None:
+    """The engines read text only: an image (or audio, or a file) beside the text would be left out of the prompt and
+    the answer would look like one to it; the client is told which part it cannot send instead."""
+    before = gateway.stored("traffic")
+    content = [{"type": "text", "text": "what is in this picture?"}, part]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(gateway).chat.completions.create(
+            model="flywheel",
+            messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": content}],  # type: ignore[misc,list-item]
+            max_tokens=4,
+        )
+    error = refused.value
+    assert (error.param, error.code) == ("messages.1.content.1.type", "unsupported_value")
+    assert error.body is not None and error.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "only text content parts" in str(error.message) and str(part["type"]) in str(error.message)
+    assert gateway.stored("traffic") == before
+
+
+def test_text_content_parts_are_served_as_their_text(gateway: Running) -> None:
+    completion = client(gateway).chat.completions.create(
+        model="flywheel",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]}],
+        max_tokens=4,
+    )
+    assert traffic_for(gateway, completion.id).prompt == "user: 2+2?\nassistant: "
