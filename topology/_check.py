@@ -80,6 +80,9 @@ class _Checker:
         loc = self.doc.value_loc(path)
         return f"{loc.file}:{loc.line}"
 
+    def setting(self, path: KeyPath) -> str:
+        return self.doc.setting(path)
+
     def unknown_key(self, path: KeyPath, allowed: Iterable[str]) -> None:
         self.error(path, unknown_key_message(str(path[-1]), allowed), at_key=True)
 
@@ -176,7 +179,12 @@ class _Checker:
         if self.starting and self.local and runtime.metrics_port:
             problem = bind_problem(runtime.metrics_host, runtime.metrics_port)
             if problem is not None:
-                self.error(("runtime", "metrics_port"), f"expected a port free on this machine, but {problem}")
+                at = ("runtime", "metrics_port")
+                self.error(
+                    at,
+                    f"expected a port free on this machine, but {problem} (stop it, or set another port in "
+                    f"{self.setting(at)}; 0 picks a free one, null serves no metrics)",
+                )
         checked = self.check_kinds(spec)  # None on any error, this one's too
         if checked is None:
             return None

@@ -86,6 +86,11 @@ class SectionCheck(Protocol):
     def where(self, path: KeyPath) -> str:
         """``file:line`` of the value at ``path``, for messages that point elsewhere."""
 
+    def setting(self, path: KeyPath) -> str:
+        """Where a user changes the value at ``path``, for messages that ask for another value: its key path
+        (``actors.gateway.port``), or, when the value was read from ``${VAR}``, that variable and the key that reads it
+        (``$FLYWHEEL_GATEWAY_PORT, which actors.gateway.port reads``)."""
+
     def unknown_key(self, path: KeyPath, allowed: Iterable[str]) -> None:
         """Report the last key of ``path`` as unknown, at the key, as every unknown key of a spec is reported (with a
         did-you-mean and the ``allowed`` keys): for keys of a mapping the section's model leaves free-form."""

@@ -9,7 +9,8 @@ Contract:
 - Scalars may use ``${VAR}`` and ``${VAR:-default}`` (default also when VAR is empty, as in sh);
   ``$${`` is a literal ``${``. An unquoted scalar is re-typed after interpolation, so
   ``replicas: ${N:-2}`` is the integer 2; a quoted one stays a string. An undefined variable without a
-  default is an error at that scalar.
+  default is an error at that scalar. ``Document.env`` keeps which variables each such value was read from, so a
+  message about the value can say what to set (``$FLYWHEEL_GATEWAY_PORT``, not the key its file hard-codes).
 - ``include: base.yaml`` (or a list) at the top level merges other spec files first, relative to the
   including file: mappings deep-merge, this file's values win, lists and scalars replace; ``null`` over an
   included mapping removes it (``source_options: null`` clears inherited options, ``gate: null`` drops an
@@ -62,6 +63,7 @@ class Document:
     values: dict[KeyPath, Loc] = field(default_factory=dict)
     keys: dict[KeyPath, Loc] = field(default_factory=dict)
     sources: dict[str, Path] = field(default_factory=dict)  # display name → resolved file path
+    env: dict[KeyPath, tuple[str, ...]] = field(default_factory=dict)  # value → the ${VAR}s it was read from
     issues: list[SpecIssue] = field(default_factory=list)
     incomplete: bool = False  # an included file could not be merged: missing keys may live there
 
@@ -82,6 +84,14 @@ class Document:
         source = self.sources.get(self.value_loc(path).file)
         return source.parent if source is not None else Path.cwd()
 
+    def setting(self, path: KeyPath) -> str:
+        """Where a user changes the value at `path`: the environment variable(s) it was read from, else its key."""
+        names = self.env.get(path)
+        if not names:
+            return format_path(path)
+        variables = " or ".join(f"${name}" for name in names)
+        return f"{variables}, which {format_path(path)} reads"
+
     def issue(self, loc: Loc, path: KeyPath, message: str, severity: str = "error") -> SpecIssue:
         made = SpecIssue(
             loc.file, loc.line, loc.col, format_path(path), message, "warning" if severity == "warning" else "error"
@@ -100,8 +110,15 @@ def _loc(file: str, mark: Any) -> Loc:
 
 def interpolate(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, list[str]]:
     """Expand ``${VAR}`` / ``${VAR:-default}`` / ``$${`` in `text`; returns (result, problems)."""
+    expanded, problems, _ = _expand(text, environ)
+    return expanded, problems
+
+
+def _expand(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, list[str], tuple[str, ...]]:
+    """:func:`interpolate`, and the names of the variables `text` refers to."""
     out: list[str] = []
     problems: list[str] = []
+    names: list[str] = []
     i = 0
     while i < len(text):
         if text.startswith("$${", i):
@@ -117,12 +134,13 @@ def interpolate(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[
             problems.append(
                 f"unterminated '${{' in {text!r}; expected ${{NAME}} or ${{NAME:-default}} (write $${{ for a literal)"
             )
-            return text, problems
+            return text, problems, tuple(names)
         inner = text[i + 2 : end]
         name, sep, default = inner.partition(":-")
         if not _ENV_NAME.fullmatch(name):
             problems.append(f"bad interpolation '${{{inner}}}': expected ${{NAME}} or ${{NAME:-default}}")
         else:
+            names.append(name)
             value = environ.get(name)
             if sep and not value:
                 out.append(default)
@@ -133,7 +151,7 @@ def interpolate(text: str, environ: dict[str, str] | os._Environ[str]) -> tuple[
             else:
                 out.append(value)
         i = end + 1
-    return "".join(out), problems
+    return "".join(out), problems, tuple(dict.fromkeys(names))
 
 
 class _Builder:
@@ -192,9 +210,11 @@ class _Builder:
         value = self.constructor.construct_object(node, deep=True)
         if not isinstance(value, str) or "$" not in value:
             return value
-        expanded, problems = interpolate(value, self.environ)
+        expanded, problems, names = _expand(value, self.environ)
         for problem in problems:
             self._error(node, path, problem)
+        if names:
+            self.doc.env[path] = names
         if problems or expanded == value:
             return expanded
         resolve: Any = self.constructor.resolve  # untyped in types-PyYAML
@@ -272,6 +292,9 @@ def _copy_positions(dst: Document, src: Document, prefix: KeyPath) -> None:
         for p, loc in table_src.items():
             if _under(p, prefix):
                 table_dst[p] = loc
+    for stale in [p for p in dst.env if _under(p, prefix)]:  # a value written over is no longer read from its ${VAR}
+        del dst.env[stale]
+    dst.env.update((p, names) for p, names in src.env.items() if _under(p, prefix))
 
 
 def _merge_into(base: Document, over: Document) -> None:

@@ -104,10 +104,11 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
         _check_port(check, path, actor, config, spec)
         problem = bind_problem(config.host, config.port) if check.starting else None
         if problem is not None:  # each start would crash on it until the topology gave up (~30 s)
+            at = (*path, "port")
             check.error(
-                (*path, "port"),
+                at,
                 f"expected a port free on this machine, but {problem} (another flywheel run, or another server: "
-                f"stop it, or set another port; 0 picks a free one)",
+                f"stop it, or set another port in {check.setting(at)}; 0 picks a free one)",
             )
     if config.api_keys_file is None:
         return config
@@ -153,7 +154,11 @@ def _check_port(check: SectionCheck, path: KeyPath, actor: ActorSpec, config: Ga
         if isinstance(theirs, GatewayConfig) and _same_socket(config.host, config.port, theirs.host, theirs.port):
             taken.append(f"gateway {name}'s ({check.where(('actors', name, 'port'))})")
     if taken:
-        check.error(at, f"expected a port other than {' and '.join(taken)}, got {config.port}")
+        check.error(
+            at,
+            f"expected a port other than {' and '.join(taken)}, got {config.port} (set another port in "
+            f"{check.setting(at)}; 0 picks a free one)",
+        )
 
 
 register_actor_kind(

@@ -94,6 +94,19 @@ def test_include_deep_merges_and_keeps_positions(tmp_path: Path) -> None:
     assert ("list", 1) not in doc.values
 
 
+def test_a_value_read_from_a_variable_is_set_there_until_a_file_writes_over_it(tmp_path: Path) -> None:
+    """Messages that ask for another value name the variable to set (``Document.setting``): through includes, and
+    not once the including file writes the value itself."""
+    (tmp_path / "base.yaml").write_text("a:\n  port: ${PORT:-80}\n  host: ${HOST:-x}-${ZONE:-y}\n  n: 1\n")
+    (tmp_path / "top.yaml").write_text("include: base.yaml\na:\n  host: h\n")
+    doc = load_document(tmp_path / "top.yaml", {})
+    assert doc.setting(("a", "port")) == "$PORT, which a.port reads"
+    assert doc.setting(("a", "host")) == "a.host"  # top.yaml writes it: no variable is read any more
+    assert doc.setting(("a", "n")) == "a.n"
+    both = load_document(tmp_path / "base.yaml", {})
+    assert both.setting(("a", "host")) == "$HOST or $ZONE, which a.host reads"
+
+
 def test_null_over_an_included_mapping_removes_it(tmp_path: Path) -> None:
     """The way to clear what a base spec set: without it, an inherited option could only be overridden, never
     dropped (``source_options: {}`` merges into the base's, ``null`` was "expected a mapping")."""
