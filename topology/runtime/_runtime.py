@@ -11,7 +11,7 @@ Crashes are told as they happen: each ``replica crashed`` warning carries the ex
 ends with. The verdict is not ``ok`` when a replica exhausted its restart budget, nor when the stop came while a
 replica in a crash loop (two crashes or more within the restart policy's ``window_s``) had not been running again
 for ``_RECOVERED_S``: a run whose learner crash-looped until ``--duration`` ran out did not run cleanly. A
-clean stop names the crashes replicas recovered from.
+clean stop names the crashes replicas recovered from, and the embedded nats-server's restarts.
 
 Non-goals: placement across machines here (``topology.runtime._ray.RayRuntime`` implements the same protocol).
 """
@@ -362,6 +362,20 @@ class RuntimeBase:
             parts.append(f"{actor}[{replica}] crashed {times} (last: {crashes.last})")
         return "; ".join(parts)
 
+    def _recoveries(self, bus_deaths: list[str]) -> tuple[list[str], list[str]]:
+        """What a clean stop recovered from: ``(["2 replica crashes", "1 nats-server restart"], [their details])``."""
+        survived, summaries = [], []
+        if self._crashes:
+            count = sum(c.count for c in self._crashes.values())
+            survived.append(f"{count} replica crash{'es' if count != 1 else ''}")
+            summaries.append(self._crash_summary(sorted(self._crashes)))
+        if bus_deaths:
+            count = len(bus_deaths)
+            survived.append(f"{count} nats-server restart{'s' if count != 1 else ''}")
+            times = "once" if count == 1 else f"{count} times"
+            summaries.append(f"nats-server died {times} (last: {bus_deaths[-1]})")
+        return survived, summaries
+
     def result(self, session: Session) -> RunResult:
         """The verdict: failed when a replica exhausted its restarts or was still crashing at the stop; a clean
         stop names the crashes its replicas recovered from."""
@@ -378,11 +392,10 @@ class RuntimeBase:
             stopped = f"stopped ({self._stop_reason}); killed without a drain ({why}): {', '.join(replicas)}"
         if self._failure is not None:
             message = self._failure
-        elif self._crashes:
-            count = sum(c.count for c in self._crashes.values())
-            crashes = f"after {count} replica crash{'es' if count != 1 else ''}, all recovered"
+        elif self._crashes or session.bus_deaths:
             joint = "; " if self._killed is not None else " "
-            message = f"{stopped}{joint}{crashes}: {self._crash_summary(sorted(self._crashes))}"
+            survived, summaries = self._recoveries(session.bus_deaths)
+            message = f"{stopped}{joint}after {' and '.join(survived)}, all recovered: {'; '.join(summaries)}"
         else:
             message = stopped
         session.info.exit = "ok" if ok else message.splitlines()[0]

@@ -26,7 +26,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,8 @@ class Session:
     nats_pid: int | None
     server: EmbeddedNats | None = None
     token: str | None = None  # the embedded bus's token (handed to replicas through BUS_TOKEN_ENV)
+    # how the embedded server died, each time this process brought it back (run.json's bus_restarts counts every life)
+    bus_deaths: list[str] = field(default_factory=list)
 
     def replica_env(self) -> dict[str, str]:
         """What a replica process needs in its environment to reach the bus."""
@@ -103,6 +105,7 @@ class Session:
                 continue  # counted as another crash above
             self.nats_pid = self.info.nats_pid = server.pid
             self.info.bus_restarts += 1
+            self.bus_deaths.append(how)
             write_run_info(self.run_dir, self.info)
             _log.info("nats-server restarted", pid=server.pid, url=server.url, restarts=self.info.bus_restarts)
 
