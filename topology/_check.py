@@ -1,17 +1,18 @@
 """Spec file → validated `Spec`, collecting every issue: sections, actor blocks, cross-references.
 
-Contract: `check_spec(path)` never raises for a user mistake; it returns ``(spec or None, issues)``, where
-issues hold all errors and warnings (sorted by file and line). `load_spec` raises `SpecError` when there is
-any error. Each top-level section, each entry of a keyed section (an application's domains, say), each channel
-and each actor block is validated on its own, so one bad block does not hide the errors of the others. Then each
-application section's hook runs on its validated value (it may resolve paths and open files, reporting through the
-checker). Cross-reference checks: unknown actor kinds (with a did-you-mean), config fields a kind declares as
-references to a keyed section that name no entry of it (or, for a required reference, none at all), channels
-consumed with no producer (unless ``external: true``); warnings for channels nobody consumes, channel settings no
-actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere). Last, once the
-rest of the spec is valid, each kind's own check (`ActorKind.check`) runs on each of its actors in the whole spec:
-replica counts, rules across sections and actors, files a config names (so those errors come after the others are
-fixed).
+Contract: `check_spec(path)` never raises for a user mistake; it returns ``(spec or None, issues)``, where issues
+hold all errors and warnings (sorted by file and line). `load_spec` raises `SpecError` when there is any error. Each
+top-level section, each entry of a keyed section (an application's domains, say), each channel and each actor block
+is validated on its own, so one bad block does not hide the errors of the others. Then each application section's
+hook runs on its validated value (it may resolve paths and open files, reporting through the checker); one whose
+model refused some of its fields gets its hook too, run on the rest, so that a bad field does not hide the hook's
+errors about the others. Cross-reference checks: unknown actor kinds (with a did-you-mean), config fields a kind
+declares as references to a keyed section that name no entry of it (or, for a required reference, none at all),
+channels consumed with no producer (unless ``external: true``); warnings for channels nobody consumes, channel
+settings no actor uses, and resources this machine cannot give (local runtime only: a Ray cluster is elsewhere).
+Last, once the rest of the spec is valid, each kind's own check (`ActorKind.check`) runs on each of its actors in
+the whole spec: replica counts, rules across sections and actors, files a config names (so those errors come after
+the others are fixed).
 
 Non-goals: importing heavy actor code or user modules (validation must stay fast and side-effect free; what a
 section or kind hook imports is the application's business).
@@ -232,6 +233,8 @@ class _Checker:
         path: KeyPath = (section.name,)
         if not section.keyed:
             value = self.validate(section.model, raw, path)
+            if value is None:
+                self.check_the_rest(section, raw, path)
             return section.check(self, path, value) if value is not None and section.check else value
         entries: dict[str, Any] = {}
         noun = section.entry_noun or "entry"
@@ -241,7 +244,33 @@ class _Checker:
                 entry = self.validate(section.model, block, entry_path)
                 if entry is not None:
                     entries[key] = section.check(self, entry_path, entry) if section.check else entry
+                else:
+                    self.check_the_rest(section, block, entry_path)
         return entries
+
+    def check_the_rest(self, section: SpecSection, block: Any, path: KeyPath) -> None:
+        """Run the section's hook on a value its model refused, with the refused fields at their defaults, so that
+        one mistake does not hide another in the same block (a ``group_size: 0`` beside a misspelt ``verifier``).
+        What the hook says about a refused field (it saw the default, not what was written) is not reported: the
+        model's error holds that key already. When a refused field has no default, or the model refused the value as
+        a whole, the hook does not run."""
+        if section.check is None or not isinstance(block, dict):
+            return
+        try:
+            section.model.model_validate_json(orjson.dumps(block, default=str), strict=True)
+            return
+        except ValidationError as exc:
+            refused = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+            if not refused or any(not error["loc"] for error in exc.errors()):
+                return
+        except orjson.JSONEncodeError:
+            return
+        rest = {key: value for key, value in block.items() if key not in refused}
+        try:
+            value = section.model.model_validate_json(orjson.dumps(rest, default=str), strict=True)
+        except ValidationError:  # a refused field is required
+            return
+        section.check(self, path, value)  # its word on a refused field comes second there, and is dropped (_finish)
 
     # -- actors --------------------------------------------------------------------------------------
     def check_actors(self, data: dict[str, Any], sections: Mapping[str, SpecSection]) -> dict[str, ActorSpec | None]:

@@ -71,3 +71,22 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_naming_each() -> None:
     with pytest.raises(SpecError) as caught:
         load_spec(HERE / "learner_eval_temperature_bad_item.yaml")
     assert [e.path for e in caught.value.errors] == ["actors.learner.eval_temperature[1]"]
+
+
+def test_a_refused_field_hides_neither_the_hooks_errors_nor_invents_one_about_itself(tmp_path: Path) -> None:
+    """A domain whose model refuses a field still gets its section check on the rest: a misspelt verifier beside a
+    negative ``heldout`` is reported with it, at once. The check saw ``heldout`` at its default (200, more than the
+    file's three rows), and says nothing about it: the only error there is the one about what was written."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "three_rows.jsonl").write_text((HERE / "data" / "three_rows.jsonl").read_text())
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: broken\npolicy: {model: builtin:tiny-gpt}\ndomains:\n"
+        "  mine: {source: jsonl:data/three_rows.jsonl, verifier: maths, heldout: -1}\n"
+        "actors: {source: {}, generator: {}, verify: {}, learner: {}}\n"
+    )
+    _, issues = check_spec(spec)
+    found = sorted((i.path, i.message) for i in issues if i.is_error)
+    assert [path for path, _ in found] == ["domains.mine.heldout", "domains.mine.verifier"], found
+    assert "count >= 0" in found[0][1] and "did you mean 'math'" in found[1][1], found
