@@ -21,7 +21,8 @@ of a resumed run show the climb since the run began; without it (an older learne
 With a production loop (a gateway, a joiner or a gate) a service line follows: the version serving users (the
 gate's ``serving_version``, else the version of the generators that answer requests) against the learner's,
 requests/s (the gateway replicas' ``served``: completions and chat answered, differenced between two looks), feedback
-joined and waiting (the joiner's ``feedback.joined`` and ``feedback_waiting``), the served answers' accuracy as users
+joined, waiting and, when any, unmatched (the joiner's ``feedback.joined``, ``feedback_waiting`` and
+``feedback.unmatched``: feedback whose request never came within the join window), the served answers' accuracy as users
 rate them (the joiner's ``feedback_score``: mean score of the last 200 ratings), whether an operator paused the gate
 and its ``last_decision``.
 """
@@ -80,6 +81,7 @@ class LearningView:
             elif kind == "joiner":
                 service["joined"] = service.get("joined", 0.0) + float(counters.get("feedback.joined", 0.0))
                 service["waiting"] = service.get("waiting", 0.0) + float(counters.get("feedback_waiting", 0.0))
+                service["unmatched"] = service.get("unmatched", 0.0) + float(counters.get("feedback.unmatched", 0.0))
                 if "feedback_score" in counters:
                     service["users_score"] = float(counters["feedback_score"])
             elif kind == "gate":
@@ -160,7 +162,10 @@ class LearningView:
         elif service.get("requests") is not None:
             bits.append(f"{int(service['requests']):,} requests")
         if "joined" in service:
-            bits.append(f"feedback {int(service['joined']):,} joined, {int(service.get('waiting', 0)):,} waiting")
+            feedback = f"feedback {int(service['joined']):,} joined, {int(service.get('waiting', 0)):,} waiting"
+            if service.get("unmatched"):  # waited the whole join window for a request that never came
+                feedback += f", {int(service['unmatched']):,} unmatched"
+            bits.append(feedback)
         if service.get("users_score") is not None:
             bits.append(f"users' score {service['users_score']:.2f}")
         if service.get("paused"):

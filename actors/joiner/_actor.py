@@ -8,7 +8,9 @@ Contract:
   its feedback cannot strand either.
 - Feedback is applied at most once per request: the first applied wins; repeats (a retried POST, a second
   opinion) are counted (``feedback.repeat``) and acked. Feedback whose timestamp is more than ``window_s``
-  after its request's is counted as ``feedback.expired`` and not trained on.
+  after its request's is counted as ``feedback.expired`` and not trained on. Feedback that waited ``window_s`` for a
+  request that never came (an id the gateway never served) stops waiting: it is removed and counted as
+  ``feedback.unmatched`` (by replica 0, a few seconds after its window).
 - The joined sample is off-policy data: the completion's token ids, behavior logprobs and versions are the
   served ones; ``origin`` is ``review`` for labels from ``flywheel review``, else ``feedback``; the reward
   is the feedback's score (labels were mapped to scores by whoever published them, see
@@ -27,10 +29,11 @@ Contract:
 - Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (both start from what the
   buckets hold: a restart counts on from the window's joins and requests), ``review.queued``,
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
-  answers' quality as users rate it), ``feedback_waiting`` (feedback held for a request not seen yet).
+  answers' quality as users rate it), ``feedback_waiting`` (feedback held for a request not seen yet),
+  ``feedback.unmatched``.
 
-Non-goals: joining on anything but the request id; feedback for requests the gateway never recorded
-(they wait in KV until the window closes, then expire).
+Non-goals: joining on anything but the request id; telling at once that a request id was never served (a request's
+record may reach the joiner after its feedback: only the window closing says it never will).
 """
 
 from __future__ import annotations
@@ -222,12 +225,17 @@ class JoinerActor(Actor[JoinerConfig]):
             self.ctx.counters.set(f"feedback_score{key}", round(sum(window) / len(window), 4))
 
     async def _count_waiting(self) -> None:
+        """End the waits of unmatched feedback (replica 0 alone, so each is counted once), then count the rest."""
         while not self.ctx.stopping.is_set():
             try:
+                if self.ctx.replica == 0:
+                    for request_id in await self.state.expire_unmatched():
+                        self.ctx.counters.inc("feedback.unmatched")
+                        self.ctx.log.info("joiner.unmatched", request_id=request_id, waited_s=self.config.window_s)
                 self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
-            except Exception:  # informational: the bus is away, count next time
+            except Exception:  # the bus is away: look next time
                 pass
-            with anyio.move_on_after(_WAITING_EVERY_S):
+            with anyio.move_on_after(min(_WAITING_EVERY_S, self.config.window_s / 2)):  # before the TTL does
                 await self.ctx.stopping.wait()
 
     def _who(self) -> str:

@@ -15,7 +15,8 @@ from topology import ActorKind, SpecModel, register_actor_kind
 class JoinerConfig(SpecModel):
     """Fields of a `joiner` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
-    window_s: float = Field(default=86_400.0, gt=0)  # how long a served request waits for its feedback
+    # how long a served request waits for its feedback, and feedback for its request (then: feedback.unmatched)
+    window_s: float = Field(default=86_400.0, gt=0)
     # requests held waiting for feedback; when full the oldest are dropped first, counted as traffic.evicted
     max_pending: int = Field(default=100_000, ge=1)
     domain: str | None = None  # domain to tag joined samples with; null: the domain recorded with the request

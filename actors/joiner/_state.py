@@ -1,7 +1,9 @@
 """The joiner's state on JetStream KV: served requests, feedback waiting for its request, what was applied.
 
-Three buckets per topology, all with a TTL of the join window, so the state is bounded by time and survives
-a joiner restart (or a move to another host) without a checkpoint of its own:
+Three buckets per topology, bounded by time and surviving a joiner restart (or a move to another host) without a
+checkpoint of its own: ``traffic`` and ``feedback_applied`` with a TTL of the join window; ``feedback_pending`` with
+twice that, for :meth:`JoinState.expire_unmatched` ends each wait at the window, counted, and the TTL only clears what
+a joiner that was away for a whole window left behind:
 
 - ``fw_<topology>_traffic``: request id → the traffic record (JSON).
 - ``fw_<topology>_feedback_pending``: request id → the first feedback that arrived before its request.
@@ -26,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import nats.js.errors as js_errors
+import orjson
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
@@ -40,6 +44,7 @@ _KEY = re.compile(r"^[-_=a-zA-Z0-9]{1,200}$")
 _FULL = 10077  # JetStream: "maximum messages exceeded" (a discard-new stream at its max_msgs)
 _MAKE_ROOM_TRIES = 8  # evictions one write may need (other writers may take the room first)
 _MARKER = "KV-Operation"  # header of a delete / purge marker (not an entry)
+_EXPIRE_PER_CALL = 1000  # unmatched feedback one call of expire_unmatched removes at most (the next call goes on)
 
 
 def kv_key(request_id: str) -> str:
@@ -71,17 +76,22 @@ class JoinState:
 
     async def open(self) -> None:
         for what, bucket in self.names.items():
-            await self._bus.ensure_kv(bucket, ttl_s=self.window_s)
+            ttl_s = self.window_s * (2 if what == "feedback_pending" else 1)
+            await self._bus.ensure_kv(bucket, ttl_s=ttl_s)
             self._kv[what] = await self._js.key_value(bucket)
-            await self._bound(bucket)
+            await self._bound(bucket, ttl_s)
 
-    async def _bound(self, bucket: str) -> None:
-        """At most ``max_pending`` entries per bucket; a write into a full one is refused (and then makes room)."""
+    async def _bound(self, bucket: str, ttl_s: float) -> None:
+        """At most ``max_pending`` entries per bucket; a write into a full one is refused (and then makes room). The
+        TTL is set here too: a bucket made by an older joiner (or with another ``window_s``) takes this one's."""
         info = await self._js.stream_info(f"KV_{bucket}")
         config = info.config
-        if config.max_msgs != self.max_pending or config.discard != api.DiscardPolicy.NEW:
+        same_ttl = round(config.max_age or 0.0, 3) == round(ttl_s, 3)
+        if config.max_msgs != self.max_pending or config.discard != api.DiscardPolicy.NEW or not same_ttl:
             config.max_msgs = self.max_pending
             config.discard = api.DiscardPolicy.NEW
+            config.max_age = ttl_s
+            config.duplicate_window = min(config.duplicate_window or ttl_s, ttl_s)  # the server's rule
             await self._js.update_stream(config)
 
     async def _with_room(self, what: str, write: Callable[[KeyValue], Awaitable[object]]) -> None:
@@ -109,6 +119,29 @@ class JoinState:
         self.evicted[what] += 1
         if self._on_evict is not None:
             self._on_evict(what)
+
+    async def expire_unmatched(self, limit: int = _EXPIRE_PER_CALL) -> list[str]:
+        """Remove the feedback that has waited the whole window for its request, oldest first (at most ``limit``);
+        returns the request ids of those removed (their feedback matched no request the joiner saw)."""
+        stream = f"KV_{self.names['feedback_pending']}"
+        horizon = datetime.now(UTC) - timedelta(seconds=self.window_s)
+        expired: list[str] = []
+        for _ in range(limit):
+            state = (await self._js.stream_info(stream)).state
+            if not state.messages:
+                break
+            try:
+                oldest = await self._js.get_msg(stream, seq=state.first_seq)
+            except js_errors.NotFoundError:
+                continue  # joined or removed meanwhile: look again
+            if oldest.time is not None and oldest.time > horizon:
+                break  # the oldest is still within its window: so is every other
+            await self._js.purge_stream(stream, subject=oldest.subject)
+            if oldest.headers and _MARKER in oldest.headers:
+                continue  # a delete marker, not feedback
+            request_id = str(orjson.loads(oldest.data or b"{}").get("feedback", {}).get("request_id", oldest.subject))
+            expired.append(request_id)
+        return expired
 
     async def count(self, what: str) -> int:
         """Entries in one bucket now (:meth:`delete` leaves no marker to count)."""

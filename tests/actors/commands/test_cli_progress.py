@@ -125,7 +125,10 @@ def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_
     assert line is not None
     assert "service: serving v7 · training v12 · 25.0 req/s · feedback 25 joined, 4 waiting" in line
     assert "users' score 0.62" in line and "gate: promote v7: mean reward 0.5" in line
-    assert "paused" not in line
+    assert "paused" not in line and "unmatched" not in line
+    unmatched = records(150)
+    unmatched[3].counters["feedback.unmatched"] = 2.0  # rated ids that were never served, once the window closed
+    assert "feedback 25 joined, 4 waiting, 2 unmatched · users' score" in str(view.line(unmatched))
     console = Console(width=200, record=True)
     console.print(view.renderable(records(150)))
     assert "serving v7 · training v12" in console.export_text()

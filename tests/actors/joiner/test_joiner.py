@@ -263,3 +263,27 @@ async def test_a_request_that_asked_a_domain_task_carries_its_verifier_fields(
     assert samples["plain"].verifier_fields == {"answer": "42"}
     assert samples["chat"].verifier_fields == {"answer": "12"}  # found by what the user typed
     assert samples["free"].verifier_fields == {}
+
+
+async def test_feedback_for_a_request_never_served_stops_waiting_after_the_window(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Feedback naming an id the gateway never served waited with no end in sight: the live view showed it "waiting"
+    for the whole window, then it vanished uncounted. At the window's end it stops waiting and is counted as
+    unmatched; feedback whose request does come within the window still joins."""
+    spec = joiner_spec(tmp_path, "{window_s: 1}")
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path) as joiner,
+    ):
+        await gw.publish("feedback", "feedback", feedback("fw-never-served", score=1.0), id="f-never")
+        await gw.publish("feedback", "feedback", feedback("served-soon", score=1.0), id="f-soon")
+        await until(joiner, "feedback.early", 2)
+        await gw.publish("traffic", "traffic", traffic("served-soon"), id="t-soon")
+        await until(joiner, "feedback.joined", 1)
+        await until(joiner, "feedback.unmatched", 1, timeout_s=15)
+        assert await joiner.state.count("feedback_pending") == 0
+        with anyio.fail_after(10):
+            while joiner.ctx.counters.get("feedback_waiting") != 0:  # noqa: ASYNC110 — a counter, polled as the view does
+                await anyio.sleep(0.1)
+        assert joiner.ctx.counters.get("feedback.unmatched") == 1 and joiner.ctx.counters.get("feedback.joined") == 1
