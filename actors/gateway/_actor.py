@@ -31,8 +31,9 @@ from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._http import http_protocol
 from actors.gateway._prompt import PromptBuilder
+from actors.gateway._ratings import FirstRatings
 from actors.policy import load_tokenizer
-from actors.protocol import domains_of, ping_subject, policy_of, serving_replicas
+from actors.protocol import domains_of, feedback_join, ping_subject, policy_of, serving_replicas
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "generated_api_key", "read_api_keys"]
@@ -112,6 +113,12 @@ class GatewayActor(Actor[GatewayConfig]):
         serving = serving_replicas(self.ctx.spec)
         self._client = ServeClient(self.ctx.bus.nc, self.ctx.topology, attempts=min(3, max(1, serving)))
         await self._client.start()
+        ratings: FirstRatings | None = None
+        join = feedback_join(self.ctx.spec)
+        if join is not None:  # a joiner trains on the first rating of each request: say so of the others
+            window_s, max_pending = join
+            ratings = FirstRatings(self.ctx.bus, self.ctx.topology, window_s=window_s, max_entries=max_pending)
+            await ratings.open()
         self.gateway = Gateway(
             self.config,
             client=self._client,
@@ -119,6 +126,7 @@ class GatewayActor(Actor[GatewayConfig]):
             keys=keys,
             publish=self._publish,
             health=self._check_health,
+            ratings=ratings,
             domains=domains_of(self.ctx.spec),
             who=self.ctx.replica_id,
             log=self.ctx.log,

@@ -35,7 +35,11 @@ Contract:
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
   :data:`~actors.protocol.FEEDBACK_LABELS` (good/thumbs_up/… → 1, neutral → 0.5, bad/thumbs_down/… → 0); a score
   must be a JSON number, and one sent with a label must be the label's.
-  Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later.
+  Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later (feedback
+  whose request never comes within its window is counted as unmatched). The answer is 200 ``{"status": "accepted",
+  "id", "request_id", "score"}``; a rating of a request a gateway took another rating of already answers ``"status":
+  "duplicate"`` and a ``message`` (it is stored, and only the first trains: :mod:`actors.gateway._ratings`); the same
+  rating sent again (a retry) answers as the first did.
 
 Non-goals: per-key quotas, TLS (put a proxy in front), CORS.
 """
@@ -76,6 +80,7 @@ from actors.gateway._prompt import (
     CompletionRequest,
     PromptBuilder,
 )
+from actors.gateway._ratings import FirstRatings
 from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
 
 __all__ = ["ApiKeys", "Gateway"]
@@ -166,6 +171,7 @@ class Gateway:
         keys: ApiKeys,
         publish: Callable[[str, str, dict[str, Any], str], Awaitable[Any]],
         health: Callable[[], Awaitable[dict[str, Any]]],
+        ratings: FirstRatings | None = None,
         domains: Collection[str] = (),
         who: str = "gateway",
         log: Any = None,
@@ -176,6 +182,7 @@ class Gateway:
         self.keys = keys
         self.publish = publish  # (channel, type, payload, id) → returns once stored
         self.health = health
+        self.ratings = ratings  # None: no joiner, every rating is only recorded
         self.domains = frozenset(domains)
         self.who = who
         self.log = log if log is not None else structlog.get_logger("flywheel.gateway")
@@ -245,8 +252,17 @@ class Gateway:
             request_id=body.request_id, score=score, label=label, comment=body.comment, ts=time.time(), key_id=key_id
         )
         digest = hashlib.sha256(orjson.dumps([body.request_id, score, label, body.comment])).hexdigest()[:32]
+        first = True
         try:
-            await self.publish("feedback", "feedback", msg.model_dump(mode="json"), f"fb-{digest}")
+            if self.ratings is not None:
+                first = await self.ratings.claim(body.request_id, digest)
+            try:
+                await self.publish("feedback", "feedback", msg.model_dump(mode="json"), f"fb-{digest}")
+            except Exception:
+                if first and self.ratings is not None:
+                    with contextlib.suppress(Exception):  # the bus is away: the claim's TTL ends it
+                        await self.ratings.release(body.request_id, digest)
+                raise
         except Exception as exc:
             self.log.warning(
                 "gateway.feedback_not_stored", request_id=body.request_id, error=f"{type(exc).__name__}: {exc}"
@@ -254,8 +270,19 @@ class Gateway:
             raise unavailable(
                 "feedback could not be stored right now; retry later", "unavailable", self.config.retry_after_s
             ) from None
-        self.metrics.feedback_accepted()
-        doc = {"status": "accepted", "id": f"fb-{digest}", "request_id": body.request_id, "score": score}
+        self.metrics.feedback_accepted(duplicate=not first)
+        doc: dict[str, Any] = {
+            "status": "accepted",
+            "id": f"fb-{digest}",
+            "request_id": body.request_id,
+            "score": score,
+        }
+        if not first:
+            doc["status"] = "duplicate"
+            doc["message"] = (
+                f"request {body.request_id!r} was rated already; only its first rating counts (this one is recorded, "
+                "not trained on)"
+            )
         return Response(orjson.dumps(doc), media_type=JSON)
 
     # ------------------------------------------------------------------ completions

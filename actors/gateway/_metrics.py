@@ -13,7 +13,8 @@ Series (all prefixed ``flywheel_gateway_``):
 * ``client_disconnects_total`` — requests whose client went away before the answer; their generation was
   cancelled; ``internal_errors_total`` — unexpected failures answered with a bare 500 (the detail is logged);
 * ``traffic_published_total``, ``traffic_publish_errors_total`` (each failure is also logged with its request
-  id), ``feedback_total``, ``generated_tokens_total``.
+  id), ``feedback_total``, ``feedback_duplicates_total`` (of those, ratings of a request rated already),
+  ``generated_tokens_total``.
 
 :meth:`Metrics.snapshot` gives the counters the actor puts in its heartbeat: ``requests`` counts every HTTP request
 answered (feedback, health checks and scrapes too), ``served`` only the completions and chat requests a model answered
@@ -77,6 +78,11 @@ class Metrics:
             registry=registry,
         )
         self._feedback = Counter(_PREFIX + "feedback", "Feedback messages accepted and published.", registry=registry)
+        self._feedback_duplicates = Counter(
+            _PREFIX + "feedback_duplicates",
+            "Feedback for a request rated already (stored, answered as a duplicate; only the first counts).",
+            registry=registry,
+        )
         self._tokens = Counter(_PREFIX + "generated_tokens", "Completion tokens served.", registry=registry)
         self.requests = 0
         self.served = 0  # of which completions and chat requests answered (not refused)
@@ -86,6 +92,7 @@ class Metrics:
         self.traffic_published = 0
         self.traffic_errors = 0
         self.feedback = 0
+        self.feedback_duplicates = 0
 
     # -- recording ---------------------------------------------------------------------------------------
     def observe(self, route: str, status: int, seconds: float) -> None:
@@ -116,9 +123,12 @@ class Metrics:
         self._publish_errors.inc()
         self._tokens.inc(tokens)
 
-    def feedback_accepted(self) -> None:
+    def feedback_accepted(self, *, duplicate: bool = False) -> None:
         self.feedback += 1
         self._feedback.inc()
+        if duplicate:
+            self.feedback_duplicates += 1
+            self._feedback_duplicates.inc()
 
     # -- reading -----------------------------------------------------------------------------------------
     def render(self, accept: str = "") -> tuple[bytes, str]:
@@ -140,4 +150,5 @@ class Metrics:
             "traffic_published": self.traffic_published,
             "traffic_errors": self.traffic_errors,
             "feedback": self.feedback,
+            "feedback_duplicates": self.feedback_duplicates,
         }

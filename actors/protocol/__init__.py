@@ -26,13 +26,16 @@ from actors.protocol._names import RECORDED_CHANNELS as RECORDED_CHANNELS
 from actors.protocol._names import REVIEW_SOURCE as REVIEW_SOURCE
 from actors.protocol._names import SERVING as SERVING
 from actors.protocol._names import join_bucket as join_bucket
+from actors.protocol._names import rated_bucket as rated_bucket
 from actors.protocol._names import served_key as served_key
 from actors.protocol._names import weights_bucket as weights_bucket
 from actors.protocol._roles import HasDevice as HasDevice
 from actors.protocol._roles import HasEngine as HasEngine
+from actors.protocol._roles import JoinsFeedback as JoinsFeedback
 from actors.protocol._roles import ServesUsers as ServesUsers
 from actors.protocol._roles import SyncsWeights as SyncsWeights
 from actors.protocol._roles import cuda_missing_here as cuda_missing_here
+from actors.protocol._roles import feedback_join as feedback_join
 from actors.protocol._roles import only_torch_engines as only_torch_engines
 from actors.protocol._roles import runs_on_cpu as runs_on_cpu
 from actors.protocol._roles import serving_replicas as serving_replicas
@@ -84,6 +87,7 @@ __all__ = [
     "FeedbackMsg",
     "HasDevice",
     "HasEngine",
+    "JoinsFeedback",
     "LearnerPace",
     "LearnerStatus",
     "LearningRate",
@@ -99,11 +103,13 @@ __all__ = [
     "cancel_subject",
     "cuda_missing_here",
     "domains_of",
+    "feedback_join",
     "frame",
     "join_bucket",
     "only_torch_engines",
     "ping_subject",
     "policy_of",
+    "rated_bucket",
     "read_recordings",
     "rows_of",
     "runs_on_cpu",

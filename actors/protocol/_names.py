@@ -5,6 +5,8 @@
   gate, ``flywheel promote`` and ``rollback``); ``served.<actor>.<replica>`` (`served_key`) what each generator
   replica swapped in last, put right after the swap.
 - ``fw_<topology>_<what>`` (`join_bucket`): the joiner's state buckets.
+- ``fw_<topology>_feedback_rated`` (`rated_bucket`): the gateways' record of the first rating each request got (a
+  digest of it), so that a second one is answered as a duplicate.
 - `REVIEW_SOURCE`: the envelope source (and the feedback ``key_id``) of labels given through ``flywheel review``.
 - `RECORDED_CHANNELS`: the channels with a recorded schema (`actors.protocol._recordings`), here without its imports
   so that a spec check can name them.
@@ -14,7 +16,16 @@ from __future__ import annotations
 
 from topology import bucket_name
 
-__all__ = ["CURRENT", "RECORDED_CHANNELS", "REVIEW_SOURCE", "SERVING", "join_bucket", "served_key", "weights_bucket"]
+__all__ = [
+    "CURRENT",
+    "RECORDED_CHANNELS",
+    "REVIEW_SOURCE",
+    "SERVING",
+    "join_bucket",
+    "rated_bucket",
+    "served_key",
+    "weights_bucket",
+]
 
 CURRENT = "current"
 SERVING = "serving"
@@ -36,3 +47,8 @@ def served_key(actor: str, replica: int) -> str:
 def join_bucket(topology: str, what: str) -> str:
     """One of the joiner's KV buckets (``traffic``, ``feedback``, ``applied``…)."""
     return bucket_name(topology, what)
+
+
+def rated_bucket(topology: str) -> str:
+    """The KV bucket of the first rating each request got through a gateway (see the module docstring)."""
+    return bucket_name(topology, "feedback_rated")

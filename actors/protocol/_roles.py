@@ -1,9 +1,10 @@
 """Roles an actor's config can play for other kinds, as typed structural contracts.
 
 A kind sometimes needs to know what other actors of the same topology do — the gateway, how many replicas answer
-users; the weight group, which replicas receive weights over torch.distributed and whether one of them runs on the
-CPU. It must not import their kinds to find out. Each role here is a ``Protocol`` a config satisfies by having the
-field (the generator's config has all of them); the functions read a spec through them.
+users and how long feedback can join its request; the weight group, which replicas receive weights over
+torch.distributed and whether one of them runs on the CPU. It must not import their kinds to find out. Each role
+here is a ``Protocol`` a config satisfies by having the field (the generator's config has all of them); the
+functions read a spec through them.
 
 Non-goals: roles nobody reads across kinds; validation (each kind's config model validates its own fields).
 """
@@ -17,9 +18,11 @@ from topology import visible_gpus
 __all__ = [
     "HasDevice",
     "HasEngine",
+    "JoinsFeedback",
     "ServesUsers",
     "SyncsWeights",
     "cuda_missing_here",
+    "feedback_join",
     "only_torch_engines",
     "runs_on_cpu",
     "serving_replicas",
@@ -53,6 +56,23 @@ class HasDevice(Protocol):
     """Replicas placed on a device (``cpu``, ``cuda``, ``auto``)."""
 
     device: str
+
+
+@runtime_checkable
+class JoinsFeedback(Protocol):
+    """Replicas that join feedback to the request it rates within ``window_s``, holding at most ``max_pending``."""
+
+    window_s: float
+    max_pending: int
+
+
+def feedback_join(spec: Any) -> tuple[float, int] | None:
+    """``(window_s, max_pending)`` of the actors of ``spec`` that join feedback (the largest of each), or None: no
+    actor does, and feedback is only recorded."""
+    joins = [a.config for a in spec.actors.values() if isinstance(a.config, JoinsFeedback)]
+    if not joins:
+        return None
+    return max(j.window_s for j in joins), max(j.max_pending for j in joins)
 
 
 def serving_replicas(spec: Any) -> int:

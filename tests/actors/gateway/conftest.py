@@ -49,6 +49,7 @@ actors:
     max_body_bytes: 4096
     request_timeout_s: 20
     body_timeout_s: 1
+  joiner: {{window_s: 3600}}   # not run here: it makes feedback count once per request, as the gateway then says
 channels:
   prompts: {{external: true}}
 """

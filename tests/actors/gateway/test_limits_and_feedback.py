@@ -198,6 +198,25 @@ def test_feedback_before_and_after_its_request(gateway: Running) -> None:
     assert sum(1 for _, p in gateway.read("feedback", gateway.stored("feedback")) if p.request_id == request_id) == 1
 
 
+def test_a_second_rating_of_a_request_is_answered_as_a_duplicate(gateway: Running) -> None:
+    """Only a request's first rating trains (the joiner's "first applied wins"), yet a second one was answered
+    ``accepted`` like the first: the client could not tell it would not count. It is stored all the same (a second
+    opinion is worth keeping), and answered ``duplicate``; the first rating sent again (a retry) answers as before."""
+    request_id = post(gateway, "/v1/chat/completions", json=CHAT).json()["id"]
+    first = {"request_id": request_id, "label": "good"}
+    answers = [post(gateway, "/v1/feedback", json=body, key=API_KEY) for body in (first, first)]
+    assert [(a.status_code, a.json()["status"]) for a in answers] == [(200, "accepted"), (200, "accepted")]
+    before = gateway.stored("feedback")
+    second = post(gateway, "/v1/feedback", json={"request_id": request_id, "score": 0.0}, key=API_KEY)
+    assert second.status_code == 200, second.text
+    doc = second.json()
+    assert doc["status"] == "duplicate" and doc["request_id"] == request_id and doc["score"] == 0.0
+    assert "only its first rating counts" in doc["message"] and doc["id"] != answers[0].json()["id"]
+    assert gateway.stored("feedback") == before + 1  # recorded, not trained on
+    other = post(gateway, "/v1/feedback", json={"request_id": "fw-another", "score": 0.0}, key=API_KEY)
+    assert other.json()["status"] == "accepted"  # per request
+
+
 def test_saturation_answers_429_with_retry_after(gateway: Running) -> None:
     engine, app = gateway.generator.engine, gateway.gateway.gateway
     assert engine is not None and app is not None
