@@ -88,13 +88,13 @@ from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
-from actors.learner._eval import CORRECT, EvalTracker, eval_message_id, round_version
+from actors.learner._eval import EvalTracker, eval_message_id, round_version
 from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import MetricsWriter, heldout_first_and_last, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
-from actors.protocol import VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
+from actors.protocol import CORRECT, VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import SlotSpaceError, WeightPublisher, weight_transports
 from topology.bus import BUS_AWAY, Delivery
 from topology.runtime import Actor, ActorContext
@@ -194,6 +194,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._eval_due = False
         self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
         self._eval_heard = time.monotonic()  # the last held-out publish or score
+        self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -727,7 +728,12 @@ class LearnerActor(Actor[LearnerConfig]):
         "None correct" is below full marks (`CORRECT`), not all 0: with a pass/fail verifier the same thing, with
         partial credit (json-fields: the share of fields right) a group whose best got half the fields is guided
         too. Such a group has signal without the reference, but only towards half answers; the reference shows
-        the whole one (bench/RESULTS.md has the measurements)."""
+        the whole one (bench/RESULTS.md has the measurements).
+
+        Only a reference its domain's verifier scored correct guides (``reference_reward``, set by the verify
+        actor): one that fails (a wrong dataset row) or was never scored would teach a wrong answer as the right
+        one. Such a group goes on without it, counted in ``reference_unverified.<domain>`` and logged at the first
+        one per domain (the verify actor's ``reference_failed`` log says why the reference failed)."""
         domain = domains_of(self.ctx.spec).get(msg.domain)
         mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
         if (
@@ -737,6 +743,19 @@ class LearnerActor(Actor[LearnerConfig]):
             or not msg.reference
             or msg.origin != "domain"
         ):
+            return None
+        if msg.reference_reward is None or msg.reference_reward < CORRECT:
+            self.ctx.counters.inc(f"reference_unverified.{msg.domain}")
+            if msg.domain not in self._unverified_logged:
+                self._unverified_logged.add(msg.domain)
+                self.ctx.log.warning(
+                    "learner.reference_unverified",
+                    domain=msg.domain,
+                    task_id=msg.task_id,
+                    reference_reward=msg.reference_reward,
+                    note="a failed group's reference was not scored correct by its verifier: not trained on "
+                    "(counted in reference_unverified.<domain>; logged once per domain)",
+                )
             return None
         return encode_completion(self.policy.tokenizer, msg.reference)
 

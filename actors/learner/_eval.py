@@ -27,13 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from actors.domains import Task
-from actors.protocol import VERIFIER_ERROR, ScoredMsg
+from actors.protocol import CORRECT, VERIFIER_ERROR, ScoredMsg
 
 __all__ = ["EvalResult", "EvalTracker", "eval_message_id", "round_version"]
 
 _ID = re.compile(r"^eval-(\d+)-")
 _KEEP_ROUNDS = 16  # incomplete rounds older than the newest 16 are forgotten
-CORRECT = 1.0 - 1e-9
 
 
 def round_version(message_id: str, msg: ScoredMsg) -> int:

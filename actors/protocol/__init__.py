@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from actors.protocol._messages import CORRECT as CORRECT
 from actors.protocol._messages import FEEDBACK_LABELS as FEEDBACK_LABELS
 from actors.protocol._messages import VERIFIER_ERROR as VERIFIER_ERROR
 from actors.protocol._messages import CompletionRecord as CompletionRecord
@@ -51,6 +52,7 @@ from actors.protocol._spec import LearningRate as LearningRate
 from actors.protocol._spec import PolicySpec as PolicySpec
 from actors.protocol._spec import WarmStartSpec as WarmStartSpec
 from actors.protocol._spec import domains_of as domains_of
+from actors.protocol._spec import failed_groups_of as failed_groups_of
 from actors.protocol._spec import policy_of as policy_of
 from actors.protocol._status import LearnerPace as LearnerPace
 from actors.protocol._status import LearnerStatus as LearnerStatus
@@ -74,6 +76,7 @@ __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "BUILTIN_MODELS",
     "CHANNEL_MODELS",
+    "CORRECT",
     "CURRENT",
     "FEEDBACK_LABELS",
     "RECORDED_CHANNELS",
@@ -103,6 +106,7 @@ __all__ = [
     "cancel_subject",
     "cuda_missing_here",
     "domains_of",
+    "failed_groups_of",
     "feedback_join",
     "frame",
     "join_bucket",

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "CORRECT",
     "FEEDBACK_LABELS",
     "VERIFIER_ERROR",
     "CompletionRecord",
@@ -40,6 +41,8 @@ Version = Annotated[int, Field(ge=0)]  # a weight version: 0 is the initial weig
 # the verdict of a completion its domain's verifier could not score (it raised, returned no reward, or the sandbox
 # failed): scored 0 so the group still flows, but it says nothing about the answer, so the learner never trains on it
 VERIFIER_ERROR = "internal_error"
+# a reward at or above this is full marks: a correct answer (below it, partial credit counts as not correct)
+CORRECT = 1.0 - 1e-9
 
 
 class PromptMsg(BaseModel):
@@ -117,6 +120,10 @@ class ScoredMsg(BaseModel):
     prompt: str = ""  # the prompt text (recorded for replay; empty from producers that predate it)
     verifier_fields: dict[str, Any] = Field(default_factory=dict)  # what the verifier checked against (replay)
     reference: str = ""  # the task's reference answer (domain groups; empty for production feedback)
+    # the reference scored by the domain's verifier as one more completion would be — set by the verify actor when
+    # no completion of the group is correct and the domain trains on references (`failed_groups_of`); None: not
+    # scored. The learner trains on a reference only when this is `CORRECT`: a wrong dataset row is never taught
+    reference_reward: float | None = Field(default=None, ge=0, le=1)
 
 
 class TrafficMsg(BaseModel):

@@ -26,6 +26,7 @@ __all__ = [
     "PolicySpec",
     "WarmStartSpec",
     "domains_of",
+    "failed_groups_of",
     "policy_of",
 ]
 
@@ -117,7 +118,8 @@ class DomainSpec(SpecModel):
     heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
     max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts
     # a group with no correct completion: skip it when all scored 0, or train on the task's reference answer
-    # added to it (partial credit counts as not correct); null: the learner's `failed_groups` (skip by default)
+    # added to it when its verifier scores that reference correct (partial credit counts as not correct); null: the
+    # learner's `failed_groups` (skip by default)
     failed_groups: Literal["skip", "reference"] | None = None
 
     @field_validator("source")
@@ -157,3 +159,14 @@ def domains_of(spec: Spec) -> Mapping[str, DomainSpec]:
     """The spec's task domains by name (empty when it has no ``domains:``)."""
     domains: Mapping[str, DomainSpec] = spec.sections.get("domains", {})
     return domains
+
+
+def failed_groups_of(spec: Spec, domain: str) -> Literal["skip", "reference"]:
+    """What the spec's learners do with a group of ``domain`` that has no correct completion: the domain's own
+    ``failed_groups``, else ``reference`` when a learner's config says so, else ``skip``. The verify actor scores a
+    failed group's reference only where this is ``reference`` (the learner trains on no reference unscored)."""
+    own = domains_of(spec).get(domain)
+    if own is not None and own.failed_groups is not None:
+        return own.failed_groups
+    learners = (a.config for a in spec.actors.values() if a.kind == "learner")
+    return "reference" if any(getattr(c, "failed_groups", None) == "reference" for c in learners) else "skip"

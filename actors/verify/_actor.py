@@ -16,6 +16,12 @@ The ``python-expr`` verifier remembers the sandbox's answer per expression text 
 sandbox level in force (``bwrap`` unless the spec opted in to less), shown by ``flywheel status`` and the live view;
 every scored completion's verdict was decided outside the code it ran (see ``actors.sandbox``).
 
+Where a domain trains on references (``failed_groups: reference``, `failed_groups_of`) and no completion of a group
+is correct, the task's reference is scored too, as one more completion would be, and the message carries its reward
+(``reference_reward``): the learner trains only on a reference scored correct. A reference that fails (a wrong dataset
+row) is counted in ``reference_failed.<domain>`` and logged with the task id and why (at the first, then at most once
+a minute per domain). A task's reference is scored once (remembered by task id and text, the newest
+``_REFERENCE_MEMO`` tasks).
 
 Non-goals: no caching of other verifiers' verdicts (they are cheap, or run code whose tests may differ per
 task), no verifier hot reload.
@@ -24,12 +30,21 @@ task), no verifier hot reload.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Any
 
 import anyio
 
 from actors.domains import DomainVerifier, Scorer
-from actors.protocol import VERIFIER_ERROR, RolloutMsg, ScoredCompletion, ScoredMsg, domains_of
+from actors.protocol import (
+    CORRECT,
+    VERIFIER_ERROR,
+    RolloutMsg,
+    ScoredCompletion,
+    ScoredMsg,
+    domains_of,
+    failed_groups_of,
+)
 from actors.sandbox import SandboxPool
 from actors.verify._config import VerifyConfig
 from topology.bus import Delivery, Outbox
@@ -38,7 +53,8 @@ from topology.runtime import Actor, ActorContext, iterate_until
 __all__ = ["VerifyActor"]
 
 _KEEPALIVE_S_MAX = 10.0  # rollouts being verified have their ack timer reset this often (at most ack_wait_s / 3)
-_ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors are logged at most this often (each is counted)
+_ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors (and failed references) are logged at most this often
+_REFERENCE_MEMO = 4096  # tasks whose reference's score is remembered (a task comes back every epoch)
 
 
 class VerifyActor(Actor[VerifyConfig]):
@@ -51,6 +67,9 @@ class VerifyActor(Actor[VerifyConfig]):
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
         self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
         self._verifying: dict[str, Delivery[RolloutMsg]] = {}  # rollouts being verified, by id → newest delivery
+        self._guided = {name for name in self._domains if failed_groups_of(ctx.spec, name) == "reference"}
+        self._references: OrderedDict[tuple[str, str, str], float] = OrderedDict()  # (domain, task, text) → reward
+        self._reference_logged: dict[str, float] = {}  # domain → when its last failed reference was logged
 
     async def start(self) -> None:
         self._pool = SandboxPool.from_config(self.config.sandbox)
@@ -131,6 +150,47 @@ class VerifyActor(Actor[VerifyConfig]):
             total = int(counters.snapshot().get(f"verifier_errors.{domain}", 0))
             self.ctx.log.warning("verify.verifier_error", domain=domain, verifier=verifier, detail=detail, total=total)
 
+    async def _reference_reward(self, rollout: RolloutMsg, rewards: list[float]) -> float | None:
+        """The score of the task's reference when the learner may train on it (a group of several completions, none
+        correct, in a domain that trains on references), else None. A failing reference is counted and logged."""
+        assert self._scorer is not None
+        if (
+            rollout.domain not in self._guided
+            or not rollout.reference
+            or rollout.heldout
+            or len(rewards) < 2
+            or max(rewards) >= CORRECT
+        ):
+            return None
+        key = (rollout.domain, rollout.task_id, rollout.reference)
+        known = self._references.get(key)
+        if known is not None:
+            self._references.move_to_end(key)
+            return known
+        result = await self._scorer.score(rollout.domain, rollout.reference, rollout.verifier_fields)
+        if result.verdict == VERIFIER_ERROR:  # says nothing about the reference: not remembered, not trained on
+            self._verifier_error(rollout.domain, result.detail)
+            return None
+        self._references[key] = result.reward
+        if len(self._references) > _REFERENCE_MEMO:
+            self._references.popitem(last=False)
+        if result.reward < CORRECT:
+            counters = self.ctx.counters
+            counters.inc(f"reference_failed.{rollout.domain}")
+            now = time.monotonic()
+            if now - self._reference_logged.get(rollout.domain, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
+                self._reference_logged[rollout.domain] = now
+                self.ctx.log.warning(
+                    "verify.reference_failed",
+                    domain=rollout.domain,
+                    task_id=rollout.task_id,
+                    verdict=str(result.verdict),
+                    detail=result.detail[:200],
+                    total=int(counters.snapshot().get(f"reference_failed.{rollout.domain}", 0)),
+                    note="the task's reference fails its own verifier: the learner will not train on it",
+                )
+        return result.reward
+
     async def _handle(self, delivery: Delivery[RolloutMsg], limit: anyio.CapacityLimiter, outbox: Outbox) -> None:
         assert self._scorer is not None
         rollout = delivery.payload
@@ -180,6 +240,7 @@ class VerifyActor(Actor[VerifyConfig]):
                 verify_s=time.perf_counter() - started,
                 completions=scored,
                 reference=rollout.reference,
+                reference_reward=await self._reference_reward(rollout, [c.reward for c in scored]),
             )
             await outbox.send(
                 self.ctx.output_channel("scored"),

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import polars as pl
 import pytest
+import structlog
 
 from actors.learner import Checkpointer, read_metrics
 from actors.learner._actor import LearnerActor
@@ -27,6 +28,8 @@ from tests.actors.learner._helpers import (
 from topology.bus import Bus, EmbeddedNats
 
 pytestmark = pytest.mark.anyio
+
+VERIFIED = {"reference": "3", "reference_reward": 1.0}  # a reference the verify actor scored correct
 
 
 def learner(checkpoint_every_steps: int = 2, extra: str = "") -> str:
@@ -73,14 +76,12 @@ async def test_failed_groups_are_skipped_or_guided_by_the_reference(
     spec = write_spec(tmp_path, config, domains=domains)  # a batch is one group of 4: each is judged on its own
     mode = domain_mode or learner_mode  # the domain's setting wins
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
-        for i in range(2):  # all wrong, with the task's reference answer: only guidance gives them signal
-            await bus.publish("scored", "scored", {**scored("arithmetic", [0.0] * 4), "reference": "3"}, id=f"f{i}")
+        for i in range(2):  # all wrong, with the task's reference answer (verified): only guidance gives them signal
+            await bus.publish("scored", "scored", {**scored("arithmetic", [0.0] * 4), **VERIFIED}, id=f"f{i}")
         await bus.publish("scored", "scored", scored("arithmetic", [0.0] * 4), id="no-ref")  # nothing to guide with
         await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id="mixed")
         # partial credit and none fully right: signal of its own, and not correct, so guided as well
-        await bus.publish(
-            "scored", "scored", {**scored("arithmetic", [0.5, 0.0, 0.5, 0.0]), "reference": "3"}, id="partial"
-        )
+        await bus.publish("scored", "scored", {**scored("arithmetic", [0.5, 0.0, 0.5, 0.0]), **VERIFIED}, id="partial")
         await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= (4 if mode == "reference" else 2))
         await wait_until(
             lambda: actor.ctx.counters.get("no_signal_failed.arithmetic") >= (1 if mode == "reference" else 3)
@@ -91,6 +92,35 @@ async def test_failed_groups_are_skipped_or_guided_by_the_reference(
         assert guided == 3 and sum(steps["samples"].to_list()) == 3 * 5 + 4
     else:  # the mixed and the partial group, as they came
         assert guided == 0 and sum(steps["samples"].to_list()) == 2 * 4
+
+
+async def test_a_reference_not_scored_correct_never_guides_a_failed_group(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A failed group's reference was trained on as the right answer whether or not it passed its own verifier (a
+    wrong dataset row taught as correct). Only a reference the verify actor scored correct guides now; one that
+    failed, or was never scored, leaves its group unguided, counted in ``reference_unverified.<domain>``."""
+    config = (
+        "    batch_size: 4\n    checkpoint_every_steps: 1\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
+        "    metrics_flush_s: 0.2\n    max_staleness: 100\n    failed_groups: reference\n"
+    )
+    spec = write_spec(tmp_path, config)
+    failed = [0.5, 0.0, 0.5, 0.0]  # partial credit: signal of its own, so the group trains with or without guidance
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        with structlog.testing.capture_logs() as logs:
+            for name, score in (("wrong-row", 0.0), ("unscored", None)):
+                payload = {**scored("arithmetic", failed), "reference": "3", "reference_reward": score}
+                await bus.publish("scored", "scored", payload, id=name)
+            await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= 2)
+            await bus.publish("scored", "scored", {**scored("arithmetic", failed), **VERIFIED}, id="right-row")
+            await wait_until(lambda: actor.ctx.counters.get("groups_applied") >= 3)
+        counters = actor.ctx.counters
+        assert counters.get("reference_unverified.arithmetic") == 2
+        assert counters.get("guided.arithmetic") == 1
+    steps = read_metrics(tmp_path / "run", "step")
+    assert sorted(steps["samples"].to_list()) == [4, 4, 5]  # only the right row's group has its reference added
+    [warning] = [entry for entry in logs if entry["event"] == "learner.reference_unverified"]  # once per domain
+    assert warning["domain"] == "arithmetic" and warning["reference_reward"] == 0.0
 
 
 async def test_stale_heldout_and_duplicates_never_train(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import orjson
 import pytest
 import structlog
 
@@ -54,11 +55,20 @@ def user_verifier_spec(
     return load_spec(path)
 
 
-def rollout_of(domain: str, verifier_fields: dict[str, object], texts: list[str], prompt: str = "2+2=") -> RolloutMsg:
+def rollout_of(
+    domain: str,
+    verifier_fields: dict[str, object],
+    texts: list[str],
+    prompt: str = "2+2=",
+    *,
+    task_id: str = "t1",
+    reference: str = "",
+) -> RolloutMsg:
     completion = {"token_ids": [1], "logprobs": [0.0], "versions": [0], "finish_reason": "stop"}
     return RolloutMsg.model_validate(
         {
-            "task_id": "t1",
+            "task_id": task_id,
+            "reference": reference,
             "domain": domain,
             "prompt_ids": [1],
             "prompt": prompt,
@@ -186,3 +196,43 @@ async def test_a_user_verifier_gets_the_time_limit_its_domain_sets(
     [completion] = scored.completions
     assert (completion.reward, completion.verdict) == (0.0, "timeout")
     assert "took longer than 0.5 s" in completion.detail
+
+
+async def test_a_failed_groups_reference_is_scored_and_one_that_fails_its_tests_is_counted_and_logged(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """With ``failed_groups: reference`` the learner trained on a failed group's reference answer as if correct, even
+    when that reference failed the row's own tests (a wrong dataset row). The verify actor now scores the reference
+    of a group with no correct completion in the sandbox, as one more completion would be, and passes its reward on
+    (the learner trains only on one scored correct); a failing one is counted and logged with the task and why."""
+    tests = {"tests": "assert f(2) == 4"}
+    row = {"prompt": "def f(x): double x", "verifier_fields": tests, "reference": "def f(x):\n    return 2 * x\n"}
+    (tmp_path / "code.jsonl").write_text(orjson.dumps(row).decode() + "\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: v-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt}\n"
+        "domains:\n  code: {source: 'jsonl:code.jsonl', verifier: python-tests, heldout: 0, failed_groups: reference}\n"
+        "actors:\n  verify: {sandbox: {workers: 1}}\n"
+        "channels:\n  rollouts: {external: true}\n  scored: {external: true}\n"
+    )
+    spec = load_spec(path)
+    wrong = ["def f(x):\n    return x\n", "def f(x):\n    return x + 1\n"]
+    rollouts = {
+        "good-row": rollout_of("code", tests, wrong, task_id="good-row", reference=row["reference"]),
+        "bad-row": rollout_of("code", tests, wrong, task_id="bad-row", reference="def f(x):\n    return x ** 3\n"),
+        "solved": rollout_of("code", tests, [*wrong, row["reference"]], task_id="solved", reference="def f(x): 0"),
+    }
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        for rollout in rollouts.values():
+            await bus.publish("rollouts", "rollout", rollout.model_dump(mode="json"))
+        with structlog.testing.capture_logs() as logs:
+            seen = await scored_while_running(actor, ctx, bus, first_only=False, within_s=15)
+    by_task = {m.task_id: m for m in seen}
+    assert set(by_task) == set(rollouts)
+    assert by_task["good-row"].reference_reward == 1.0
+    assert by_task["bad-row"].reference_reward == 0.0
+    assert by_task["solved"].reference_reward is None  # a correct completion: no guidance, nothing to score
+    assert actor.report()["reference_failed.code"] == 1
+    [warning] = [entry for entry in logs if entry["event"] == "verify.reference_failed"]
+    assert (warning["domain"], warning["task_id"], warning["verdict"]) == ("code", "bad-row", "fail"), warning
