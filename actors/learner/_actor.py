@@ -11,7 +11,9 @@ Lifecycle:
   large model's round could span (every gain is measured from it).
 - ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once, a verifier's
   errors among them left out of the round's accuracy and counted in ``heldout_verifier_errors.<domain>``; stale or
-  greedy training samples are dropped, counted and acked). In ``async`` mode a group's advantages are computed as it
+  greedy training samples are dropped, counted and acked; a group with tokens of a version newer than the learner's —
+  weights it never published, see ``_unpublished_version`` — is dead-lettered and counted in ``unpublished_version``).
+  In ``async`` mode a group's advantages are computed as it
   arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted like an
   applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal: a learner that
   outruns its generators waits for signal instead of stepping on the few signal rows of a mostly solved batch.
@@ -544,6 +546,13 @@ class LearnerActor(Actor[LearnerConfig]):
         if problem is not None:  # from no generator of this policy: it would fail the batch it joined, every time
             await delivery.dead_letter(problem)
             return
+        problem = self._unpublished_version(msg)
+        if problem is not None:  # weights this learner never published: not its policy, whatever the staleness says
+            counters.inc("unpublished_version")
+            if counters.get("unpublished_version") == 1:
+                self.ctx.log.warning("learner.unpublished_version", id=mid, domain=msg.domain, reason=problem)
+            await delivery.dead_letter(problem)
+            return
         if self.config.domains and msg.domain not in self.config.domains:
             counters.inc("ignored_domain")
             await delivery.ack()
@@ -576,6 +585,20 @@ class LearnerActor(Actor[LearnerConfig]):
         self.batcher.add(msg.domain, held, held.size if held.samples is None else len(held.samples))
         self._arrived.set()
         self.ctx.report_soon()  # delivered (no longer pending on the bus) and buffered: max_in_flight counts it here
+
+    def _unpublished_version(self, msg: ScoredMsg) -> str | None:
+        """Why ``msg`` holds tokens of a weight version newer than this learner's (the reason it is dead-lettered),
+        else None. A resumed learner numbers on past every version published before (``publish_weights``: the
+        newest in KV, or its checkpoint's), so such tokens come from weights it never published: an SGLang or vLLM
+        server left running by another run (it reports that run's version until the first swap), or another run on
+        the same bus and topology name. Their staleness would come out negative and pass any ``max_staleness``."""
+        newest = max((v for c in msg.completions for v in c.versions), default=0)
+        if newest <= self.version:
+            return None
+        return (
+            f"tokens of weight version {newest}, newer than any this learner has published (v{self.version}): "
+            f"weights from another run (an inference server left running, another run on this bus)"
+        )
 
     def _group_staleness(self, msg: ScoredMsg) -> int:
         return staleness(self.version, [v for c in msg.completions for v in c.versions])

@@ -10,7 +10,7 @@ import anyio
 import orjson
 import pytest
 
-from tests.actors.learner._helpers import running_learner, scored, wait_until, write_spec
+from tests.actors.learner._helpers import effective_applied, running_learner, scored, wait_until, write_spec
 from topology.bus import DEADLETTER, EmbeddedNats
 
 pytestmark = pytest.mark.anyio
@@ -88,3 +88,37 @@ async def test_heldout_scores_of_versions_never_published_leave_the_real_round_a
             await score(f"eval-1-t{i}.r.s")
         await wait_until(lambda: "heldout_acc.arithmetic" in actor.ctx.counters.snapshot(), timeout_s=30)
         assert actor.ctx.counters.get("heldout_unknown_version") == 16
+
+
+async def test_tokens_of_a_version_never_published_are_dead_lettered_and_those_from_before_a_crash_train(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A group whose tokens carried a weight version newer than the learner's (an SGLang or vLLM server left running by
+    another run reports that run's version) was trained on, its staleness negative. After a crash the learner numbers
+    on past every version it published (a generator may still hold one its checkpoint predates): tokens of such a
+    version train; tokens of a version it never published are dead-lettered with the reason and counted."""
+    config = LEARNER.replace("checkpoint_every_steps: 1", "checkpoint_every_steps: 100")
+    spec = write_spec(tmp_path, config + "    max_staleness: 100\n    publish_min_interval_s: 0\n")
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir, crash=True) as (actor, bus):
+        for i in range(4):  # two steps, each published; the only checkpoint is the start's (version 0)
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"before-{i}")
+        await wait_until(lambda: actor.step == 2 and actor.version == 3)
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        assert actor.step == 0 and actor.version == 4  # past v3, which generators may still hold
+        for i in range(2):  # from a generator still holding v3, published before the crash
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0], versions=3), id=f"v3-{i}")
+        foreign = scored("arithmetic", [0.0, 1.0, 1.0, 0.0], versions=[4, 57])
+        await bus.publish("scored", "scored", foreign, id="foreign")
+        # the groups of before the crash come back (no checkpoint covered them) and train again, with the v3 ones
+        await wait_until(lambda: actor.ctx.counters.get("groups_applied") == 6)
+        with anyio.fail_after(30):
+            async with bus.consume(DEADLETTER, "inspect") as letters:
+                async for letter in letters:
+                    await letter.ack()
+                    if orjson.loads(letter.payload["raw"])["id"] == "foreign":
+                        reason = letter.payload["reason"]
+                        break
+        assert actor.ctx.counters.get("unpublished_version") == 1
+    assert "version 57" in reason and "(v4)" in reason
+    assert sorted(effective_applied(run_dir)) == [*(f"before-{i}" for i in range(4)), "v3-0", "v3-1"]
