@@ -29,8 +29,9 @@ Contract:
 - Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (both start from what the
   buckets hold: a restart counts on from the window's joins and requests), ``review.queued``,
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
-  answers' quality as users rate it), ``feedback_waiting`` (feedback held for a request not seen yet),
-  ``feedback.unmatched``.
+  answers' quality as users rate it; a restart refills them from the newest "applied" marks, which record each
+  join's reward and domain — a domain with fewer than one join in ``_SCORE_SCAN`` resumes with a shorter window),
+  ``feedback_waiting`` (feedback held for a request not seen yet), ``feedback.unmatched``.
 
 Non-goals: joining on anything but the request id; telling at once that a request id was never served (a request's
 record may reach the joiner after its feedback: only the window closing says it never will).
@@ -64,6 +65,7 @@ def selected_for_review(request_id: str, fraction: float) -> bool:
 
 
 _SCORE_WINDOW = 200  # joined feedback events in the running mean score
+_SCORE_SCAN = 4  # a restart refills the score windows from the newest _SCORE_SCAN × _SCORE_WINDOW joins
 _WAITING_EVERY_S = 5.0  # how often feedback_waiting is counted
 
 
@@ -123,6 +125,7 @@ class JoinerActor(Actor[JoinerConfig]):
         # joins — rather than from 0, which the live view read as "no feedback joined"
         self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
         self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
+        await self._restore_scores()
         self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
         self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
 
@@ -214,15 +217,36 @@ class JoinerActor(Actor[JoinerConfig]):
         await self.ctx.bus.publish(
             self._out, "scored", sample.model_dump(mode="json"), id=f"joined.{rid}", source=self._who()
         )
-        applied = orjson.dumps({"feedback": feedback.model_dump(mode="json"), "source": source})
-        await self.state.put("feedback_applied", rid, applied)
+        reward = sample.completions[0].reward
+        # the reward and domain let a restarted joiner refill its score windows (`_restore_scores`)
+        applied = {"feedback": feedback.model_dump(mode="json"), "source": source, "reward": reward}
+        await self.state.put("feedback_applied", rid, orjson.dumps({**applied, "domain": sample.domain}))
         self.ctx.counters.inc("feedback.joined")
         self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
-        reward = sample.completions[0].reward
-        for key in ("", f".{sample.domain}"):
+        self._score(reward, sample.domain)
+
+    def _score(self, reward: float, domain: str | None) -> None:
+        """One joined feedback event into the running mean scores: overall, and its domain's (when known)."""
+        for key in ("", f".{domain}") if domain else ("",):
             window = self._scores.setdefault(key, deque(maxlen=_SCORE_WINDOW))
             window.append(reward)
             self.ctx.counters.set(f"feedback_score{key}", round(sum(window) / len(window), 4))
+
+    async def _restore_scores(self) -> None:
+        """Refill the score windows from the newest joins in the "applied" bucket, so that a restart (or ``up
+        --resume``) does not show users' score start again from nothing. A mark written before the marks recorded
+        the reward counts its feedback's score, in the overall window only."""
+        marks = await self.state.newest("feedback_applied", _SCORE_SCAN * _SCORE_WINDOW)
+        for raw in reversed(marks):  # oldest first, as they were joined
+            try:
+                mark = orjson.loads(raw)
+                reward = mark.get("reward")
+                if reward is None:
+                    reward = min(1.0, max(0.0, float(mark["feedback"]["score"])))
+                domain = mark.get("domain")
+                self._score(float(reward), domain if isinstance(domain, str) else None)
+            except (ValueError, KeyError, TypeError):  # not a mark this joiner wrote: it says nothing about a score
+                continue
 
     async def _count_waiting(self) -> None:
         """End the waits of unmatched feedback (replica 0 alone, so each is counted once), then count the rest."""

@@ -148,6 +148,25 @@ class JoinState:
         info = await self._bus.nc.jetstream().stream_info(f"KV_{self.names[what]}")
         return int(info.state.messages)
 
+    async def newest(self, what: str, limit: int) -> list[bytes]:
+        """The values of up to ``limit`` of the bucket's newest entries, newest first (in the order they were
+        written; delete markers skipped). Reads one entry at a time, back from the newest, and looks at no more
+        than ``2 × limit`` sequence numbers (purged ones leave gaps)."""
+        stream = f"KV_{self.names[what]}"
+        state = (await self._js.stream_info(stream)).state
+        out: list[bytes] = []
+        seq = state.last_seq
+        floor = max(state.first_seq, 1, state.last_seq - 2 * limit + 1)
+        while seq >= floor and len(out) < limit:
+            try:
+                entry = await self._js.get_msg(stream, seq=seq)
+            except js_errors.NotFoundError:  # purged (evicted, replaced, expired) meanwhile or before
+                entry = None
+            seq -= 1
+            if entry is not None and entry.data and not (entry.headers and _MARKER in entry.headers):
+                out.append(entry.data)
+        return out
+
     async def get(self, what: str, request_id: str) -> bytes | None:
         try:
             entry = await self._kv[what].get(kv_key(request_id))

@@ -13,6 +13,7 @@ import pytest
 
 from actors.joiner import selected_for_review
 from actors.joiner._actor import JoinerActor
+from actors.joiner._state import JoinState
 from actors.protocol import ScoredMsg, TrafficMsg
 from actors.testing import running_actor
 from tests.actors.recorder._support import feedback, traffic
@@ -140,6 +141,50 @@ async def test_a_restarted_joiner_counts_on_from_what_its_buckets_hold(
             assert joiner.ctx.counters.get("traffic.stored") == 3
             await gw.publish("feedback", "feedback", feedback("r2", score=1.0), id="f2")
             await until(joiner, "feedback.joined", 3)
+
+
+async def test_a_restarted_joiner_resumes_the_users_score_where_it_was(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """``feedback_score`` (the live view's users' score: mean of the newest joined feedback) started empty after a
+    restart or ``up --resume``, so the figure reset to nothing, then to the first rating. A restarted joiner refills
+    it, overall and by domain, from the joins its buckets hold, and goes on from there."""
+    spec = joiner_spec(tmp_path)
+    rated = [("a0", "arithmetic", 1.0), ("a1", "arithmetic", 0.0), ("a2", "arithmetic", 1.0), ("c0", "chat", 0.25)]
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            for rid, domain, score in rated:
+                await gw.publish("traffic", "traffic", traffic(rid, domain=domain), id=f"t-{rid}")
+                await gw.publish("feedback", "feedback", feedback(rid, score=score), id=f"f-{rid}")
+            await until(joiner, "feedback.joined", len(rated))
+            before = {k: v for k, v in joiner.ctx.counters.snapshot().items() if k.startswith("feedback_score")}
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            after = {k: v for k, v in joiner.ctx.counters.snapshot().items() if k.startswith("feedback_score")}
+            await gw.publish("traffic", "traffic", traffic("c1", domain="chat"), id="t-c1")
+            await gw.publish("feedback", "feedback", feedback("c1", score=0.75), id="f-c1")
+            await until(joiner, "feedback.joined", len(rated) + 1)
+            counters = joiner.ctx.counters.snapshot()
+    assert before == {
+        "feedback_score": 0.5625,
+        "feedback_score.arithmetic": round(2 / 3, 4),
+        "feedback_score.chat": 0.25,
+    }
+    assert after == before
+    assert counters["feedback_score"] == 0.6 and counters["feedback_score.chat"] == 0.5  # on from the restored window
+
+
+async def test_the_newest_entries_of_a_bucket_read_back_newest_first_past_gaps(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    spec = joiner_spec(tmp_path)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="joiner") as bus:
+        state = JoinState(bus, spec.name, window_s=DAY, max_pending=100)
+        await state.open()
+        for i in range(6):
+            await state.put("feedback_applied", f"r{i}", f"v{i}".encode())
+        await state.delete("feedback_applied", "r4")  # a gap among the newest
+        assert await state.newest("feedback_applied", 3) == [b"v5", b"v3", b"v2"]
+        assert await state.newest("feedback_applied", 100) == [b"v5", b"v3", b"v2", b"v1", b"v0"]
 
 
 async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
