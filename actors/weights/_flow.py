@@ -12,8 +12,10 @@ Guarantees:
   ``current`` ignores them, one of ``serving`` takes them (a rollback or a manual promotion moves it back);
 - a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one), and a
   fetch that takes over ``fetch_timeout_s`` is rejected (the next announcement is tried);
-- a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) is logged and
-  counted, and the engine keeps serving the version it had.
+- a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) or a failed load (an
+  SGLang/vLLM server down or refusing it) is logged and counted, and the engine keeps serving the version it had;
+- while the engine does not hold the newest announced version (it was rejected, or a restarted server lost it), that
+  version is tried again, first after ``retry_s``, then less and less often (up to ``retry_max_s``), until it holds.
 
 Non-goals: no consensus about "which version is live everywhere" — status heartbeats report each generator's
 version; the promotion gate decides what *serving* generators watch.
@@ -22,6 +24,7 @@ version; the promotion gate decides what *serving* generators watch.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -109,11 +112,15 @@ class WeightSubscriber:
         served_key: str | None = None,
         fetch_timeout_s: float = 60.0,
         staging: SafetensorsDirTransport | None = None,
+        retry_s: float = 2.0,
+        retry_max_s: float = 60.0,
     ) -> None:
         self._bus = bus
         self._staging = staging  # directories staged for an engine that loads them (SGLang, vLLM)
         self._staged = 0
         self.fetch_timeout_s = fetch_timeout_s
+        self.retry_s = retry_s  # first wait before a version the engine does not hold is tried again; doubles
+        self.retry_max_s = retry_max_s  # up to this
         self._bucket = weights_bucket(topology)
         self._engine = engine
         self._transports = dict(transports)
@@ -144,13 +151,33 @@ class WeightSubscriber:
                 newest[:] = [raw]
                 announced.set()
 
+        latest: WeightManifest | None = None  # the newest announced version, kept to try again
+        retry_s = self.retry_s
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
             while True:
-                await announced.wait()
-                announced = anyio.Event()
-                if newest:  # empty when the newest arrived just before this round took it
-                    await self.apply_raw(newest.pop())
+                # a version the engine does not hold is tried again: a server that was down or restarting when it was
+                # announced (or lost it in a restart since) gets it once it is back, without waiting for the next
+                # version — which, before the first one, never comes: the learner waits for samples
+                with anyio.move_on_after(math.inf if latest is None else retry_s):
+                    await announced.wait()
+                if announced.is_set():
+                    announced = anyio.Event()
+                    if not newest:  # empty when the newest arrived just before this round took it
+                        continue
+                    raw = newest.pop()
+                    try:
+                        latest = WeightManifest.from_json(raw)
+                    except WeightPayloadError as exc:
+                        self._reject(-1, str(exc))
+                        continue
+                    retry_s = self.retry_s
+                elif latest is None or latest.version == self._engine.version:
+                    retry_s = self.retry_s  # held: look again in a moment (a restarted server drops it)
+                    continue
+                else:
+                    retry_s = min(retry_s * 2, self.retry_max_s)  # a server refusing it again and again: less often
+                await self.apply(latest)
 
     async def apply_raw(self, raw: bytes) -> bool:
         try:

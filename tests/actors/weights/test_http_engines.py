@@ -117,3 +117,47 @@ async def test_a_server_that_outlived_another_run_takes_this_runs_first_version(
     finally:
         await served.close()
     assert versions == [1, 2] and served.version == 2
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is_back(
+    bus: Bus, tmp_path: Path, server: str
+) -> None:
+    """v1 is announced while the server is down: its load fails, and — with no v2 coming, as before a learner's first
+    samples — it is tried again until the server is back, not left waiting for the next announcement for ever."""
+    served = make_engine()
+    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
+    told, heard = anyio.create_memory_object_stream[str](16)
+    try:
+        running = fake(served)
+        await running.start()
+        client = client_type(running.url, timeout_s=30, retries=0)
+        await client.start(health_timeout_s=10)
+        transport = SafetensorsDirTransport(tmp_path / "learner")
+        subscriber = WeightSubscriber(
+            bus,
+            bus.topology,
+            client,
+            {"disk": transport},
+            retry_s=0.2,
+            on_event=lambda event, fields: told.send_nowait(event),
+        )
+        await running.stop()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscriber.run)
+            state = perturbed(served, seed=1)
+            await WeightPublisher(bus, bus.topology, transport).publish(1, state)
+            with anyio.fail_after(20):
+                assert await heard.receive() == "weights.rejected"
+            await running.start()
+            with anyio.fail_after(20):
+                while await heard.receive() != "weights.swapped":
+                    pass
+            tg.cancel_scope.cancel()
+        await client.close()
+        await running.stop()
+    finally:
+        await served.close()
+    assert client.version == 1 and served.version == 1
+    live = served.policy.state_dict()
+    assert all(torch.equal(live[k], state[k]) for k in live)
