@@ -25,7 +25,7 @@ from actors.engines._types import Completion, FinishReason, GenerationRequest, S
 if TYPE_CHECKING:
     from actors.engines._group import Broadcaster, DistributedWeights
 
-__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine", "HTTPOptions", "sampling_fields"]
+__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine", "HTTPOptions", "reported_version", "sampling_fields"]
 
 
 class EngineHTTPError(RuntimeError):
@@ -82,6 +82,8 @@ class HTTPCaller:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        # set when a call could not connect: the server may have restarted since (and lost the weights it was given)
+        self.lost_contact = False
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
@@ -120,6 +122,7 @@ class HTTPCaller:
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 last_failure = f"cannot connect ({type(exc).__name__}: {exc or 'refused'})"
+                self.lost_contact = True
                 continue  # nothing reached the server: always safe to retry
             except httpx.TimeoutException as exc:
                 last_failure = f"timed out ({type(exc).__name__})"
@@ -191,6 +194,17 @@ class HTTPCaller:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+def reported_version(value: Any) -> int | None:
+    """A server's ``weight_version`` as ours: an integer as it is; ``"default"`` — the label SGLang and vLLM give
+    the weights they started with — is 0 (none of ours); anything else (absent, another trainer's label) is None."""
+    if value == "default":
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def sampling_fields(params: SamplingParams, *, seed_key: str) -> dict[str, Any]:

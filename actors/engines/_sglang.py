@@ -5,10 +5,11 @@ Contract (the routes and JSON shapes of SGLang's native HTTP API):
 * ``generate`` posts one ``/generate`` per request with ``input_ids``, ``return_logprob`` and
   ``logprob_start_len=-1``; token ids and behavior logprobs come from ``meta_info.output_token_logprobs``
   and each token's version from ``meta_info.weight_version`` (the tracked version when the server does not
-  report one). A request the server aborts (``finish_reason.type == "abort"``, e.g. by a pause for a weight
-  update) is resubmitted with its prompt plus the tokens it already has, up to ``max_resubmits`` times, so
-  every chunk carries the version that really produced it; past that it is returned with
-  ``finish_reason="abort"``.
+  report one; ``"default"``, the weights the server started with, is 0 — after we had it load a version, that
+  means it restarted, and the tracked version drops to 0 so that the current one is loaded again). A request
+  the server aborts (``finish_reason.type == "abort"``, e.g. by a pause for a weight update) is resubmitted
+  with its prompt plus the tokens it already has, up to ``max_resubmits`` times, so every chunk carries the
+  version that really produced it; past that it is returned with ``finish_reason="abort"``.
 * ``update_weights(version, source)``: a directory of safetensors → ``/update_weights_from_disk``; a
   :class:`DistributedWeights` → ``/init_weights_update_group`` once, then ``/update_weights_from_distributed``
   posted while the trainer broadcasts from a worker thread. Unless the caller already paused, the update is
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
-from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, sampling_fields
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, reported_version, sampling_fields
 from actors.engines._types import FinishReason, GenerationRequest
 
 __all__ = ["SGLangEngine"]
@@ -45,13 +46,6 @@ def _finish_reason(meta: Mapping[str, Any]) -> FinishReason:
     if kind in ("stop", "length", "abort"):
         return kind  # type: ignore[no-any-return]
     raise ValueError(f"unexpected finish_reason {reason!r}")
-
-
-def _as_version(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class SGLangEngine(HTTPEngine):
@@ -83,9 +77,10 @@ class SGLangEngine(HTTPEngine):
         await self._http.wait_healthy(("/health_generate", "/health"), timeout_s)
 
     async def refresh_version(self) -> int:
-        """Adopt the server's ``weight_version`` when it is an integer (servers start at "default")."""
+        """Adopt the server's ``weight_version`` when it is an integer, or 0 when it is "default" (what it started
+        with)."""
         body = await self._http.call("GET", "/get_weight_version")
-        found = _as_version(body.get("weight_version")) if isinstance(body, Mapping) else None
+        found = reported_version(body.get("weight_version")) if isinstance(body, Mapping) else None
         if found is not None:
             self._version = found
         return self._version
@@ -106,7 +101,11 @@ class SGLangEngine(HTTPEngine):
             pairs = meta.get("output_token_logprobs") or []
             if not pairs and body.get("output_ids"):
                 raise ValueError("output_token_logprobs missing although return_logprob was set")
-            version = _as_version(meta.get("weight_version"))
+            version = reported_version(meta.get("weight_version"))
+            if version == 0 and self._version != 0:
+                # "default" after we had it load a version: the server restarted and serves what it started with; so
+                # are these tokens labelled, and the tracked version says the one we gave it must be loaded again
+                self._version = 0
             return Chunk(
                 token_ids=[int(entry[1]) for entry in pairs],
                 logprobs=[float(entry[0]) for entry in pairs],

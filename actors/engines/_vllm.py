@@ -12,7 +12,9 @@ Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which
 * Versions: completions carry no weight version, so each token gets the version the client tracked when
   its request (or resubmission) was sent. Updates pause with ``mode=keep`` (requests freeze and continue on
   the new weights after ``/resume``), so a request that straddles an update is labelled with the *older*
-  version — the conservative side for staleness. Use ``pause_mode="abort"`` for exact per-token versions.
+  version — the conservative side for staleness. Use ``pause_mode="abort"`` for exact per-token versions. After a
+  call that could not connect, the next request first reads ``/weight_info``: a restarted server says ``"default"``
+  (the weights it started with), the tracked version drops to 0, and the current one is loaded again.
 * ``update_weights(version, source)``:
   - :class:`DistributedWeights` → ``/init_weight_transfer_engine`` once (concurrently with the trainer's
     ``connect``), then per update ``/start_weight_update``, ``/update_weights`` (concurrently with the
@@ -35,7 +37,7 @@ import math
 from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
-from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, sampling_fields
+from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, reported_version, sampling_fields
 from actors.engines._types import GenerationRequest
 
 __all__ = ["VLLMEngine"]
@@ -88,10 +90,9 @@ class VLLMEngine(HTTPEngine):
             if exc.status == 404:  # older servers do not track versions; keep ours
                 return self._version
             raise
-        try:
-            self._version = int(body["weight_version"])
-        except (KeyError, TypeError, ValueError):
-            pass  # "default" / None before the first update
+        found = reported_version(body.get("weight_version")) if isinstance(body, dict) else None
+        if found is not None:  # "default": the weights it started with (0); no label at all: keep ours
+            self._version = found
         return self._version
 
     # ---- generation ------------------------------------------------------------------------------
@@ -110,6 +111,9 @@ class VLLMEngine(HTTPEngine):
         }
 
     async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
+        if self._http.lost_contact:  # completions carry no version: after an outage, ask whether it still holds ours
+            self._http.lost_contact = False
+            await self.refresh_version()
         version = self._version
         body = await self._http.call("POST", "/v1/completions", json=self._payload(request, prefix), idempotent=False)
         try:

@@ -48,13 +48,14 @@ def _params(raw: dict[str, Any]) -> SamplingParams:
     )
 
 
-def _response(completion: Completion, engine_version: int, return_logprob: bool) -> dict[str, Any]:
+def _response(completion: Completion, host: EngineHost, return_logprob: bool) -> dict[str, Any]:
     reason: dict[str, Any] = {"type": completion.finish_reason}
     if completion.finish_reason == "length":
         reason["length"] = len(completion.token_ids)
     elif completion.finish_reason == "abort":
         reason["message"] = "aborted"
-    version = completion.versions[-1] if completion.versions else engine_version
+    # the version that made the last token; "default" (as SGLang says) until a version was loaded
+    version = completion.versions[-1] if completion.versions and host.loaded else host.weight_version
     meta: dict[str, Any] = {
         "id": completion.request_id,
         "finish_reason": reason,
@@ -121,7 +122,7 @@ class FakeSGLangServer(AppServer):
                 for prompt, param, rid in zip(prompts, params, rids, strict=True)
             ]
             results = await asyncio.gather(*(host.generate(r) for r in requests))
-            out = [_response(c, host.engine.version, bool(body.get("return_logprob"))) for c in results]
+            out = [_response(c, host, bool(body.get("return_logprob"))) for c in results]
             return out if batch else out[0]
 
         @app.get("/health")
@@ -142,13 +143,13 @@ class FakeSGLangServer(AppServer):
                 "model_path": self.model_path,
                 "tokenizer_path": self.model_path,
                 "is_generation": True,
-                "weight_version": str(host.engine.version),
+                "weight_version": host.weight_version,
                 "server": "flywheel fake sglang",
             }
 
         @app.get("/get_weight_version")
         async def weight_version() -> dict[str, Any]:
-            return {"weight_version": str(host.engine.version)}
+            return {"weight_version": host.weight_version}
 
         @app.post("/flush_cache")
         async def flush_cache() -> Any:

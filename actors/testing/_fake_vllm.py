@@ -39,7 +39,7 @@ class FakeVLLMServer(AppServer):
     def __init__(self, engine: TorchEngine, *, model: str = "fake/tiny-gpt", port: int | None = None) -> None:
         self.host = EngineHost(engine)
         self.model = model
-        self.weight_version: str | None = None
+        self.weight_version = "default"  # vLLM's label for the weights it started with
         self._updating = False
         super().__init__(self._build(), port=port)
 

@@ -41,6 +41,12 @@ class EngineHost:
         self._frozen = False
         self.group: WeightGroup | None = None
         self.counts: Counter[str] = Counter()
+        self.loaded = engine.version != 0  # an engine at a version of its own stands for a server given one before
+
+    @property
+    def weight_version(self) -> str:
+        """The label the real servers report: "default" for the weights they started with, else the version loaded."""
+        return str(self.engine.version) if self.loaded else "default"
 
     @property
     def paused(self) -> bool:
@@ -103,6 +109,7 @@ class EngineHost:
 
     async def load_from_disk(self, path: str, version: int) -> None:
         await self.engine.update_weights(version, path)
+        self.loaded = True
 
     def expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {n: (tuple(t.shape), t.dtype) for n, t in self.engine.policy.state_dict().items()}
@@ -137,6 +144,7 @@ class EngineHost:
             raise WeightUpdateError(f"version {version} rejected, still serving {self.engine.version}: {exc}") from None
         merged: Mapping[str, torch.Tensor] = {**self.engine.policy.state_dict(), **staged}
         await self.engine.update_weights(version, merged)
+        self.loaded = True
 
     def leave_group(self) -> None:
         if self.group is not None:

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from actors.engines import SGLangEngine, TorchEngine, VLLMEngine
+from actors.engines import EngineHTTPError, SGLangEngine, TorchEngine, VLLMEngine
 from actors.protocol import SERVING
 from actors.testing import FakeSGLangServer, FakeVLLMServer
 from actors.weights import ObjectStoreTransport, SafetensorsDirTransport, WeightPublisher, WeightSubscriber
-from tests.actors.engines._rig import make_engine, perturbed
+from tests.actors.engines._rig import make_engine, perturbed, request
 from topology.bus import Bus
 
 pytestmark = pytest.mark.anyio
@@ -160,4 +160,54 @@ async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is
         await served.close()
     assert client.version == 1 and served.version == 1
     live = served.policy.state_dict()
+    assert all(torch.equal(live[k], state[k]) for k in live)
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+async def test_a_restarted_server_labels_its_tokens_0_and_gets_the_current_version_again(
+    bus: Bus, tmp_path: Path, server: str
+) -> None:
+    """A server restarted on the same port serves the weights it started with and says "default": what it generates
+    is labelled 0 (not the version it had before), and the current version is loaded into it again."""
+    first, second = make_engine(), make_engine()
+    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
+    told, heard = anyio.create_memory_object_stream[str](16)
+    try:
+        running = fake(first)
+        await running.start()
+        client = client_type(running.url, timeout_s=30, retries=0)
+        await client.start(health_timeout_s=10)
+        transport = SafetensorsDirTransport(tmp_path / "learner")
+        subscriber = WeightSubscriber(
+            bus,
+            bus.topology,
+            client,
+            {"disk": transport},
+            retry_s=0.2,
+            on_event=lambda event, fields: told.send_nowait(event),
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscriber.run)
+            state = perturbed(first, seed=1)
+            await WeightPublisher(bus, bus.topology, transport).publish(1, state)
+            with anyio.fail_after(20):
+                assert await heard.receive() == "weights.swapped"
+            await running.stop()
+            with pytest.raises(EngineHTTPError):  # down: a call in between fails
+                await client.generate([request("gap", tokens=4)])
+            running = fake(second, port=int(running.url.rsplit(":", 1)[1]))
+            await running.start()
+            [completion] = await client.generate([request("after", tokens=4)])
+            with anyio.fail_after(20):
+                while await heard.receive() != "weights.swapped":
+                    pass
+            tg.cancel_scope.cancel()
+        await client.close()
+        await running.stop()
+    finally:
+        await first.close()
+        await second.close()
+    assert set(completion.versions) == {0}, completion.versions
+    assert client.version == 1 and second.version == 1
+    live = second.policy.state_dict()
     assert all(torch.equal(live[k], state[k]) for k in live)
