@@ -8,7 +8,9 @@ and needs no extra channel. It reads these counter names (absent ones are simply
   ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1), and during the warm start
   ``warmstart_step``, ``warmstart_steps`` and ``warmstart_loss`` (its RL ``step`` stays 0 until it ends), and
   ``eval_out`` (held-out prompts not scored yet: at step 0 the baseline round RL waits for);
-- generators: ``tokens_per_s`` (summed over replicas) and ``version`` (min and max over replicas);
+- generators: ``tokens_per_s`` (summed over replicas), ``version`` (min and max over replicas) and ``weights_error``:
+  why a replica does not hold the newest version (an SGLang/vLLM server down, or refusing it: serving another
+  model, say), shown with the replica's log to read — a generator stuck behind is never read as a slow learner;
 - verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
   ``verifier_errors.<domain>`` (summed over replicas): answers the domain's verifier could not score — a user's
   function that raised, say. They score 0 and are not trained on; a domain with any shows how many and where the
@@ -55,6 +57,7 @@ class LearningView:
         serving_versions: list[float] = []
         isolation: set[str] = set()
         verifier_errors: dict[str, float] = {}
+        weights_errors: dict[str, str] = {}  # generator replica (as its log is named) → why it is behind
         for record in records:
             counters = dict(getattr(record, "counters", {}) or {})
             kind = getattr(record, "kind", "") or ""
@@ -68,6 +71,9 @@ class LearningView:
                 learner = counters
             elif kind == "generator" or "tokens_per_s" in counters:
                 tokens_per_s += float(counters.get("tokens_per_s", 0.0))
+                if isinstance(counters.get("weights_error"), str) and counters["weights_error"]:
+                    who = f"{getattr(record, 'actor', 'generator')}-{getattr(record, 'replica', 0)}"
+                    weights_errors[who] = counters["weights_error"]
                 if "version" in counters:
                     gen_versions.append(float(counters["version"]))
                     if "serve_requests" in counters:
@@ -133,6 +139,7 @@ class LearningView:
             "sandbox": "/".join(sorted(isolation)) or None,
             "domains": rows,
             "service": service or None,
+            "weights_errors": weights_errors,
         }
 
     def _requests_per_s(self, total: float | None) -> float | None:
@@ -201,6 +208,7 @@ class LearningView:
         parts: list[Any] = [Text(service)] if (service := self.service_line(summary)) is not None else []
         if errors:
             parts.append(Text(_ERRORS_HINT, style="bold red"))
+        parts += [Text(hint, style="bold red") for hint in _weights_hints(summary)]
         return Group(*parts, Text(self.headline(summary), style="italic"), table)
 
     def line(self, records: Iterable[Any]) -> str | None:
@@ -219,6 +227,7 @@ class LearningView:
             )
         if any(row["verifier_errors"] for row in summary["domains"]):
             parts.append(_ERRORS_HINT)
+        parts += _weights_hints(summary)
         return " | ".join(parts)
 
     @staticmethod
@@ -248,6 +257,13 @@ class LearningView:
         if summary.get("sandbox"):
             bits.append(f"sandbox {summary['sandbox']}")
         return "learning: " + " · ".join(bits)
+
+
+def _weights_hints(summary: dict[str, Any]) -> list[str]:
+    return [
+        f"{who} cannot load {error} (more: 'weights.rejected' in logs/{who}.log)"
+        for who, error in sorted((summary.get("weights_errors") or {}).items())
+    ]
 
 
 def _pct(value: Any, *, raw: bool = False) -> str:

@@ -44,6 +44,7 @@ _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are log
 __all__ = ["GeneratorActor"]
 
 _DEFAULT_MAX_NEW_TOKENS = 64
+_WEIGHTS_ERROR_CHARS = 300  # a reason for a heartbeat, not a log: the whole of it is in the replica's log
 
 
 class GeneratorActor(Actor[GeneratorConfig]):
@@ -155,6 +156,13 @@ class GeneratorActor(Actor[GeneratorConfig]):
         if self.engine is not None:
             await self.engine.close()
         await asyncio.to_thread(shutil.rmtree, self._staging_root, True)
+
+    def report(self) -> dict[str, Any]:
+        counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
+        failing = self._subscriber.failing if self._subscriber is not None else ""
+        if failing:  # the live view and `flywheel status` say why this generator is behind, not only that it is
+            counters["weights_error"] = failing[:_WEIGHTS_ERROR_CHARS]
+        return counters
 
     # ------------------------------------------------------------------ work
     async def _wait_for_first_weights(self) -> None:

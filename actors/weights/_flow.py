@@ -131,6 +131,7 @@ class WeightSubscriber:
         self.applied = 0
         self.rejected = 0
         self.last_error = ""
+        self._latest: int | None = None  # the newest version announced to run()
         self.last_swap_s = 0.0
 
     async def run(self) -> None:
@@ -172,12 +173,21 @@ class WeightSubscriber:
                         self._reject(-1, str(exc))
                         continue
                     retry_s = self.retry_s
+                    self._latest = latest.version
                 elif latest is None or latest.version == self._engine.version:
                     retry_s = self.retry_s  # held: look again in a moment (a restarted server drops it)
                     continue
                 else:
                     retry_s = min(retry_s * 2, self.retry_max_s)  # a server refusing it again and again: less often
                 await self.apply(latest)
+
+    @property
+    def failing(self) -> str:
+        """Why the engine does not hold the newest announced version ("" when it does, or none was announced yet):
+        ``v<N>: <the last rejection's reason>``."""
+        if self._latest is None or self._latest == self._engine.version or not self.last_error:
+            return ""
+        return f"v{self._latest}: {self.last_error}"
 
     async def apply_raw(self, raw: bytes) -> bool:
         try:

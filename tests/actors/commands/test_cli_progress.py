@@ -168,3 +168,24 @@ def test_answers_a_verifier_failed_on_are_shown_by_domain_with_where_to_read_why
     assert "verifier errors" in table and "1,276" in table and "logs/verify-*.log" in table
     clean = [_status("learner", "learner", version=1, samples_applied=8, **{"reward.math": 0.5})]
     assert "verifier errors" not in (view.line(clean) or "")
+
+
+def test_a_generator_that_cannot_load_the_newest_version_says_why_and_where_to_read_more() -> None:
+    """An SGLang server serving another model refused every version: the view showed `generators v0` and nothing
+    else, the reason sat in the generator's log. It now names the replica, the version, the reason and the log."""
+    reason = "v1: sglang server http://127.0.0.1:30000: POST /update_weights_from_disk failed (HTTP 400): mismatch"
+    records = [
+        _status("learner", "learner", version=1, step=0),
+        _status("generator", "generator", version=0, tokens_per_s=0.0, weights_error=reason),  # type: ignore[arg-type]
+    ]
+    view = LearningView()
+    line = view.line(records)
+    assert line is not None and f"generator-0 cannot load {reason}" in line, line
+    assert "logs/generator-0.log" in line
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(view.renderable(records))
+    assert f"generator-0 cannot load {reason}" in console.export_text()
+    healthy = [_status("learner", "learner", version=1), _status("generator", "generator", version=1)]
+    assert "cannot load" not in (view.line(healthy) or "")

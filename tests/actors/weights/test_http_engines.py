@@ -149,10 +149,12 @@ async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is
             await WeightPublisher(bus, bus.topology, transport).publish(1, state)
             with anyio.fail_after(20):
                 assert await heard.receive() == "weights.rejected"
+            assert subscriber.failing.startswith("v1: ") and running.url in subscriber.failing  # what status shows
             await running.start()
             with anyio.fail_after(20):
                 while await heard.receive() != "weights.swapped":
                     pass
+            assert subscriber.failing == ""
             tg.cancel_scope.cancel()
         await client.close()
         await running.stop()
