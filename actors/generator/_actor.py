@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from pathlib import PurePath
 from typing import Any
 
 import anyio
@@ -44,6 +45,7 @@ _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are log
 __all__ = ["GeneratorActor"]
 
 _DEFAULT_MAX_NEW_TOKENS = 64
+_SERVER_WAIT_LOG_S = 10.0  # a starting generator says what server it waits for this often
 _WEIGHTS_ERROR_CHARS = 300  # a reason for a heartbeat, not a log: the whole of it is in the replica's log
 
 
@@ -113,8 +115,46 @@ class GeneratorActor(Actor[GeneratorConfig]):
             from actors.engines import VLLMEngine
 
             http_engine = VLLMEngine(url, timeout_s=self.config.request_timeout_s)
-        await http_engine.start()
+        await self._start_server_engine(http_engine)
         return http_engine, tokenizer
+
+    async def _start_server_engine(self, engine: Any) -> None:
+        """Wait for the SGLang/vLLM server — a starting one loads its model for minutes — saying in the log what it
+        waits for and why, every ``_SERVER_WAIT_LOG_S``, up to ``server_start_timeout_s``; then fail naming the url."""
+        from actors.engines import EngineHTTPError
+
+        started = time.monotonic()
+        timeout_s = self.config.server_start_timeout_s
+        while True:
+            left = timeout_s - (time.monotonic() - started)
+            try:
+                await engine.start(health_timeout_s=max(0.5, min(_SERVER_WAIT_LOG_S, left)))
+                break
+            except EngineHTTPError as exc:
+                waited = time.monotonic() - started
+                if waited >= timeout_s:
+                    raise RuntimeError(
+                        f"no {engine.name} server answered at {engine.url} within {timeout_s:g}s "
+                        f"(actors.{self.ctx.actor}.server_start_timeout_s): {exc.message}. Start the server there, "
+                        f"or point actors.{self.ctx.actor}.url at it"
+                    ) from None
+                self.ctx.log.warning(
+                    "generator.waiting_for_server",
+                    engine=engine.name,
+                    url=engine.url,
+                    waited_s=round(waited),
+                    last=exc.message,
+                )
+        served = _served_model(engine)
+        wanted = policy_of(self.ctx.spec).model.removeprefix("hf:")
+        if served and PurePath(served.rstrip("/")).name != PurePath(wanted.rstrip("/")).name:
+            self.ctx.log.warning(
+                "generator.model_mismatch",
+                url=engine.url,
+                server_model=served,
+                policy_model=wanted,
+                hint="the server must serve policy.model: the learner's versions will not load into another model",
+            )
 
     async def run(self) -> None:
         assert self.engine is not None and self._subscriber is not None
@@ -302,6 +342,14 @@ class GeneratorActor(Actor[GeneratorConfig]):
                     ):
                         if key in engine_stats:
                             self.ctx.counters.set(key, float(engine_stats[key]))
+
+
+def _served_model(engine: Any) -> str:
+    """The model the server says it serves: SGLang's ``model_path``, vLLM's served model name ("" if unknown)."""
+    info = getattr(engine, "server_info", None)
+    if isinstance(info, dict) and info.get("model_path"):
+        return str(info["model_path"])
+    return str(getattr(engine, "model", None) or "")
 
 
 def _token(delivery: Delivery[PromptMsg], index: int) -> tuple[str, int]:

@@ -37,6 +37,9 @@ class GeneratorConfig(SpecModel):
     follow: Literal["current", "serving"] = "current"  # current: every version the learner publishes;
     #   serving: only versions the promotion gate promoted (for generators that answer users)
     request_timeout_s: float = Field(default=120.0, gt=0)  # sglang/vllm: HTTP timeout per request
+    # sglang/vllm: how long a starting generator waits for its server to answer (it may still be loading the model),
+    # saying in its log what it waits for; then it fails, naming the url
+    server_start_timeout_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _url_matches_engine(self) -> GeneratorConfig:

@@ -1,0 +1,109 @@
+"""A generator with an SGLang/vLLM engine at start: it waits for a server that is not up yet and says so in its log,
+fails naming the url when none comes, and warns when the server serves another model than the spec's policy."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+import structlog
+
+from actors.engines import TorchEngine
+from actors.generator import _actor
+from actors.generator._actor import GeneratorActor
+from actors.generator._config import GeneratorConfig
+from actors.policy import Policy, write_tiny_hf_model
+from actors.testing import FakeSGLangServer, FakeVLLMServer, actor_context, free_port
+from topology import Spec, load_spec
+from topology.bus import Bus
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_hf_model(tmp_path_factory.mktemp("hf") / "tiny-gpt2", arch="gpt2", seed=1)
+
+
+def _spec(tmp_path: Path, model_dir: Path, engine: str, port: int, extra: str = "") -> Spec:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: g-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        f"policy: {{model: 'hf:{model_dir}', warm_start: {{steps: 0}}}}\n"
+        "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, max_new_tokens: 4}\n"
+        f"actors:\n  generator: {{engine: {engine}, url: 'http://127.0.0.1:{port}'{extra}}}\n"
+        "channels:\n  prompts: {external: true}\n  rollouts: {external: true}\n"
+    )
+    return load_spec(path)
+
+
+def _generator(spec: Spec, bus: Bus, run_dir: Path) -> GeneratorActor:
+    config = spec.actors["generator"].config
+    assert isinstance(config, GeneratorConfig)
+    return GeneratorActor(actor_context(spec, "generator", bus, run_dir), config)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_a_server_not_up_yet_is_waited_for_and_the_log_says_which_and_why(
+    bus: Bus, tmp_path: Path, model_dir: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator sat at `starting` with nothing in its log until a fixed 60 s ran out, then crashed — a real
+    server still loading its model looked like a hung generator, then like a crash loop."""
+    monkeypatch.setattr(_actor, "_SERVER_WAIT_LOG_S", 0.3)
+    port = free_port()
+    spec = _spec(tmp_path, model_dir, engine, port, ", server_start_timeout_s: 60")
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    fake = (FakeSGLangServer if engine == "sglang" else FakeVLLMServer)(served, port=port)
+    actor = _generator(spec, bus, tmp_path)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.start)
+                await anyio.sleep(1.5)  # down for a while: the log says so
+                await fake.start()
+        waits = [entry for entry in logs if entry["event"] == "generator.waiting_for_server"]
+        assert waits and waits[0]["url"] == f"http://127.0.0.1:{port}", logs
+        assert "ConnectError" in waits[0]["last"] or "connect" in waits[0]["last"].lower(), waits[0]
+        assert actor.engine is not None and actor.engine.name == engine
+    finally:
+        await actor.stop()
+        await fake.stop()
+        await served.close()
+
+
+async def test_a_server_that_never_answers_fails_the_start_naming_the_url_and_the_setting(
+    bus: Bus, tmp_path: Path, model_dir: Path
+) -> None:
+    port = free_port()
+    spec = _spec(tmp_path, model_dir, "sglang", port, ", server_start_timeout_s: 1")
+    actor = _generator(spec, bus, tmp_path)
+    with anyio.fail_after(30), pytest.raises(RuntimeError) as raised:
+        await actor.start()
+    await actor.stop()
+    message = str(raised.value)
+    assert f"http://127.0.0.1:{port}" in message and "actors.generator.server_start_timeout_s" in message, message
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_a_server_serving_another_model_is_named_in_a_warning(
+    bus: Bus, tmp_path: Path, model_dir: Path, engine: str
+) -> None:
+    """Its versions would all be refused: the start says at once which model the server serves and which it must."""
+    port = free_port()
+    spec = _spec(tmp_path, model_dir, engine, port)
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    named = {"model_path" if engine == "sglang" else "model": "Org/another-model"}
+    fake = (FakeSGLangServer if engine == "sglang" else FakeVLLMServer)(served, port=port, **named)  # type: ignore[arg-type]
+    actor = _generator(spec, bus, tmp_path)
+    try:
+        await fake.start()
+        with structlog.testing.capture_logs() as logs:
+            await actor.start()
+        [warning] = [entry for entry in logs if entry["event"] == "generator.model_mismatch"]
+        assert warning["server_model"] == "Org/another-model" and warning["policy_model"] == str(model_dir)
+    finally:
+        await actor.stop()
+        await fake.stop()
+        await served.close()
