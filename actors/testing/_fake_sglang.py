@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from actors.engines import Completion, GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
-from actors.testing._host import EngineHost
+from actors.testing._host import EngineHost, served_name
 from actors.testing._server import AppServer
 
 __all__ = ["FakeSGLangServer"]
@@ -74,9 +74,9 @@ def _response(completion: Completion, host: EngineHost, return_logprob: bool) ->
 class FakeSGLangServer(AppServer):
     """``async with FakeSGLangServer(engine) as server: SGLangEngine(server.url)``."""
 
-    def __init__(self, engine: TorchEngine, *, model_path: str = "fake/tiny-gpt", port: int | None = None) -> None:
+    def __init__(self, engine: TorchEngine, *, model_path: str | None = None, port: int | None = None) -> None:
         self.host = EngineHost(engine)
-        self.model_path = model_path
+        self.model_path = model_path or served_name(engine)  # as `--model-path` / `vllm serve` name it
         super().__init__(self._build(), port=port)
 
     def _build(self) -> FastAPI:

@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from actors.engines import Completion, GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
-from actors.testing._host import EngineHost
+from actors.testing._host import EngineHost, served_name
 from actors.testing._server import AppServer
 
 __all__ = ["FakeVLLMServer"]
@@ -36,9 +36,9 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 class FakeVLLMServer(AppServer):
     """``async with FakeVLLMServer(engine) as server: VLLMEngine(server.url)``."""
 
-    def __init__(self, engine: TorchEngine, *, model: str = "fake/tiny-gpt", port: int | None = None) -> None:
+    def __init__(self, engine: TorchEngine, *, model: str | None = None, port: int | None = None) -> None:
         self.host = EngineHost(engine)
-        self.model = model
+        self.model = model or served_name(engine)  # as `--model-path` / `vllm serve` name it
         self.weight_version = "default"  # vLLM's label for the weights it started with
         self._updating = False
         super().__init__(self._build(), port=port)

@@ -26,7 +26,14 @@ import torch
 
 from actors.engines import Completion, GenerationRequest, TorchEngine, WeightGroup, WeightUpdateError, receive_weights
 
-__all__ = ["EngineHost"]
+__all__ = ["EngineHost", "served_name"]
+
+
+def served_name(engine: TorchEngine) -> str:
+    """The model a real server started on the engine's model would name: a Hugging Face model's directory or hub id
+    (what ``--model-path`` / ``vllm serve`` were given); ``fake/tiny-gpt`` for the builtin model."""
+    name = engine.policy.name
+    return name.removeprefix("hf:") if name.startswith("hf:") else "fake/tiny-gpt"
 
 
 class EngineHost:

@@ -107,3 +107,26 @@ async def test_a_server_serving_another_model_is_named_in_a_warning(
         await actor.stop()
         await fake.stop()
         await served.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_a_fake_serving_the_policys_model_names_it_as_the_real_server_would(
+    bus: Bus, tmp_path: Path, model_dir: Path, engine: str
+) -> None:
+    """The fakes named every model `fake/tiny-gpt`: a user's integration test against one drew a model-mismatch
+    warning although it served the spec's very model."""
+    port = free_port()
+    spec = _spec(tmp_path, model_dir, engine, port)
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    fake = (FakeSGLangServer if engine == "sglang" else FakeVLLMServer)(served, port=port)
+    actor = _generator(spec, bus, tmp_path)
+    try:
+        await fake.start()
+        with structlog.testing.capture_logs() as logs:
+            await actor.start()
+        assert [entry["event"] for entry in logs if entry["event"] == "generator.model_mismatch"] == []
+        assert any(entry["event"] == "generator.ready" for entry in logs)
+    finally:
+        await actor.stop()
+        await fake.stop()
+        await served.close()
