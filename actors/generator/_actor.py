@@ -6,7 +6,11 @@ published as one rollout (a GRPO group stays together). Many prompts are in flig
 acked only after its rollout is published: a generator killed mid-prompt loses nothing, its prompts are
 redelivered to a sibling replica or to itself after the restart. A prompt the engine can never serve as made (a
 ``RequestError``: longer than the model's context, say) goes to the dead-letter channel at once, counted per domain
-(``prompts_refused.<domain>``) and logged at most once a minute per domain; other failures are retried.
+(``prompts_refused.<domain>``) and logged at most once a minute per domain; other failures (a server down) are
+retried, each counted (``errors``) and logged at most once per ``_FAILURE_LOG_EVERY_S`` with how many failed since.
+A prompt being generated has its ack timer kept reset, so a generation that outlasts ``bus.ack_wait_s`` (a slow or
+restarting server) is not redelivered meanwhile; a redelivery that comes anyway (a lost keepalive) is counted
+(``redelivered_while_generating``) and settled by the generation under way.
 
 Weights: a :class:`~actors.weights.WeightSubscriber` watches the topology's current version and swaps it into
 the engine between decode steps. When the topology has a learner, a new generator waits for the first
@@ -37,10 +41,12 @@ from actors.generator._config import GeneratorConfig
 from actors.policy import encode_prompt, load_tokenizer
 from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
 from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
-from topology.bus import Delivery, Outbox
+from topology.bus import Delivery, InFlight, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are logged at most this often
+_RETRY_S = 1.0  # a failed prompt goes back to the bus this long before it is delivered again
+_FAILURE_LOG_EVERY_S = 10.0  # prompts that failed and went back to the bus (each counted) are logged at most this often
 
 __all__ = ["GeneratorActor"]
 
@@ -60,6 +66,11 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._outbox: Outbox | None = None
         self._started = time.monotonic()
         self._refusal_logged: dict[str, float] = {}  # domain → when a refused prompt of it was last logged
+        # prompts being generated: their ack timers kept reset (a slow or restarting server may take longer than
+        # `bus.ack_wait_s`), and a redelivery of one (the keepalive lost) settled by the generation under way
+        self._generating: InFlight[PromptMsg] = InFlight(ctx.bus.settings.ack_wait_s, on_failure=self._keepalive_failed)
+        self._failure_logged = -_FAILURE_LOG_EVERY_S  # when a failed prompt was last logged (monotonic)
+        self._failures_unlogged = 0  # prompts failed since then
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
         self._staging_root = ctx.run_dir / "weights-staged" / f"{ctx.actor}-{ctx.replica}"
 
@@ -163,6 +174,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_weights)
             tg.start_soon(self._report_loop)
+            tg.start_soon(self._generating.keepalive)
             if self.config.serve:  # [gateway] answer gateway requests over NATS (actors.generator._serve)
                 tg.start_soon(self._serve)
             if channel_in is None:  # serves users only (consumes: []): no training prompts to take
@@ -182,6 +194,9 @@ class GeneratorActor(Actor[GeneratorConfig]):
             ):
                 self._outbox = outbox
                 async for delivery in iterate_until(prompts, self.ctx.stopping):
+                    if not self._generating.begin(delivery):  # redelivered while being generated: that one settles it
+                        self.ctx.counters.inc("redelivered_while_generating")
+                        continue
                     slots = min(delivery.payload.group_size, self.config.max_batch_size)
                     for index in range(slots):
                         await limit.acquire_on_behalf_of(_token(delivery, index))
@@ -246,7 +261,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
                 "rollout",
                 rollout.model_dump(mode="json"),
                 id=f"{delivery.id}.r",
-                delivery=delivery,
+                delivery=self._generating.newest(delivery),  # the newest delivery, if it was redelivered
             )
             self.ctx.counters.inc("prompts")
             self.ctx.counters.inc("completions", len(completions))
@@ -259,15 +274,36 @@ class GeneratorActor(Actor[GeneratorConfig]):
             if now - self._refusal_logged.get(msg.domain, -_REFUSAL_LOG_EVERY_S) >= _REFUSAL_LOG_EVERY_S:
                 self._refusal_logged[msg.domain] = now  # each is counted; a task drawn again and again is logged
                 self.ctx.log.warning("generator.prompt_refused", task_id=msg.task_id, domain=msg.domain, error=str(exc))
-            await delivery.dead_letter(f"prompt refused by the engine: {exc}")
+            await self._generating.newest(delivery).dead_letter(f"prompt refused by the engine: {exc}")
         except Exception as exc:  # an engine or bus failure: give the prompt back for another try
             self.ctx.counters.inc("errors")
-            self.ctx.log.warning("generator.prompt_failed", task_id=msg.task_id, error=str(exc))
-            await delivery.nak(delay_s=1.0)
+            self._failed(msg, exc)
+            await self._generating.newest(delivery).nak(delay_s=_RETRY_S)
         finally:
+            self._generating.end(delivery.id)
             self._in_flight -= 1
             for index in range(slots):
                 limit.release_on_behalf_of(_token(delivery, index))
+
+    def _keepalive_failed(self, exc: Exception) -> None:
+        self.ctx.log.warning("generator.keepalive_failed", error=str(exc))
+
+    def _failed(self, msg: PromptMsg, exc: Exception) -> None:
+        """Log a prompt that failed (a server down makes every prompt in flight fail, and fail again on each retry):
+        the first, then at most once per ``_FAILURE_LOG_EVERY_S`` with how many failed since the last line."""
+        self._failures_unlogged += 1
+        now = time.monotonic()
+        if now - self._failure_logged < _FAILURE_LOG_EVERY_S:
+            return
+        self.ctx.log.warning(
+            "generator.prompt_failed",
+            task_id=msg.task_id,
+            error=f"{type(exc).__name__}: {exc}",
+            failed=self._failures_unlogged,
+            retry_s=_RETRY_S,
+            note=f"each failed prompt goes back to the bus; logged at most every {_FAILURE_LOG_EVERY_S:g} s",
+        )
+        self._failure_logged, self._failures_unlogged = now, 0
 
     def _requests(self, message_id: str, msg: PromptMsg) -> list[GenerationRequest]:
         prompt_ids = tuple(encode_prompt(self._tokenizer, msg.prompt))

@@ -47,12 +47,11 @@ from actors.protocol import (
 )
 from actors.sandbox import SandboxPool
 from actors.verify._config import VerifyConfig
-from topology.bus import Delivery, Outbox
+from topology.bus import Delivery, InFlight, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 __all__ = ["VerifyActor"]
 
-_KEEPALIVE_S_MAX = 10.0  # rollouts being verified have their ack timer reset this often (at most ack_wait_s / 3)
 _ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors (and failed references) are logged at most this often
 _REFERENCE_MEMO = 4096  # tasks whose reference's score is remembered (a task comes back every epoch)
 
@@ -66,7 +65,10 @@ class VerifyActor(Actor[VerifyConfig]):
         wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
         self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
-        self._verifying: dict[str, Delivery[RolloutMsg]] = {}  # rollouts being verified, by id → newest delivery
+        # rollouts being verified: their ack timers kept reset, so that a slow verifier (a user's function near its
+        # time limit, a group of sandboxed programs) never sees one redelivered meanwhile, nor dead-lettered after
+        # `bus.max_deliver` redeliveries; a redelivery that comes anyway is settled by the verification under way
+        self._verifying: InFlight[RolloutMsg] = InFlight(ctx.bus.settings.ack_wait_s, on_failure=self._keepalive_failed)
         self._guided = {name for name in self._domains if failed_groups_of(ctx.spec, name) == "reference"}
         self._references: OrderedDict[tuple[str, str, str], float] = OrderedDict()  # (domain, task, text) → reward
         self._reference_logged: dict[str, float] = {}  # domain → when its last failed reference was logged
@@ -94,33 +96,20 @@ class VerifyActor(Actor[VerifyConfig]):
             anyio.create_task_group() as keep,
         ):
             self._outbox = outbox
-            keep.start_soon(self._keepalive)
+            keep.start_soon(self._verifying.keepalive)
             try:
                 async with anyio.create_task_group() as work:
                     async for delivery in iterate_until(rollouts, self.ctx.stopping):
-                        if delivery.id in self._verifying:  # redelivered while being verified: that one settles it
-                            self._verifying[delivery.id] = delivery
+                        if not self._verifying.begin(delivery):  # redelivered while being verified: that one settles it
                             self.ctx.counters.inc("redelivered_while_verifying")
                             continue
-                        self._verifying[delivery.id] = delivery
                         await limit.acquire_on_behalf_of(delivery.id)
                         work.start_soon(self._handle, delivery, limit, outbox)
             finally:
                 keep.cancel_scope.cancel()
 
-    async def _keepalive(self) -> None:
-        """Reset the ack timer of every rollout being verified, so that a slow verifier (a user's function near its
-        time limit, a group of sandboxed programs) never sees its rollout redelivered meanwhile, nor dead-lettered
-        after ``bus.max_deliver`` redeliveries."""
-        every = min(_KEEPALIVE_S_MAX, self.ctx.bus.settings.ack_wait_s / 3)
-        while True:
-            await anyio.sleep(every)
-            for delivery in list(self._verifying.values()):
-                try:
-                    await delivery.in_progress()
-                except Exception as exc:  # a lost keepalive means a redelivery later, which the loop recognises
-                    self.ctx.log.warning("verify.keepalive_failed", error=str(exc))
-                    break
+    def _keepalive_failed(self, exc: Exception) -> None:
+        self.ctx.log.warning("verify.keepalive_failed", error=str(exc))
 
     async def stop(self) -> None:
         if self._pool is not None:
@@ -247,7 +236,7 @@ class VerifyActor(Actor[VerifyConfig]):
                 "scored",
                 message.model_dump(mode="json"),
                 id=f"{delivery.id}.s",
-                delivery=self._verifying.get(delivery.id, delivery),  # the newest delivery, if it was redelivered
+                delivery=self._verifying.newest(delivery),  # the newest delivery, if it was redelivered
             )
             self.ctx.counters.inc("rollouts")
             self.ctx.counters.inc("completions", len(scored))
@@ -256,7 +245,7 @@ class VerifyActor(Actor[VerifyConfig]):
         except Exception as exc:
             self.ctx.counters.inc("errors")
             self.ctx.log.warning("verify.rollout_failed", task_id=rollout.task_id, error=str(exc))
-            await self._verifying.get(delivery.id, delivery).nak(delay_s=1.0)
+            await self._verifying.newest(delivery).nak(delay_s=1.0)
         finally:
-            self._verifying.pop(delivery.id, None)
+            self._verifying.end(delivery.id)
             limit.release_on_behalf_of(delivery.id)

@@ -65,3 +65,60 @@ async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_de
     assert letter["num_delivered"] == 1 and "leaves no room in the model's context of 32" in letter["reason"], letter
     counters = actor.report()
     assert counters.get("prompts_refused.arithmetic") == 1 and not counters.get("errors"), counters
+
+
+async def test_a_generation_that_outlasts_the_ack_wait_is_kept_alive_and_published_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A prompt whose generation took longer than `bus.ack_wait_s` (a slow or restarting SGLang/vLLM server) was
+    redelivered while it was still being generated — and its redelivery to the same replica crashed the generator
+    (a second handler of one message asked the batch limiter for tokens the first still held). The ack timer of a
+    prompt in flight is now kept reset, and a redelivery that comes anyway is settled by the generation under way."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        f"name: g-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
+        "policy: {model: builtin:tiny-gpt, config: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32}}\n"
+        "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, max_new_tokens: 4}\n"
+        "actors:\n  generator: {device: cpu}\n"
+        "channels:\n  prompts: {external: true}\n  rollouts: {external: true}\n"
+    )
+    spec = load_spec(path)
+    settings = BusSpec(ack_wait_s=1.0, max_deliver=3)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
+        for channel in ("prompts", "rollouts", DEADLETTER):
+            await bus.ensure_channel(channel)
+        ctx = actor_context(spec, "generator", bus, tmp_path)
+        config = spec.actors["generator"].config
+        assert isinstance(config, GeneratorConfig)
+        actor = GeneratorActor(ctx, config)
+        await actor.start()
+        assert actor.engine is not None
+
+        async def slow_step(_: int) -> None:  # each decode step takes half the ack wait: 4 tokens take twice it
+            await anyio.sleep(0.5)
+
+        actor.engine.step_hook = slow_step
+        try:
+            msg = PromptMsg(task_id="slow", domain="arithmetic", prompt="1+1=", group_size=2)
+            await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+            rollouts: list[str] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.fail_after(30):
+                    async with bus.consume("rollouts", "check", model=RolloutMsg) as stream:
+                        async for delivery in stream:
+                            rollouts.append(delivery.payload.task_id)
+                            await delivery.ack()
+                            break
+                await anyio.sleep(2.5)  # a redelivery would be generated and published again by now
+                async with bus.consume("rollouts", "check", model=RolloutMsg) as stream:
+                    with anyio.move_on_after(1.0):
+                        async for delivery in stream:
+                            rollouts.append(delivery.payload.task_id)
+                            await delivery.ack()
+                ctx.stopping.set()
+        finally:
+            await actor.stop()
+    assert rollouts == ["slow"]
+    counters = actor.report()
+    assert not counters.get("errors") and not counters.get("redelivered_while_generating"), counters

@@ -1,5 +1,6 @@
 """A generator with an SGLang/vLLM engine at start: it waits for a server that is not up yet and says so in its log,
-fails naming the url when none comes, and warns when the server serves another model than the spec's policy."""
+fails naming the url when none comes, and warns when the server serves another model than the spec's policy; a server
+that goes down later is logged once per interval, not once per failing prompt."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from actors.generator import _actor
 from actors.generator._actor import GeneratorActor
 from actors.generator._config import GeneratorConfig
 from actors.policy import Policy, write_tiny_hf_model
+from actors.protocol import PromptMsg
 from actors.testing import FakeSGLangServer, FakeVLLMServer, actor_context, free_port
 from topology import Spec, load_spec
-from topology.bus import Bus
+from topology.bus import DEADLETTER, Bus
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -126,6 +128,44 @@ async def test_a_fake_serving_the_policys_model_names_it_as_the_real_server_woul
             await actor.start()
         assert [entry["event"] for entry in logs if entry["event"] == "generator.model_mismatch"] == []
         assert any(entry["event"] == "generator.ready" for entry in logs)
+    finally:
+        await actor.stop()
+        await fake.stop()
+        await served.close()
+
+
+async def test_a_server_down_mid_run_logs_its_failing_prompts_once_per_interval_not_once_each(
+    bus: Bus, tmp_path: Path, model_dir: Path
+) -> None:
+    """Every prompt in flight failed while the server was down, and again at each retry a second later: a warning
+    for each, a screenful a second. Now the first is logged, then at most one line per interval saying how many
+    failed since; each failure is still counted and its prompt given back."""
+    port = free_port()
+    spec = _spec(tmp_path, model_dir, "sglang", port)
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    fake = FakeSGLangServer(served, port=port)
+    for channel in ("prompts", "rollouts", DEADLETTER):
+        await bus.ensure_channel(channel)
+    actor = _generator(spec, bus, tmp_path)
+    try:
+        await fake.start()
+        await actor.start()
+        await fake.stop()  # down from here on
+        for i in range(6):
+            msg = PromptMsg(task_id=f"t{i}", domain="arithmetic", prompt="1+1=", group_size=2)
+            await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.fail_after(30):
+                    for _ in iter(int, 1):  # until each prompt failed at least twice
+                        if actor.ctx.counters.get("errors") >= 12:
+                            break
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        failed = [entry for entry in logs if entry["event"] == "generator.prompt_failed"]
+        assert len(failed) == 1, failed
+        assert failed[0]["failed"] == 1 and "Error" in failed[0]["error"], failed[0]
     finally:
         await actor.stop()
         await fake.stop()
