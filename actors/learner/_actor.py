@@ -631,6 +631,11 @@ class LearnerActor(Actor[LearnerConfig]):
         while True:
             await anyio.sleep(self.config.metrics_flush_s)
             await anyio.to_thread.run_sync(self.metrics.flush)
+            try:
+                await anyio.to_thread.run_sync(self.metrics.compact, self.config.metrics_compact_parts)
+            except OSError as exc:  # a full disk, say: the parts stay as they are, readers read them all
+                self.ctx.counters.inc("metrics_compact_errors")
+                self.ctx.log.warning("learner.metrics_compact_failed", error=str(exc))
             if time.monotonic() - last_plot >= self.config.plot_every_s:
                 last_plot = time.monotonic()
                 await anyio.to_thread.run_sync(plot_heldout, self.ctx.run_dir)

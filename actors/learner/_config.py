@@ -106,6 +106,9 @@ class LearnerConfig(SpecModel):
     #   actors/learner/_config.py `transport_name`
     domains: tuple[str, ...] | None = None  # learn only from these domains; null: every domain (and production)
     metrics_flush_s: float = Field(default=5.0, gt=0)  # metrics rows are written to a parquet part this often
+    # metrics/: once a kind has this many parts of one level (as written, merged once, twice…), they are merged into
+    # one, in the background and crash-safe: the file count grows with the log of the run's length; every row is kept
+    metrics_compact_parts: int = Field(default=32, ge=2)
     plot_every_s: float = Field(default=30.0, gt=0)  # held-out accuracy PNG refresh period (and at stop)
     warm_start_log_every: int = Field(default=20, ge=1)  # log the supervised loss every N warm-start steps
 

@@ -8,7 +8,11 @@ Contract:
   resume, warm start, checkpoints).
 - ``incarnation`` names one life of the learner process (a restart is a new incarnation), so parts of different
   lives never collide and the audit trail can tell them apart.
-- :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null);
+- :meth:`MetricsWriter.compact` merges small parts into larger ones in the background (``_parts``: merged parts
+  name the parts they hold, a kill during a merge neither loses nor repeats a row), so the number of files grows
+  with the logarithm of the run's length, not with the length.
+- :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null), merged or not: the
+  same rows in the same order;
   :func:`heldout_first_and_last` reads the run's first and newest held-out accuracy by domain back from the ``eval``
   rows, so a resumed learner reports them before its next round.
 - :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
@@ -18,7 +22,7 @@ Contract:
 - :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg),
   sampled rounds with a band of ±2 :func:`sampling_sd`.
 
-Non-goals: compaction of parts, live dashboards (``flywheel status`` shows the live counters).
+Non-goals: live dashboards (``flywheel status`` shows the live counters).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from actors.learner._parts import LOCK, TURN, compact, read_parts
 
 __all__ = [
     "MetricsWriter",
@@ -46,10 +52,13 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, incarnation: str) -> None:
         self.dir = Path(run_dir) / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
+        for lock in (TURN, LOCK):  # readers lock them from the first part on (see ``_parts``)
+            (self.dir / lock).touch()
         self.incarnation = incarnation
         self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._parts = 0
         self._flushing = threading.Lock()  # flushes come from the event loop and from a worker thread
+        self._compacting = threading.Lock()
 
     def add(self, kind: str, row: dict[str, Any]) -> None:
         self._rows[kind].append({"incarnation": self.incarnation, **row})
@@ -80,13 +89,16 @@ class MetricsWriter:
             written.append(final)
         return written
 
+    def compact(self, fan_in: int) -> list[Path]:
+        """Merge the parts that are due (``fan_in`` of one level; see ``_parts``), every life's; returns the merged
+        parts written. Runs beside flushes: those only add parts numbered above every part a merge takes."""
+        with self._compacting:
+            return compact(self.dir, fan_in=fan_in, keep=self.incarnation)
+
 
 def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     """Every row of ``kind`` written under ``run_dir/metrics`` (empty frame when there is none)."""
-    parts = sorted((Path(run_dir) / "metrics").glob(f"{kind}-*.parquet"))
-    if not parts:
-        return pl.DataFrame()
-    return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+    return read_parts(Path(run_dir) / "metrics", kind)
 
 
 def heldout_first_and_last(run_dir: Path, temperature: float) -> dict[str, tuple[float, float]]:

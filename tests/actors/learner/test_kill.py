@@ -26,6 +26,7 @@ import anyio
 import pytest
 
 from actors.learner import read_metrics
+from actors.learner._parts import live_parts
 from tests.actors.learner._helpers import effective_applied, scored, write_spec
 from topology import BusSpec, Spec
 from topology.bus import Bus, EmbeddedNats
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.anyio
 
 LEARNER = (
     "    batch_size: 8\n    checkpoint_every_steps: 3\n    eval_every_steps: 0\n    fill_wait_s: 0\n"
-    "    metrics_flush_s: 0.2\n    max_staleness: 100\n"
-)
+    "    metrics_flush_s: 0.2\n    metrics_compact_parts: 2\n    max_staleness: 100\n"
+)  # metrics parts are merged as they come: the audit trail is read back through merges a kill may cut short
 
 
 def spawn(
@@ -124,6 +125,8 @@ async def test_sigkill_mid_run_loses_and_doubles_nothing(embedded_nats: Embedded
     rolled_back = applied.filter((applied["incarnation"] != second_life) & (applied["step"] > 3))
     reapplied = set(applied.filter(incarnation=second_life)["message_id"].to_list())
     assert set(rolled_back["message_id"].to_list()) <= reapplied
+    kinds = ("applied", "lifecycle", "step")
+    assert any(part.level > 0 for kind in kinds for part in live_parts(run_dir / "metrics", kind))  # it compacts
 
     from torchsnapshot import Snapshot
 
