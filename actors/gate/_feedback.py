@@ -2,7 +2,9 @@
 
 Contract: ``FeedbackByVersion`` is fed the recorder's new ``traffic`` rows (request id → the version that answered,
 the newest version among its tokens) and new ``feedback`` rows (the first score per request id counts, as the
-joiner applies it); feedback whose request is not known yet waits (bounded) until its traffic row is read.
+joiner applies it); feedback whose request is not known yet waits (bounded) until its traffic row is read. Memory
+is bounded: the newest ``max_requests`` request ids (which of them were scored with them) and ``max_waiting`` waiting
+events; a repeated score for a request older than that is not counted.
 ``compare(serving, previous, …)`` says whether the serving version's mean score is below the previous serving
 version's by more than ``margin`` and by more than twice the difference's standard error, each side with at
 least ``min_feedback`` events (the previous version's newest ``window`` events only, so a long-serving version
@@ -51,12 +53,19 @@ class LiveComparison:
 
 
 class FeedbackByVersion:
-    def __init__(self, *, window: int = 2000) -> None:
+    def __init__(
+        self, *, window: int = 2000, max_requests: int = _MAX_REQUESTS, max_waiting: int = _MAX_WAITING
+    ) -> None:
         self.window = window
-        self._version_of: OrderedDict[str, int] = OrderedDict()
-        self._scored: set[str] = set()  # request ids whose first feedback was counted
+        self.max_requests, self.max_waiting = max_requests, max_waiting
+        # request id → (the version that answered, whether its first feedback was counted); oldest request first
+        self._version_of: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._waiting: OrderedDict[str, float] = OrderedDict()
         self._scores: dict[int, deque[float]] = {}
+
+    def held(self) -> int:
+        """Request ids held in memory: at most ``max_requests + max_waiting``."""
+        return len(self._version_of) + len(self._waiting)
 
     def add_traffic(self, rows: pl.DataFrame) -> None:
         if rows.height == 0:
@@ -64,29 +73,30 @@ class FeedbackByVersion:
         for rid, version in rows.select("request_id", "version").iter_rows():
             if rid in self._version_of:
                 continue
-            self._version_of[rid] = int(version if version is not None else -1)
+            self._version_of[rid] = (int(version if version is not None else -1), False)
             waiting = self._waiting.pop(rid, None)
             if waiting is not None:
                 self._count(rid, waiting)
-        while len(self._version_of) > _MAX_REQUESTS:
+        while len(self._version_of) > self.max_requests:
             self._version_of.popitem(last=False)
 
     def add_feedback(self, rows: pl.DataFrame) -> None:
         if rows.height == 0:
             return
         for rid, score in rows.select("request_id", "score").iter_rows():
-            if score is None or rid in self._scored or rid in self._waiting:
+            known = self._version_of.get(rid)
+            if score is None or rid in self._waiting or (known is not None and known[1]):
                 continue
-            if rid in self._version_of:
+            if known is not None:
                 self._count(rid, float(score))
             else:
                 self._waiting[rid] = float(score)
-        while len(self._waiting) > _MAX_WAITING:
+        while len(self._waiting) > self.max_waiting:
             self._waiting.popitem(last=False)
 
     def _count(self, rid: str, score: float) -> None:
-        self._scored.add(rid)
-        version = self._version_of[rid]
+        version, _ = self._version_of[rid]
+        self._version_of[rid] = (version, True)  # in place: it keeps its request's turn to be dropped
         self._scores.setdefault(version, deque(maxlen=self.window)).append(score)
 
     def scores(self, version: int) -> list[float]:

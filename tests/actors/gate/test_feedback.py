@@ -35,3 +35,16 @@ def test_a_drop_is_called_beyond_the_margin_and_the_noise_only() -> None:
     drop = tally.compare(2, 1, margin=0.1, min_feedback=50)
     assert drop is not None and drop.dropped and drop.serving_mean == 0.5 and drop.previous_mean == 0.8
     assert tally.compare(2, 1, margin=0.35, min_feedback=50).dropped is False  # type: ignore[union-attr]
+
+
+def test_memory_stays_bounded_however_many_requests_are_rated() -> None:
+    """A gate serving for weeks: each rated request used to stay in memory for good."""
+    tally = FeedbackByVersion(max_requests=100, max_waiting=50)
+    for batch in range(30):
+        ids = [f"r{batch}-{i}" for i in range(100)]
+        tally.add_traffic(traffic(*[(rid, batch) for rid in ids]))
+        tally.add_feedback(feedback(*[(rid, 1.0) for rid in ids], *[(f"early{batch}-{i}", 0.0) for i in range(40)]))
+        assert tally.held() <= 100 + 50
+    assert len(tally.scores(29)) == 100
+    tally.add_feedback(feedback(*[(f"r29-{i}", 0.0) for i in range(100)]))  # repeats of requests still held
+    assert tally.scores(29) == [1.0] * 100
