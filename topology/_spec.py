@@ -147,6 +147,15 @@ class RestartSpec(SpecModel):
         return self
 
 
+class LogsSpec(SpecModel):
+    """How big each replica's log (``<run_dir>/logs/<actor>-<replica>.log``) may grow (local runtime)."""
+
+    # past this many MiB a log is copied to <log>.1 (older copies move up to .2, .3, …) and emptied in place, so an
+    # always-on run's logs stay bounded; null: never rotated
+    max_mb: float | None = Field(default=100.0, gt=0)
+    keep: int = Field(default=3, ge=1)  # rotated copies kept per replica (the oldest is deleted)
+
+
 class RuntimeSpec(SpecModel):
     """Where actor replicas run. ``runtime: local`` is shorthand for ``runtime: {kind: local}``."""
 
@@ -154,6 +163,7 @@ class RuntimeSpec(SpecModel):
     run_dir: Path = Path("runs")  # run directories go under it; relative to the spec file
     restart: RestartSpec = RestartSpec()
     heartbeat_s: float = Field(default=1.0, gt=0)  # how often each replica reports its state and counters
+    logs: LogsSpec = LogsSpec()  # local runtime: how big a replica's log may grow before it is rotated
     # flywheel up serves every replica's state and numeric counters as Prometheus metrics on this port
     # (http://<metrics_host>:<port>/metrics); 0 picks a free one (printed at start); null: no endpoint
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

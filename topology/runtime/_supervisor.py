@@ -11,6 +11,8 @@ Contract:
   times within ``window_s`` stops the whole topology; the result names the actor and quotes the last lines
   of its log. Each crash is logged with the exception line its log ends with. A replica that exits 0 by
   itself is done and not restarted.
+- A log past ``runtime.logs.max_mb`` is rotated (``_logs``: copied to ``<log>.1``, emptied in place) within
+  ``_LOG_CHECK_S``; ``runtime.logs.keep`` copies are kept.
 - The embedded nats-server is supervised too: restarted on its port with its store when it dies
   (:meth:`Session.keep_bus_up`); the replicas ride the outage out on their reconnecting connections.
 - Stopping: SIGTERM to every child (they drain), wait up to ``drain_timeout_s``, SIGKILL the rest, then the
@@ -28,11 +30,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
+import anyio.to_thread
 import structlog
 
+from topology.runtime._logs import rotate
 from topology.runtime._runtime import RunResult, RuntimeBase, RuntimeOptions, life_banner, replica_log
 from topology.runtime._session import Session, open_session
 from topology.runtime._threads import thread_env
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 _log = structlog.get_logger("flywheel.runtime")
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
+_LOG_CHECK_S = 5.0  # how often the replicas' log sizes are looked at
 
 _prctl: Any
 try:
@@ -79,6 +85,7 @@ class LocalRuntime(RuntimeBase):
                     self.start_watchers(tg, session, duration_s)
                     for key in self.replica_keys():
                         tg.start_soon(self._supervise, session, key)
+                    tg.start_soon(self._rotate_logs, session)
                     self.started.set()
                     await self.wait_stop()
                     await self._shutdown()
@@ -149,6 +156,25 @@ class LocalRuntime(RuntimeBase):
             ):
                 return
             restarts += 1
+
+    async def _rotate_logs(self, session: Session) -> None:
+        limits = self.spec.runtime.logs
+        if limits.max_mb is None:
+            return
+        max_bytes, keep = int(limits.max_mb * 1024 * 1024), limits.keep
+
+        def rotate_one(log: Path) -> bool:
+            return rotate(log, max_bytes=max_bytes, keep=keep)
+
+        while True:
+            await anyio.sleep(_LOG_CHECK_S)
+            for actor, replica in self.replica_keys():
+                log = replica_log(session.run_dir, actor, replica)
+                try:
+                    if await anyio.to_thread.run_sync(rotate_one, log):
+                        _log.info("log rotated", actor=actor, replica=replica, log=str(log))
+                except OSError as exc:  # a full disk, say: the log goes on growing, the run goes on
+                    _log.warning("log rotation failed", actor=actor, replica=replica, error=str(exc))
 
     async def _shutdown(self) -> None:
         live = {key: p for key, p in self.procs.items() if p.poll() is None}

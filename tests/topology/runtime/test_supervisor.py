@@ -168,3 +168,19 @@ def test_a_replica_killed_at_the_stop_is_named_not_called_a_clean_stop(tmp_path:
         if up.poll() is None:
             up.kill()
             up.communicate()
+
+
+def test_a_replica_log_past_its_limit_is_rotated(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("  heartbeat_s: 0.2\n", "  heartbeat_s: 0.2\n  logs: {max_mb: 0.0001}\n"))
+    up = start_up(spec)
+    try:
+        run_dir = wait_for("every replica running", lambda: (tmp_path / "runs" / "latest").resolve())
+        wait_for("the ticker's log rotated", lambda: (run_dir / "logs" / "ticker-0.log.1").exists(), timeout_s=30)
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=30)
+        assert up.returncode == 0, err
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
