@@ -30,6 +30,8 @@ P = TypeVar("P")
 
 
 class InFlight(Generic[P]):
+    """The deliveries of one consumer being handled, by message id → the newest delivery (see the module docstring)."""
+
     def __init__(self, ack_wait_s: float, *, on_failure: Callable[[Exception], Any] | None = None) -> None:
         self.every_s = min(_KEEPALIVE_S_MAX, ack_wait_s / 3)
         self._deliveries: dict[str, Delivery[P]] = {}
