@@ -62,10 +62,14 @@ class RetentionSpec(SpecModel):
     """What every durable channel keeps; a channel's own ``max_age_s`` (under ``channels:``) wins.
 
     Limits drop the oldest messages first, consumed or not: they bound the disk an always-on run takes, and must stay
-    well above the longest time a consumer may be away (a stopped learner, a recorder being fixed)."""
+    well above the longest time a consumer may be away (a stopped learner, a recorder being fixed). Before them,
+    ``trim_acked`` drops what every consumer group of a channel has acknowledged (``topology.runtime._trim``)."""
 
     max_age_s: float | None = Field(default=7 * 86400.0, gt=0)  # drop messages older than this; null: keep
     max_mb: int | None = Field(default=None, ge=1)  # per channel: keep at most this many MiB; null: no limit
+    # drop what every consumer group of a channel (one consumed by an actor of the spec, not external) acknowledged,
+    # once older than bus.dedupe_window_s: a channel then holds what is in flight, not max_age_s of history
+    trim_acked: bool = True
 
 
 class BusSpec(SpecModel):

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import anyio
 import structlog
 
+from topology._graph import build_graph
 from topology.runtime._actor import ActorState
 from topology.runtime._restart import RestartPolicy
 from topology.runtime._session import Session
 from topology.runtime._status import ReplicaStatus, put_status, read_status
+from topology.runtime._trim import AckedTrimmer
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -231,6 +233,7 @@ class RuntimeBase:
     def start_watchers(self, tg: TaskGroup, session: Session, duration_s: float | None) -> None:
         """Start what runs beside the replicas: the bus's supervision, the signal handler, the duration timer."""
         tg.start_soon(self.keep_bus_up, session)
+        tg.start_soon(self.trim_acked, session)
         if self.handle_signals:
             tg.start_soon(self.watch_signals)
         if duration_s is not None:
@@ -309,6 +312,23 @@ class RuntimeBase:
     async def keep_bus_up(self, session: Session) -> None:
         """Supervise the embedded nats-server (:meth:`Session.keep_bus_up`) with this runtime's restart policy."""
         await session.keep_bus_up(self.policy, self.fail)
+
+    async def trim_acked(self, session: Session) -> None:
+        """Drop what every consumer group of a channel acknowledged (``_trim``), unless ``bus.retention.trim_acked``
+        is off: an always-on run's channels stay as large as what is in flight, not a week of traffic."""
+        spec = session.spec
+        if not spec.bus.retention.trim_acked:
+            return
+        trimmer = AckedTrimmer(session.bus, build_graph(spec).channels, window_s=spec.bus.dedupe_window_s)
+        while True:
+            await anyio.sleep(trimmer.every_s)
+            try:
+                dropped = await trimmer.tick(time.monotonic())
+            except Exception as exc:  # the bus is away (a restart): look again next time
+                _log.debug("bus.trim_skipped", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if dropped:
+                _log.debug("bus.trimmed", dropped=dropped)
 
     async def stop_after(self, duration_s: float) -> None:
         await anyio.sleep(duration_s)

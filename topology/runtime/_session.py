@@ -15,7 +15,8 @@ crash); clients reconnect to the URL they know. :func:`connect_bus` is how a sup
 ``creds_file`` / ``token_env``, never from the spec text); :func:`connect_run` is how a command outside the run
 (``flywheel status``, ``promote``, …) reaches a live run's bus.
 
-Non-goals: no channel deletion at the end (durable channels outlive a run by design); no TLS on the embedded bus
+Non-goals: no channel deletion at the end (durable channels outlive a run by design; while it runs, what every
+consumer group acknowledged is dropped from them: ``_trim``); no TLS on the embedded bus
 (it listens on loopback only).
 """
 
