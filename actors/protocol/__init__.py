@@ -61,6 +61,7 @@ from topology import lazy_exports
 if TYPE_CHECKING:
     from actors.protocol._recordings import CHANNEL_MODELS as CHANNEL_MODELS
     from actors.protocol._recordings import frame as frame
+    from actors.protocol._recordings import one_copy_per_seq as one_copy_per_seq
     from actors.protocol._recordings import read_recordings as read_recordings
     from actors.protocol._recordings import rows_of as rows_of
     from actors.protocol._recordings import schema as schema
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "CHANNEL_MODELS": "_recordings",
     "frame": "_recordings",
+    "one_copy_per_seq": "_recordings",
     "read_recordings": "_recordings",
     "rows_of": "_recordings",
     "schema": "_recordings",
@@ -110,6 +112,7 @@ __all__ = [
     "feedback_join",
     "frame",
     "join_bucket",
+    "one_copy_per_seq",
     "only_torch_engines",
     "ping_subject",
     "policy_of",

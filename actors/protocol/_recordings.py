@@ -35,7 +35,9 @@ from pydantic import BaseModel
 
 from actors.protocol._messages import FeedbackMsg, ScoredMsg, TrafficMsg
 
-__all__ = ["CHANNEL_MODELS", "frame", "read_recordings", "rows_of", "schema"]
+__all__ = ["CHANNEL_MODELS", "frame", "one_copy_per_seq", "read_recordings", "rows_of", "schema"]
+
+_READ_ATTEMPTS = 20  # listings tried when files vanish while read (each vanishing is a merge finishing)
 
 _COMMON: dict[str, pl.DataType] = {"_seq": pl.UInt64(), "_id": pl.Utf8(), "_ts": pl.Float64(), "_source": pl.Utf8()}
 _INTS = pl.List(pl.Int64())
@@ -162,13 +164,29 @@ def read_recordings(path: str | Path, channel: str) -> pl.DataFrame:
     """Every recorded row of ``channel`` under ``path`` (a recordings root or a run dir), ordered by ``_seq``.
 
     Partial files (hidden ``.part-*`` temporaries) are never read; an empty frame with the schema when
-    nothing was recorded.
+    nothing was recorded. While the recorder merges a closed partition, a message's rows sit in two files for a
+    while (the merged one and the original): one copy of each ``_seq`` is returned (``one_copy_per_seq``). A file
+    deleted between listing and reading (an original whose merged file has landed) makes the whole read start
+    over, so that the merged file is listed.
     """
     root = Path(path)
     if (root / "recordings").is_dir() and not (root / channel).is_dir():
         root = root / "recordings"
-    files = sorted(p for p in (root / channel).rglob("part-*.parquet")) if (root / channel).is_dir() else []
-    if not files:
-        return pl.DataFrame(schema=schema(channel))
-    frames = [pl.read_parquet(file) for file in files]
-    return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True)
+    for _attempt in range(_READ_ATTEMPTS):
+        files = sorted(p for p in (root / channel).rglob("part-*.parquet")) if (root / channel).is_dir() else []
+        if not files:
+            return pl.DataFrame(schema=schema(channel))
+        try:
+            frames = [pl.read_parquet(file).with_columns(_file=pl.lit(i, pl.UInt32)) for i, file in enumerate(files)]
+        except FileNotFoundError:
+            continue
+        return one_copy_per_seq(pl.concat(frames, how="diagonal_relaxed")).sort("_seq", maintain_order=True)
+    raise FileNotFoundError(f"{root / channel}: files kept vanishing while read ({_READ_ATTEMPTS} tries)")
+
+
+def one_copy_per_seq(rows: pl.DataFrame) -> pl.DataFrame:
+    """Rows tagged with the ``_file`` they came from, keeping for each ``_seq`` the rows of one file only (a message
+    is in two files while the recorder merges its partition); the ``_file`` column is dropped."""
+    if rows.height == 0:
+        return rows.drop("_file")
+    return rows.filter(pl.col("_file") == pl.col("_file").min().over("_seq")).drop("_file")

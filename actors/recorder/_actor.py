@@ -32,6 +32,7 @@ message redelivered between them), reading recordings (see ``read_recordings``).
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ import nats.js.errors as js_errors
 from pydantic import BaseModel
 
 from actors.protocol import CHANNEL_MODELS, rows_of
+from actors.recorder._compact import Upkeep, UpkeepReport
 from actors.recorder._config import RecorderConfig
 from actors.recorder._writer import ChannelWriter, StreamIdentity
 from topology.bus import Bus, Delivery
@@ -96,6 +98,7 @@ class RecorderActor(Actor[RecorderConfig]):
         self._buffers: dict[str, dict[int, _Buffered]] = {c: {} for c in self.channels}
         self._rows: dict[str, int] = dict.fromkeys(self.channels, 0)
         self._locks = {c: anyio.Lock() for c in self.channels}
+        self.upkeep: dict[str, Upkeep] = {}
         self._full = anyio.Event()
         self.flush_every_s = min(config.flush_every_s, ctx.bus.settings.ack_wait_s / 2)
         self.in_flight = max(IN_FLIGHT, ctx.bus.settings.max_ack_pending)
@@ -107,6 +110,15 @@ class RecorderActor(Actor[RecorderConfig]):
             floor = await ack_floor(self.ctx.bus, channel, self.ctx.actor)
             found = await anyio.to_thread.run_sync(writer.recover, floor)
             self.ctx.log.info("recorder.recovered", channel=channel, ack_floor=floor, unacked_in_files=found)
+            days = getattr(self.config.retain_days, channel)
+            upkeep = partial(
+                Upkeep,
+                writer,
+                merge_after_s=self.config.merge_after_s,
+                retain_s=None if days is None else days * 86_400.0,
+                max_rows=self.config.max_rows_per_file,
+            )
+            self.upkeep[channel] = await anyio.to_thread.run_sync(upkeep)
         self.ctx.log.info("recorder.ready", root=str(self.root), channels=self.channels)
 
     async def run(self) -> None:
@@ -114,6 +126,7 @@ class RecorderActor(Actor[RecorderConfig]):
             for channel in self.channels:
                 tg.start_soon(self._consume, channel)
             tg.start_soon(self._flush_loop)
+            tg.start_soon(self._upkeep_loop)
         # consumers are closed; what they handed out is ours to write and acknowledge
         await self.flush_all()
 
@@ -158,6 +171,59 @@ class RecorderActor(Actor[RecorderConfig]):
             self._full = anyio.Event()
             if not self.ctx.stopping.is_set():
                 await self.flush_all()
+
+    async def _upkeep_loop(self) -> None:
+        while not self.ctx.stopping.is_set():
+            with anyio.move_on_after(self.config.upkeep_every_s):
+                await self.ctx.stopping.wait()
+            if self.ctx.stopping.is_set():
+                return
+            for channel in self.channels:
+                try:
+                    await self.keep_up(channel)
+                except OSError as exc:  # disk trouble: the files stay as they are, the next look tries again
+                    self.ctx.counters.inc(f"{channel}.upkeep_errors")
+                    self.ctx.log.error("recorder.upkeep_failed", channel=channel, error=str(exc))
+
+    async def keep_up(self, channel: str, now: float | None = None) -> UpkeepReport:
+        """Merge ``channel``'s closed partitions, delete what they superseded once its grace is over, drop
+        partitions past retention (``actors.recorder._compact``); counted and logged."""
+        upkeep = self.upkeep[channel]
+        writer = self.writers[channel]
+        at = time.time() if now is None else now
+        async with self._locks[channel]:  # quick: deletions, and the index told of them
+            report = await anyio.to_thread.run_sync(upkeep.expire_and_delete, at)
+        merged, written = await anyio.to_thread.run_sync(upkeep.merge_closed, at)  # slow: the writer goes on
+        async with self._locks[channel]:
+            writer.adopt(written)
+        counters = self.ctx.counters
+        expired = report.expired
+        if expired.partitions:
+            counters.inc(f"{channel}.expired_partitions", len(expired.partitions))
+            counters.inc(f"{channel}.expired_files", len(expired.files))
+            counters.inc(f"{channel}.expired_bytes", expired.bytes)
+            self.ctx.log.info(
+                "recorder.expired",
+                channel=channel,
+                partitions=expired.partitions,
+                files=len(expired.files),
+                bytes=expired.bytes,
+            )
+        if merged.merged_partitions:
+            counters.inc(f"{channel}.merged_partitions", merged.merged_partitions)
+            counters.inc(f"{channel}.merged_files", merged.merged_files)
+            self.ctx.log.info(
+                "recorder.merged",
+                channel=channel,
+                partitions=merged.merged_partitions,
+                files_in=merged.merged_files,
+                files_out=len(written),
+                rows=merged.merged_rows,
+            )
+        counters.inc(f"{channel}.superseded_deleted", report.superseded_deleted)
+        merged.expired = expired
+        merged.superseded_deleted = report.superseded_deleted
+        return merged
 
     async def flush_all(self) -> None:
         for channel in self.channels:

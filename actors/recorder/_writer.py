@@ -19,8 +19,12 @@ Contract:
   stream, so its messages would look "already written" to the index and be acknowledged without being recorded.
   A directory of recordings from before the claim file existed is adopted when its sequences fit in the stream.
 
-Non-goals: several writers on one channel directory (one recorder replica per directory), compaction of
-small files, merging the recordings of two streams in one directory.
+- Merges of closed partitions and retention (``actors.recorder._compact``) replace and delete files behind the
+  writer; they tell it through ``adopt`` and ``forget`` (the index is keyed by sequence, so a row briefly held by
+  both a merged file and its original is still one written message).
+
+Non-goals: several writers on one channel directory (one recorder replica per directory), merging the recordings
+of two streams in one directory.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import polars as pl
 
 from actors.protocol import frame
 
-__all__ = ["ChannelWriter", "RecordingsMismatch", "StreamIdentity", "parse_range", "partition_of"]
+__all__ = ["ChannelWriter", "RecordingsMismatch", "StreamIdentity", "finish_file", "parse_range", "partition_of"]
 
 _SEQ_DIGITS = 12
 CLAIM = ".stream.json"
@@ -98,6 +102,7 @@ class ChannelWriter:
         self._pruned_below = 0
         self._ranges: list[tuple[int, int, Path]] = []  # (first, last, file) of every visible file
         self._looked_up: set[Path] = set()
+        self._touched: set[str] = set()  # partitions written into since ``take_touched``
         self.files_written = 0
         self.rows_written = 0
 
@@ -175,6 +180,26 @@ class ChannelWriter:
             self._looked_up.clear()
             self._index = {seq for seq in self._index if seq > ack_floor}
 
+    def forget(self, files: list[Path]) -> None:
+        """Files deleted by a merge or by retention: no longer where a sequence below the floor is looked up."""
+        gone = set(files)
+        if gone:
+            self._ranges = [entry for entry in self._ranges if entry[2] not in gone]
+            self._looked_up -= gone
+
+    def adopt(self, files: list[Path]) -> None:
+        """Files written by a merge: where the sequences they hold are looked up from now on."""
+        known = {entry[2] for entry in self._ranges}
+        for file in files:
+            bounds = parse_range(file.name)
+            if bounds is not None and file not in known:
+                self._ranges.append((bounds[0], bounds[1], file))
+
+    def take_touched(self) -> set[str]:
+        """The partitions written into since the last call."""
+        touched, self._touched = self._touched, set()
+        return touched
+
     @property
     def indexed(self) -> int:
         return len(self._index)
@@ -205,20 +230,33 @@ class ChannelWriter:
             raise FileExistsError(f"{final} exists already")
         temporary = folder / f".{name}.{os.getpid()}.tmp"
         frame(self.channel, rows).write_parquet(temporary, compression=self.compression)
-        fd = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, final)
-        _fsync_dir(folder)
+        finish_file(temporary, final)
+        self._touched.add(str(folder.relative_to(self.directory)))
         self.files_written += 1
         self.rows_written += len(rows)
         return final
 
 
+def finish_file(temporary: Path, final: Path, *, replace: bool = False) -> None:
+    """Make a written temporary visible as ``final``: fsync it, rename it into place, fsync the directory. Refuses
+    to overwrite an existing ``final`` unless ``replace`` (a merge whose output holds every row of that file)."""
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if final.exists() and not replace:
+        temporary.unlink(missing_ok=True)
+        raise FileExistsError(f"{final} exists already")
+    os.rename(temporary, final)
+    _fsync_dir(final.parent)
+
+
 def _seqs(file: Path) -> list[int]:
-    return [int(seq) for seq in pl.read_parquet(file, columns=["_seq"])["_seq"]]
+    try:
+        return [int(seq) for seq in pl.read_parquet(file, columns=["_seq"])["_seq"]]
+    except FileNotFoundError:  # merged or expired meanwhile; its rows are in the merged file, or gone for good
+        return []
 
 
 def _make_dirs(folder: Path) -> None:
