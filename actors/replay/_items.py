@@ -11,8 +11,8 @@ Sources:
 
 Scored rows of origin ``feedback``/``review`` are skipped: they are traffic already counted once.
 
-``RecordingsTail`` reads the same files incrementally (each refresh opens only files it has not read: the
-recorder writes a file once and renames it into place), for a reader that looks again and again — the gate.
+``RecordingsTail`` reads the same files incrementally, for a reader that looks again and again — the gate; it copes
+with the recorder merging the files of closed partitions and deleting expired ones (see its docstring).
 
 Non-goals: filtering by anything but age and count; de-duplicating identical prompts (each recorded
 sample is one replayed sample, so the figures weigh prompts as production did).
@@ -20,6 +20,7 @@ sample is one replayed sample, so the figures weigh prompts as production did).
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any, Literal
 import orjson
 import polars as pl
 
-from actors.protocol import read_recordings, schema
+from actors.protocol import one_copy_per_seq, read_recordings, schema
 
 __all__ = ["RecordingsTail", "ReplayItem", "items_from_scored", "items_from_traffic", "load_items"]
 
@@ -146,8 +147,17 @@ def _asked(messages: str | None, prompt: str) -> str:
 
 
 class RecordingsTail:
-    """One channel's recorded rows, read incrementally: :meth:`new_rows` returns the rows of the files written
-    since the last call (oldest file first; ``_seq`` order within and across files of one partition)."""
+    """One channel's recorded rows, read incrementally: :meth:`new_rows` returns the rows recorded since the last
+    call, each once (``_seq`` order within one call).
+
+    What it remembers stays small over weeks of recordings: the sequences it has returned, as ranges (a channel's
+    sequences are nearly contiguous, so a handful), and per partition folder its modification time and the names
+    of the files read there. A refresh lists only the folders that changed since the last look (a file written,
+    merged or deleted in a folder changes its time) or changed too recently to be sure of; it reads only files it
+    has not read and keeps only rows whose sequence it has not returned — so a merged file replacing files
+    already read yields nothing twice, and rows it holds that were never read are returned. The names of a
+    folder's files are forgotten once the folder has settled (unchanged since the last look, and not recent):
+    when it changes again, files are told apart by whether their sequence range is already returned."""
 
     def __init__(self, recordings: str | Path, channel: str) -> None:
         root = Path(recordings)
@@ -155,21 +165,128 @@ class RecordingsTail:
             root = root / "recordings"
         self.folder = root / channel
         self.channel = channel
-        self._read: set[Path] = set()
+        self.returned = SeqRanges()
+        self._seen: dict[Path, int] = {}  # folder -> mtime_ns at the last look
+        self._names: dict[Path, set[str]] = {}  # folder -> files read there, while the folder is unsettled
+        self.files_listed = 0  # statistics: files listed, files opened, over the tail's life
+        self.files_read = 0
 
     def new_rows(self) -> pl.DataFrame:
-        files = (
-            sorted(p for p in self.folder.rglob("part-*.parquet") if p not in self._read)
-            if self.folder.is_dir()
-            else []
-        )
-        frames = []
-        for path in files:
-            try:
-                frames.append(pl.read_parquet(path))
-            except OSError:  # removed meanwhile: nothing to read
-                continue
-            self._read.add(path)
+        frames: list[pl.DataFrame] = []
+        now_ns = time.time_ns()
+        for folder in self._changed_folders(now_ns):
+            frames += self._read_folder(folder)
         if not frames:
             return pl.DataFrame(schema=schema(self.channel))
-        return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True)
+        tagged = [frame.with_columns(_file=pl.lit(i, pl.UInt32)) for i, frame in enumerate(frames)]
+        rows = one_copy_per_seq(pl.concat(tagged, how="diagonal_relaxed"))
+        rows = rows.filter(~self.returned.contains(rows["_seq"]))
+        self.returned.add(rows["_seq"])
+        return rows.sort("_seq", maintain_order=True)
+
+    def _changed_folders(self, now_ns: int) -> list[Path]:
+        """Partition folders (the files' parents) whose contents may differ from the last look."""
+        changed: list[Path] = []
+        present: set[Path] = set()
+        for folder in self._folders():
+            present.add(folder)
+            try:
+                mtime = folder.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            racy = now_ns - mtime < _RACY_NS  # changed so lately that another change may share its time stamp
+            if racy or self._seen.get(folder) != mtime:
+                changed.append(folder)
+            elif folder in self._names:
+                del self._names[folder]  # settled: what it holds is returned
+            self._seen[folder] = mtime
+        for gone in [f for f in self._seen if f not in present]:  # expired partitions
+            del self._seen[gone]
+            self._names.pop(gone, None)
+        return changed
+
+    def _folders(self) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
+        folders: list[Path] = []
+        for day in sorted(self.folder.glob("date=*")):
+            hours = sorted(day.glob("hour=*"))
+            folders += hours or [day]
+        return folders
+
+    def _read_folder(self, folder: Path) -> list[pl.DataFrame]:
+        names = self._names.setdefault(folder, set())
+        frames: list[pl.DataFrame] = []
+        for _attempt in range(_READ_ATTEMPTS):
+            try:
+                listed = sorted(p for p in folder.iterdir() if p.name.startswith("part-") and p.suffix == ".parquet")
+            except FileNotFoundError:  # the partition expired
+                return frames
+            self.files_listed += len(listed)
+            vanished = False
+            for path in listed:
+                bounds = _range_of(path.name)
+                if path.name in names or (bounds is not None and self.returned.covers(*bounds)):
+                    names.add(path.name)
+                    continue
+                try:
+                    frames.append(pl.read_parquet(path))
+                except FileNotFoundError:  # an original whose merged file has landed: list again
+                    vanished = True
+                    continue
+                self.files_read += 1
+                names.add(path.name)
+            if not vanished:
+                return frames
+        return frames
+
+
+_RACY_NS = 2_000_000_000  # a folder changed this lately is listed again on the next look
+_READ_ATTEMPTS = 5
+
+
+def _range_of(name: str) -> tuple[int, int] | None:
+    first, sep, last = name.removeprefix("part-").removesuffix(".parquet").partition("-")
+    return (int(first), int(last)) if sep and first.isdigit() and last.isdigit() else None
+
+
+class SeqRanges:
+    """A set of sequences kept as sorted, disjoint, inclusive ranges."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, seqs: pl.Series) -> None:
+        values = sorted({int(v) for v in seqs.to_list()})
+        if not values:
+            return
+        runs: list[tuple[int, int]] = []
+        for value in values:
+            if runs and value == runs[-1][1] + 1:
+                runs[-1] = (runs[-1][0], value)
+            else:
+                runs.append((value, value))
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted([*zip(self.starts, self.ends, strict=True), *runs]):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        self.starts = [lo for lo, _hi in merged]
+        self.ends = [hi for _lo, hi in merged]
+
+    def covers(self, first: int, last: int) -> bool:
+        """Whether every sequence from ``first`` to ``last`` is in the set."""
+        i = bisect.bisect_right(self.starts, first) - 1
+        return i >= 0 and self.ends[i] >= last
+
+    def contains(self, seqs: pl.Series) -> pl.Series:
+        """A boolean series: which of ``seqs`` are in the set."""
+        out = [
+            (i := bisect.bisect_right(self.starts, int(v)) - 1) >= 0 and self.ends[i] >= int(v) for v in seqs.to_list()
+        ]
+        return pl.Series(out, dtype=pl.Boolean)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import calendar
 import os
+import time
 from pathlib import Path
 
 import polars as pl
@@ -13,6 +14,7 @@ import pytest
 from actors.protocol import read_recordings
 from actors.recorder import ChannelWriter
 from actors.recorder._compact import SUPERSEDED_GRACE_S, Upkeep
+from actors.replay import RecordingsTail
 
 HOUR = calendar.timegm((2024, 5, 1, 10, 0, 0, 0, 0, 0))  # a long-closed hour
 AFTER = HOUR + 3 * 3600  # a "now" at which that hour is over
@@ -119,3 +121,34 @@ def test_retention_deletes_whole_partitions_past_their_age(tmp_path: Path) -> No
     assert report.expired.bytes > 0
     assert not (tmp_path / "feedback" / "date=2024-05-01").exists()
     assert_once(tmp_path, range(4, 6))
+
+
+def test_the_tail_returns_each_row_once_while_files_it_read_are_merged(tmp_path: Path) -> None:
+    writer = ChannelWriter(tmp_path, "feedback")
+    tail = RecordingsTail(tmp_path, "feedback")
+    write_one_file_each(writer, range(1, 21))
+    assert tail.new_rows()["_seq"].to_list() == list(range(1, 21))
+    write_one_file_each(writer, range(21, 26))  # not read yet when the merge takes them in
+    keeper = upkeep(writer)
+    writer.adopt(keeper.merge_closed(AFTER)[1])
+    assert tail.new_rows()["_seq"].to_list() == list(range(21, 26))
+    keeper.expire_and_delete(AFTER + SUPERSEDED_GRACE_S)
+    assert tail.new_rows().height == 0
+    assert len(tail.returned) == 1  # what it remembers: one range, not one entry per file or row
+
+
+def test_the_tail_does_not_list_folders_that_did_not_change(tmp_path: Path) -> None:
+    writer = ChannelWriter(tmp_path, "feedback")
+    for hour in range(24):
+        write_one_file_each(writer, range(hour * 10 + 1, hour * 10 + 11), ts=HOUR + hour * 3600 + 60)
+    tail = RecordingsTail(tmp_path, "feedback")
+    assert tail.new_rows().height == 240
+    settled = time.time() - 60
+    for folder in (tmp_path / "feedback").glob("date=*/hour=*"):
+        os.utime(folder, (settled, settled))
+    tail.new_rows()
+    listed = tail.files_listed
+    assert tail.new_rows().height == 0 and tail.files_listed == listed
+    write_one_file_each(writer, range(241, 243), ts=HOUR + 5 * 3600 + 60)
+    assert tail.new_rows()["_seq"].to_list() == [241, 242]
+    assert tail.files_listed - listed == 12  # only the folder written into was listed
