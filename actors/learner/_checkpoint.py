@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Checkpointer", "learner_state", "staged"]
+__all__ = ["Checkpointer", "fsync_dir", "learner_state", "staged"]
 
 _NAME = re.compile(r"^ckpt-(\d{9})(?:-(\d+))?$")
 
@@ -74,7 +74,7 @@ class Checkpointer:
         Snapshot.take(str(tmp), dict(app_state))
         final = self.root / self._name(step)  # a new name: the one it supersedes stays until it is in place
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         for _, old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -167,7 +167,8 @@ def _refuse_code(path: Path, manifest: Mapping[str, Any]) -> None:
         torch.load(io.BytesIO(data), weights_only=True)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the entries created, renamed or removed in ``path`` (a directory) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

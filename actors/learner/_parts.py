@@ -38,6 +38,8 @@ from pathlib import Path
 
 import polars as pl
 
+from actors.learner._checkpoint import fsync_dir
+
 __all__ = ["LOCK", "TURN", "Part", "compact", "live_parts", "read_parts"]
 
 LOCK = ".lock"
@@ -155,7 +157,7 @@ def _merge(directory: Path, sources: list[Part], lock_wait_s: float) -> Path | N
             tmp.unlink(missing_ok=True)
             return None
         os.replace(tmp, final)
-        _fsync_directory(directory)  # the merge is on disk before any of its sources leaves it
+        fsync_dir(directory)  # the merge is on disk before any of its sources leaves it
         for part in sources:
             part.path.unlink(missing_ok=True)
     return final
@@ -208,11 +210,3 @@ def _exclusive(directory: Path, wait_s: float) -> Iterator[bool]:
     finally:
         os.close(lock)
         os.close(turn)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

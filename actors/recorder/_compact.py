@@ -37,7 +37,7 @@ from pathlib import Path
 import polars as pl
 
 from actors.protocol import schema
-from actors.recorder._writer import ChannelWriter, finish_file, parse_range
+from actors.recorder._writer import ChannelWriter, finish_file, fsync_dir, parse_range
 
 __all__ = [
     "SUPERSEDED_GRACE_S",
@@ -169,12 +169,7 @@ def expire(directory: Path, older_than: float) -> Expired:
 
 
 def _fsync_parent(folder: Path) -> None:
-    parent = folder.parent if folder.parent.exists() else folder.parent.parent
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(folder.parent if folder.parent.exists() else folder.parent.parent)
 
 
 @dataclass
@@ -224,7 +219,7 @@ class Upkeep:
             del self._pending[path]
         if due:
             for folder in {p.parent for p in due}:
-                _fsync_dir(folder)
+                fsync_dir(folder)
             self.writer.forget(due)
         report.superseded_deleted = len(due)
         return report
@@ -258,11 +253,3 @@ class Upkeep:
     @property
     def pending(self) -> int:
         return len(self._pending)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -41,7 +41,15 @@ import polars as pl
 
 from actors.protocol import frame
 
-__all__ = ["ChannelWriter", "RecordingsMismatch", "StreamIdentity", "finish_file", "parse_range", "partition_of"]
+__all__ = [
+    "ChannelWriter",
+    "RecordingsMismatch",
+    "StreamIdentity",
+    "finish_file",
+    "fsync_dir",
+    "parse_range",
+    "partition_of",
+]
 
 _SEQ_DIGITS = 12
 CLAIM = ".stream.json"
@@ -138,7 +146,7 @@ class ChannelWriter:
         temporary = self.directory / f".{CLAIM}.{os.getpid()}.tmp"
         temporary.write_text(json.dumps({"name": stream.name, "created": stream.created}))
         os.rename(temporary, path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _visible_files(self) -> list[Path]:
         return list(self.directory.rglob("part-*.parquet")) if self.directory.is_dir() else []
@@ -249,7 +257,7 @@ def finish_file(temporary: Path, final: Path, *, replace: bool = False) -> None:
         temporary.unlink(missing_ok=True)
         raise FileExistsError(f"{final} exists already")
     os.rename(temporary, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def _seqs(file: Path) -> list[int]:
@@ -267,10 +275,11 @@ def _make_dirs(folder: Path) -> None:
         probe = probe.parent
     folder.mkdir(parents=True, exist_ok=True)
     for created in reversed(missing):  # a new directory entry is durable once its parent is fsynced
-        _fsync_dir(created.parent)
+        fsync_dir(created.parent)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make the entries created, renamed or removed in ``folder`` durable."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -13,17 +13,14 @@ from actors.generator._actor import GeneratorActor
 from actors.generator._config import GeneratorConfig
 from actors.protocol import PromptMsg, RolloutMsg
 from actors.testing import actor_context
-from topology import BusSpec, load_spec
+from topology import BusSpec, Spec, load_spec
 from topology.bus import DEADLETTER, Bus, EmbeddedNats
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
-async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_delivery(
-    embedded_nats: EmbeddedNats, tmp_path: Path
-) -> None:
-    # a JSONL row whose prompt does not fit the model's context was nak'ed and retried max_deliver times on every
-    # draw (a warning each time), then dead-lettered: a permanent refusal taken for a passing failure
+def _spec(tmp_path: Path) -> Spec:
+    """A generator of a one-layer builtin model (a context of 32 tokens) on the arithmetic domain, alone."""
     path = tmp_path / "spec.yaml"
     path.write_text(
         f"name: g-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
@@ -32,7 +29,15 @@ async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_de
         "actors:\n  generator: {device: cpu}\n"
         "channels:\n  prompts: {external: true}\n  rollouts: {external: true}\n"
     )
-    spec = load_spec(path)
+    return load_spec(path)
+
+
+async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_delivery(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    # a JSONL row whose prompt does not fit the model's context was nak'ed and retried max_deliver times on every
+    # draw (a warning each time), then dead-lettered: a permanent refusal taken for a passing failure
+    spec = _spec(tmp_path)
     settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
         for channel in ("prompts", "rollouts", DEADLETTER):
@@ -74,15 +79,7 @@ async def test_a_generation_that_outlasts_the_ack_wait_is_kept_alive_and_publish
     redelivered while it was still being generated — and its redelivery to the same replica crashed the generator
     (a second handler of one message asked the batch limiter for tokens the first still held). The ack timer of a
     prompt in flight is now kept reset, and a redelivery that comes anyway is settled by the generation under way."""
-    path = tmp_path / "spec.yaml"
-    path.write_text(
-        f"name: g-{uuid.uuid4().hex[:8]}\nbus: {{embedded: true}}\nruntime: local\n"
-        "policy: {model: builtin:tiny-gpt, config: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32}}\n"
-        "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, max_new_tokens: 4}\n"
-        "actors:\n  generator: {device: cpu}\n"
-        "channels:\n  prompts: {external: true}\n  rollouts: {external: true}\n"
-    )
-    spec = load_spec(path)
+    spec = _spec(tmp_path)
     settings = BusSpec(ack_wait_s=1.0, max_deliver=3)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
         for channel in ("prompts", "rollouts", DEADLETTER):
