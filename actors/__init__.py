@@ -53,6 +53,11 @@ register_spec_section(
         required=True,
         summary="the language model being trained and served",
         check=_check_policy,
+        fixed_on_resume={
+            "model": "the run's checkpoints hold the weights of the model it started with",
+            "config": "the run's checkpoints hold the weights of the model it started with",
+            "tokenizer": "the run's checkpoints hold weights trained on the token ids of the tokenizer it started with",
+        },
     )
 )
 register_spec_section(

@@ -107,3 +107,49 @@ def test_sigkill_of_the_whole_loop_then_resume_applies_nothing_twice_and_version
     assert after["version"] > before["version"]
     versions = steps["version"].to_list()
     assert versions == sorted(versions)  # never back, across the kill and the resume
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (("n_embd: 32", "n_embd: 48"), "policy.config.n_embd: 32 → 48"),
+        (
+            (
+                "model: builtin:tiny-gpt\n  config: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}",
+                "model: hf:./hf",
+            ),
+            'policy.model: "builtin:tiny-gpt" → "hf:./hf"',
+        ),
+    ],
+)
+def test_a_resume_with_another_model_is_refused_before_anything_starts(
+    tmp_path: Path, edit: tuple[str, str], key: str
+) -> None:
+    """The run's checkpoints hold the weights of the model it started with: a learner restoring them into another
+    shape crashed at every restart, and one with another tokenizer would train its weights on other token ids."""
+    from actors.policy import write_tiny_hf_model
+    from topology import load_spec
+    from topology.runtime._rundir import RunInfo, create_run_dir, write_run_info
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("MODE", "async"))
+    run_dir = create_run_dir(tmp_path / "runs", "loop-test")
+    data = load_spec(spec).data
+    assert data is not None
+    info = RunInfo("loop-test", "nats://127.0.0.1:1", 1, str(spec), 0.0, 1.0, spec=dict(data), exit="ok")
+    write_run_info(run_dir, info)
+    write_tiny_hf_model(tmp_path / "hf")
+    spec.write_text(SPEC.replace("MODE", "async").replace(*edit))
+    result = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "up", str(spec), "--resume", str(run_dir), "--duration", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr
+    assert key in errors[0] and "start a new run: flywheel up" in errors[0], errors[0]
+    assert "Traceback" not in result.stderr
+    assert not list((run_dir / "logs").iterdir())  # no replica started

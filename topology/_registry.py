@@ -133,6 +133,9 @@ class SpecSection:
     entry_noun: str = ""  # keyed sections: what one entry is called in messages ("domain")
     summary: str = ""  # one line for help texts
     check: SectionHook | None = None  # runs on each validated value (each entry when keyed)
+    # keys of the section a resumed run cannot change → why, as a clause ("the run's checkpoints hold this model's
+    # weights"): `flywheel up --resume` with such a key changed is refused before anything starts
+    fixed_on_resume: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ for this process (one supervisor per run dir). With ``bus.embedded`` it starts `
 JetStream store (``<run_dir>/nats``), requiring the run's token (``<run_dir>/nats/token``, mode 0600; the same
 token and, when it is free, the same port on resume), with the spec's durability settings (``sync_interval_s``,
 ``max_file_store_mb``, ``max_memory_store_mb``); otherwise it uses ``bus.url``. It connects the supervisor's own
-bus client, ensures every channel of the spec exists (with the spec's retention), and writes ``run.json``. On exit
+bus client, ensures every channel of the spec exists (with the spec's retention), and writes ``run.json``. A resume
+first checks the spec against the one the run last started with (`_evolve`): a change the run cannot follow is
+refused before anything starts, the others are logged once. On exit
 it records ``stopped_at`` and the reason in ``run.json``, closes the client and stops the server.
 
 :meth:`Session.keep_bus_up` is the embedded server's supervisor: when the process dies it is restarted on the same
@@ -34,10 +36,10 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
+from topology.runtime._evolve import check_resumable, describe_changes
 from topology.runtime._rundir import (
     TOKEN_FILE,
     RunInfo,
-    RunNotFound,
     bus_token,
     create_run_dir,
     lock_run_dir,
@@ -160,11 +162,16 @@ async def open_session(
     if resume is not None:
         run_dir = resume_run_dir(resume)
         previous = read_run_info(run_dir)
-        if previous.topology != spec.name:
-            raise RunNotFound(
-                f"cannot resume {run_dir} with spec {spec.source_path}: the run is topology {previous.topology!r}, "
-                f"the spec is {spec.name!r}"
-            )
+        changes = check_resumable(
+            run_dir,
+            previous.topology,
+            previous.spec,
+            spec_path=spec.source_path,
+            name=spec.name,
+            after=spec.data,
+        )
+        if changes:  # said once, here: what an actor makes of a change it says itself
+            _log.info("the spec changed since the run last started", changes=describe_changes(changes))
     else:
         run_dir = create_run_dir(run_root if run_root is not None else spec.runtime.run_dir, spec.name)
         previous = None

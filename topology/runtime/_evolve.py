@@ -1,0 +1,111 @@
+"""What a resumed run's spec may change: the changes are named in the log once, and a change the run's state cannot
+follow refuses the resume before anything starts.
+
+Contract: :func:`spec_changes` compares the spec a run last started with (``run.json``'s ``spec``) with the one it
+resumes with, key path by key path (a mapping entry added or removed whole is one change; lists compare whole).
+:func:`check_resumable` raises :class:`ResumeRefused` — one line naming the key, its old and new value, why the run
+cannot follow and what to do — when a change touches a key an application section declared fixed for the life of
+a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights), or the
+topology's name (the run's channels, consumers and buckets are named after it).
+
+Non-goals: judging what a change means to an actor (an actor that must say "this starts a new series" does so
+itself, from its own state); runs whose ``run.json`` has no spec (written before it kept one) are not checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from topology._registry import spec_sections
+from topology.runtime._rundir import RunNotFound
+
+__all__ = ["ResumeRefused", "SpecChange", "check_resumable", "describe_changes", "spec_changes"]
+
+_SHOWN = 60  # characters of a value shown in a message
+
+SpecChange = tuple[tuple[str, ...], Any, Any]  # (key path, before, after); a side that is absent is _ABSENT
+_ABSENT: Any = type("_Absent", (), {"__repr__": lambda self: "(absent)"})()
+
+
+class ResumeRefused(RunNotFound):
+    """The spec changed in a way the run being resumed cannot follow; the message says which key and what to do."""
+
+
+def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as JSON would give it back (as ``run.json`` holds it): tuples become lists, mappings dicts."""
+    loaded: dict[str, Any] = orjson.loads(orjson.dumps(data, default=str))
+    return loaded
+
+
+def spec_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[SpecChange]:
+    """Every key path whose value differs between ``before`` and ``after`` (see the module docstring)."""
+    changes: list[SpecChange] = []
+
+    def walk(path: tuple[str, ...], old: Any, new: Any) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in [*old, *(k for k in new if k not in old)]:
+                walk((*path, str(key)), old.get(key, _ABSENT), new.get(key, _ABSENT))
+        elif old != new:
+            changes.append((path, old, new))
+
+    walk((), _plain(before), _plain(after))
+    return changes
+
+
+def _show(value: Any) -> str:
+    text = "(absent)" if value is _ABSENT else orjson.dumps(value, default=str).decode()
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
+def describe_changes(changes: Sequence[SpecChange], within: str = "") -> str:
+    """``key: old → new; …`` (``key: added`` / ``key: removed`` for an entry added or removed whole); ``within``: the
+    section the key paths are inside of, put before each."""
+    parts = []
+    for path, old, new in changes:
+        key = ".".join((within, *path) if within else path)
+        if old is _ABSENT:
+            parts.append(f"{key}: added" + ("" if isinstance(new, dict) else f" ({_show(new)})"))
+        elif new is _ABSENT:
+            parts.append(f"{key}: removed" + ("" if isinstance(old, dict) else f" (was {_show(old)})"))
+        else:
+            parts.append(f"{key}: {_show(old)} → {_show(new)}")
+    return "; ".join(parts)
+
+
+def check_resumable(
+    run_dir: Path,
+    run_name: str,
+    before: Mapping[str, Any] | None,
+    *,
+    spec_path: Path | None,
+    name: str,
+    after: Mapping[str, Any] | None,
+) -> list[SpecChange]:
+    """The changes from the spec the run at ``run_dir`` last started with (``before``, its name ``run_name``) to
+    the one it resumes with (``after``, named ``name``, read from ``spec_path``); ``ResumeRefused`` when one of them
+    cannot be followed (see the module docstring)."""
+    fresh = f"flywheel up {spec_path or 'SPEC'} (without --resume)"
+    if run_name != name:
+        raise ResumeRefused(
+            f"cannot resume {run_dir} with spec {spec_path}: the run is topology {run_name!r}, the spec is {name!r} "
+            f"(the run's channels, consumers and checkpoints are named after it); to continue the run, keep "
+            f"`name: {run_name}`; to start a new run under the new name: {fresh}"
+        )
+    if before is None or after is None:
+        return []
+    before, after = _plain(before), _plain(after)
+    for section in spec_sections().values():
+        was, now = before.get(section.name) or {}, after.get(section.name) or {}
+        for key, why in section.fixed_on_resume.items():
+            inside = spec_changes({key: was[key]} if key in was else {}, {key: now[key]} if key in now else {})
+            if inside:
+                raise ResumeRefused(
+                    f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started "
+                    f"({describe_changes(inside, section.name)}); {why}. Put it back to continue this run, or start "
+                    f"a new run: {fresh}"
+                )
+    return spec_changes(before, after)
