@@ -90,9 +90,9 @@ from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
-from actors.learner._eval import EvalTracker, eval_message_id, round_version
+from actors.learner._eval import EvalSeries, EvalTracker, eval_message_id, eval_series, round_version
 from actors.learner._ledger import AppliedLedger
-from actors.learner._metrics import MetricsWriter, heldout_first_and_last, plot_heldout
+from actors.learner._metrics import MetricsWriter, heldout_first_and_last, heldout_series_changes, plot_heldout
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
@@ -197,6 +197,8 @@ class LearnerActor(Actor[LearnerConfig]):
         self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
         self._eval_heard = time.monotonic()  # the last held-out publish or score
         self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
+        self._restored_domains: set[str] | None = None  # the domains the checkpoint resumed from trained (None: unsaid)
+        self.series: dict[str, EvalSeries] = {}  # what each domain's held-out rounds measure (set in start)
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -238,6 +240,11 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
         self.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
+        specs = domains_of(ctx.spec)
+        self.series = {
+            name: eval_series(tasks, specs[name].verifier, specs[name].verifier_config)
+            for name, tasks in self.evals.tasks.items()
+        }
         transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind, ctx.spec)]
         self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
 
@@ -264,8 +271,9 @@ class LearnerActor(Actor[LearnerConfig]):
             )
             # the run's held-out figures so far: `flywheel status` and the live view measure climbs from the run's
             # first round, not from this life's first
+            await anyio.to_thread.run_sync(self._say_what_changed)
             temperature = config.eval_temperatures[0]
-            found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature)
+            found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature, self.series)
             for domain, (first, last) in found.items():
                 ctx.counters.set(f"heldout_acc_start.{domain}", round(first, 4))
                 ctx.counters.set(f"heldout_acc.{domain}", round(last, 4))
@@ -343,6 +351,36 @@ class LearnerActor(Actor[LearnerConfig]):
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
             self.average.reset()
+
+    def _say_what_changed(self) -> None:
+        """Once, on a resume: the domains the spec added or removed since the checkpoint, and the held-out series the
+        spec ended (another eval set, another verifier). A new series, or a new domain, gets a round soon: its first
+        figure is then the resumed weights', not those of ``eval_every_steps`` steps later."""
+        log, before = self.ctx.log, self._restored_domains
+        now = set(self.domain_names) & set(domains_of(self.ctx.spec))
+        if before is not None:
+            for name in sorted(now - before):
+                log.info(
+                    "learner.domain_added",
+                    domain=name,
+                    note="new to this run: trained by RL alone (the warm start was before it), its held-out series "
+                    "starts at the next round",
+                )
+                self._eval_due = self.config.eval_every_steps > 0 and name in self.series
+            for name in sorted(before - now):
+                log.info(
+                    "learner.domain_removed",
+                    domain=name,
+                    note="no longer in the spec: its groups still on the bus are dropped, counted in removed_domain",
+                )
+        for name, why in heldout_series_changes(self.ctx.run_dir, self.series).items():
+            log.info(
+                "learner.heldout_new_series",
+                domain=name,
+                changed=why,
+                note=f"held-out accuracy of {name} starts a new series: its earlier rounds are not compared with it",
+            )
+            self._eval_due = self.config.eval_every_steps > 0
 
     async def _warm_start(self, domains: Mapping[str, Domain], steps: int) -> None:
         ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
@@ -480,6 +518,11 @@ class LearnerActor(Actor[LearnerConfig]):
                 counters.inc("heldout_unknown_version")  # or a foreign message): counted, and never evicts real rounds
                 await delivery.ack()
                 return
+            if not self.evals.expected(msg.domain):  # of a domain removed from the spec (or its held-out set) since
+                counters.inc(f"removed_domain.{msg.domain}")  # the round went out: a round of nothing it measures
+                await delivery.ack()
+                self._eval_scored(1)
+                return
             result = self.evals.record(mid, msg)
             if result is not None and result.errors:
                 counters.inc(f"heldout_verifier_errors.{result.domain}", result.errors)
@@ -499,6 +542,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 )
                 if headline and f"heldout_acc_start.{result.domain}" not in counters.snapshot():
                     counters.set(f"heldout_acc_start.{result.domain}", round(result.accuracy, 4))
+                series = self.series.get(result.domain)
                 self.metrics.add(
                     "eval",
                     {
@@ -506,6 +550,9 @@ class LearnerActor(Actor[LearnerConfig]):
                         "step": self.step,
                         "version": result.version,
                         "domain": result.domain,
+                        "series": series.key if series is not None else None,
+                        "prompts": series.prompts if series is not None else None,
+                        "verifier": series.verifier if series is not None else None,
                         "n": result.n,
                         "accuracy": result.accuracy,
                         "reward_mean": result.reward_mean,
@@ -555,6 +602,10 @@ class LearnerActor(Actor[LearnerConfig]):
             return
         if self.config.domains and msg.domain not in self.config.domains:
             counters.inc("ignored_domain")
+            await delivery.ack()
+            return
+        if msg.origin == "domain" and msg.domain not in domains_of(self.ctx.spec):  # removed from the spec since
+            counters.inc(f"removed_domain.{msg.domain}")  # it was drawn: training on it would train what was removed
             await delivery.ack()
             return
         if msg.temperature <= 0:  # greedy samples carry no behavior distribution to correct for
@@ -1023,6 +1074,7 @@ class LearnerActor(Actor[LearnerConfig]):
             "version": self.version,
             "phase": self.phase,
             "estimator": self.estimator.state_dict(),
+            "domains": sorted(set(self.domain_names) & set(domains_of(self.ctx.spec))),
             "average_updates": self.average.updates if self.average is not None else 0,
             "counters": {
                 k: v
@@ -1042,6 +1094,7 @@ class LearnerActor(Actor[LearnerConfig]):
 
     def load_meta(self, text: str) -> None:
         meta = json.loads(text)
+        self._restored_domains = set(meta["domains"]) if "domains" in meta else None
         self.step, self.version = int(meta["step"]), int(meta["version"])
         self.estimator.load_state_dict(meta["estimator"])
         if self.average is not None:

@@ -17,19 +17,27 @@ prompts have come back, however many completions each carries (the post-warm-sta
 than the others, ``eval_baseline_samples``); only complete rounds are reported (a half-evaluated round would be a
 biased number).
 
+A domain's rounds form one *series* as long as they measure the same thing: the same held-out prompts scored by
+the same verifier (`EvalSeries`, recorded with every round). A run resumed with another ``eval_size``, another
+``heldout`` set or another verifier starts a new series for that domain; rounds of two series are never compared.
+
 Non-goals: pass@k, confidence intervals.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from actors.domains import Task
 from actors.protocol import CORRECT, VERIFIER_ERROR, ScoredMsg
 
-__all__ = ["EvalResult", "EvalTracker", "eval_message_id", "round_version"]
+__all__ = ["EvalResult", "EvalSeries", "EvalTracker", "eval_message_id", "eval_series", "round_version"]
 
 _ID = re.compile(r"^eval-(\d+)-")
 _KEEP_ROUNDS = 16  # incomplete rounds older than the newest 16 are forgotten
@@ -45,6 +53,22 @@ def eval_message_id(version: int, task: Task, temperature: float | None = None) 
     """The held-out prompt's id: ``eval-<version>-<task id>``, or with ``-T<temperature>`` before the task id for a
     decoding other than the round's first (``temperature`` None)."""
     return f"eval-{version}-{task.id}" if temperature is None else f"eval-{version}-T{temperature:g}-{task.id}"
+
+
+@dataclass(frozen=True)
+class EvalSeries:
+    """What a domain's held-out rounds measure (see the module docstring)."""
+
+    key: str  # a digest of the prompts (ids, text, what the verifier checks against) and the verifier with its config
+    prompts: int
+    verifier: str
+
+
+def eval_series(tasks: Sequence[Task], verifier: str, verifier_config: Mapping[str, Any]) -> EvalSeries:
+    """The series of rounds over ``tasks`` scored by ``verifier`` (with ``verifier_config``)."""
+    content = [[t.id, t.prompt, dict(t.verifier_fields)] for t in tasks]
+    data = orjson.dumps([content, verifier, dict(verifier_config)], option=orjson.OPT_SORT_KEYS, default=str)
+    return EvalSeries(key=hashlib.sha256(data).hexdigest()[:16], prompts=len(tasks), verifier=verifier)
 
 
 @dataclass(frozen=True)

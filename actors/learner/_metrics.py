@@ -14,7 +14,8 @@ Contract:
 - :func:`read_metrics` concatenates every part of one kind (columns missing in a part are null), merged or not: the
   same rows in the same order;
   :func:`heldout_first_and_last` reads the run's first and newest held-out accuracy by domain back from the ``eval``
-  rows, so a resumed learner reports them before its next round.
+  rows of the domain's current series (`EvalSeries`), so a resumed learner reports them before its next round;
+  :func:`heldout_series_changes` says which domains' series the spec a run resumed with ended, and why.
 - :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
   each incarnation's rows up to the checkpoint the next one resumed from (later ones were rolled back with the
   weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
@@ -31,17 +32,20 @@ import math
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from actors.learner._eval import EvalSeries
 from actors.learner._parts import LOCK, TURN, compact, read_parts
 
 __all__ = [
     "MetricsWriter",
     "effective_applied",
     "heldout_first_and_last",
+    "heldout_series_changes",
     "plot_heldout",
     "read_metrics",
     "sampling_sd",
@@ -101,19 +105,48 @@ def read_metrics(run_dir: Path, kind: str = "step") -> pl.DataFrame:
     return read_parts(Path(run_dir) / "metrics", kind)
 
 
-def heldout_first_and_last(run_dir: Path, temperature: float) -> dict[str, tuple[float, float]]:
-    """``{domain: (first, newest)}`` held-out accuracy at ``temperature`` over every life of the run, by time."""
+def heldout_first_and_last(
+    run_dir: Path, temperature: float, series: Mapping[str, EvalSeries] | None = None
+) -> dict[str, tuple[float, float]]:
+    """``{domain: (first, newest)}`` held-out accuracy at ``temperature`` over every life of the run, by time; with
+    ``series``, of each domain's rounds in that series only (and only of the domains it names)."""
     evals = read_metrics(run_dir, "eval")
     if evals.height == 0 or not {"ts", "domain", "accuracy"} <= set(evals.columns):
         return {}
     if "temperature" in evals.columns:  # older parts have no temperature: those were rounds at the first one
         evals = evals.filter(pl.col("temperature").is_null() | (pl.col("temperature") == temperature))
+    if series is not None:
+        evals = evals.filter(pl.col("domain").is_in(list(series)))
+        if "series" in evals.columns:  # rounds recorded before series were: taken as the current one's
+            current = pl.col("domain").replace_strict({d: s.key for d, s in series.items()}, default=None)
+            evals = evals.filter(pl.col("series").is_null() | (pl.col("series") == current))
     ends = (
         evals.sort("ts")
         .group_by("domain")
         .agg(pl.col("accuracy").first().alias("first"), pl.col("accuracy").last().alias("last"))
     )
     return {row["domain"]: (float(row["first"]), float(row["last"])) for row in ends.iter_rows(named=True)}
+
+
+def heldout_series_changes(run_dir: Path, series: Mapping[str, EvalSeries]) -> dict[str, str]:
+    """``{domain: why}`` for each domain of ``series`` whose latest recorded round is of another series: what changed
+    (the number of held-out prompts, the verifier, or the prompts themselves)."""
+    evals = read_metrics(run_dir, "eval")
+    if evals.height == 0 or not {"ts", "domain", "series"} <= set(evals.columns):
+        return {}
+    last = evals.filter(pl.col("series").is_not_null()).sort("ts").group_by("domain").last()
+    changes = {}
+    for row in last.iter_rows(named=True):
+        now = series.get(row["domain"])
+        if now is None or row["series"] == now.key:
+            continue
+        if row.get("prompts") is not None and row["prompts"] != now.prompts:
+            changes[row["domain"]] = f"{row['prompts']} held-out prompts → {now.prompts} (eval_size or heldout)"
+        elif row.get("verifier") is not None and row["verifier"] != now.verifier:
+            changes[row["domain"]] = f"verifier {row['verifier']} → {now.verifier}"
+        else:
+            changes[row["domain"]] = "the held-out prompts or the verifier's settings changed"
+    return changes
 
 
 def effective_applied(run_dir: Path) -> pl.DataFrame:
