@@ -184,6 +184,17 @@ class VerifyActor(Actor[VerifyConfig]):
         assert self._scorer is not None
         rollout = delivery.payload
         try:
+            if rollout.domain not in domains_of(self.ctx.spec):  # removed since it was drawn (a resume with an edited
+                await delivery.ack()  # spec): nothing here may score or train it — not a malformed message either
+                self.ctx.counters.inc(f"removed_domain.{rollout.domain}")
+                if self.ctx.counters.get(f"removed_domain.{rollout.domain}") == 1:
+                    self.ctx.log.info(
+                        "verify.removed_domain",
+                        domain=rollout.domain,
+                        note="no longer in the spec: its rollouts still on the bus are dropped, counted in "
+                        "removed_domain",
+                    )
+                return
             if rollout.domain not in self._domains:
                 await delivery.dead_letter(f"no verifier here for domain {rollout.domain!r}")
                 self.ctx.counters.inc("unknown_domain")

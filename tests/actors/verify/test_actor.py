@@ -236,3 +236,26 @@ async def test_a_failed_groups_reference_is_scored_and_one_that_fails_its_tests_
     assert actor.report()["reference_failed.code"] == 1
     [warning] = [entry for entry in logs if entry["event"] == "verify.reference_failed"]
     assert (warning["domain"], warning["task_id"], warning["verdict"]) == ("code", "bad-row", "fail"), warning
+
+
+async def test_a_rollout_of_a_domain_removed_from_the_spec_is_dropped_not_dead_lettered(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A run resumed without a domain still has its rollouts on the bus: they were dead-lettered one by one as "no
+    verifier here", and `flywheel up` showed the run as dead-lettering. Now they are acked and counted by domain, said
+    once in the log, and the domains the spec has are scored as before."""
+    spec = verify_spec(tmp_path)
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        for _ in range(2):
+            gone = rollout_of("extract", {"fields": {"a": 1}}, ['{"a": 1}'])
+            await bus.publish("rollouts", "rollout", gone.model_dump(mode="json"))
+        await bus.publish(
+            "rollouts", "rollout", rollout_of("pyexpr", {"target": 17}, ["3*5+2"], "17").model_dump(mode="json")
+        )
+        with structlog.testing.capture_logs() as logs:
+            [scored] = await scored_while_running(actor, ctx, bus)
+    assert scored.domain == "pyexpr"
+    counters = actor.report()
+    assert counters["removed_domain.extract"] == 2 and "unknown_domain" not in counters
+    assert [e["domain"] for e in logs if e["event"] == "verify.removed_domain"] == ["extract"]
+    assert bus.stats.dead_lettered == 0
