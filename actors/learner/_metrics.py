@@ -21,13 +21,14 @@ Contract:
   weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
   applied twice.
 - :func:`plot_heldout` draws held-out accuracy by domain over wall-clock time and by version (matplotlib Agg),
-  sampled rounds with a band of ±2 :func:`sampling_sd`.
+  sampled rounds with a band of ±2 :func:`sampling_sd`; a domain's rounds of two series are two lines, not one.
 
 Non-goals: live dashboards (``flywheel status`` shows the live counters).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -219,6 +220,16 @@ def sampling_sd(accuracy: float, completions: int) -> float:
     return math.sqrt(accuracy * (1 - accuracy) / max(completions, 1))
 
 
+def _series_parts(rows: pl.DataFrame) -> list[pl.DataFrame]:
+    """``rows`` (one domain and decoding, by time) cut where their series changes (rows without one: the series
+    of the rows before them)."""
+    if "series" not in rows.columns or rows.height == 0:
+        return [rows]
+    keys = rows["series"].fill_null(strategy="forward").to_list()
+    cuts = [0, *(i for i in range(1, len(keys)) if keys[i] != keys[i - 1]), len(keys)]
+    return [rows.slice(start, end - start) for start, end in itertools.pairwise(cuts)]
+
+
 def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
     """``run_dir/heldout_accuracy.png`` from the ``eval`` rows; None when there is nothing to plot yet.
 
@@ -248,19 +259,20 @@ def plot_heldout(run_dir: Path, out: Path | None = None) -> Path | None:
             rows = evals.filter(pl.col("domain") == domain)
             if "temperature" in evals.columns:
                 rows = rows.filter(pl.col("temperature").fill_null(0.0) == temperature)
-            rows = rows.sort("ts")
             decoding = "greedy" if temperature == 0.0 else f"sampled, T={temperature:g}"
-            label = domain if len(temperatures) == 1 else f"{domain}, {decoding}"
-            seconds = [float(t) - t0 for t in rows["ts"].to_list()]
+            label: str | None = domain if len(temperatures) == 1 else f"{domain}, {decoding}"
             style = {"linestyle": ("-", "--", ":", "-.")[i % 4], "marker": "o", "color": colours[d % len(colours)]}
-            accuracy = rows["accuracy"].to_list()
-            by_time.plot(seconds, accuracy, label=label, **style)
-            by_version.plot(rows["version"].to_list(), accuracy, **style)
-            if temperature > 0 and "n" in rows.columns:  # sampled: a band of two standard deviations (binomial)
-                two_sd = [2 * sampling_sd(a, int(n)) for a, n in zip(accuracy, rows["n"], strict=True)]
-                low = [a - d for a, d in zip(accuracy, two_sd, strict=True)]
-                high = [a + d for a, d in zip(accuracy, two_sd, strict=True)]
-                by_time.fill_between(seconds, low, high, color=style["color"], alpha=0.12, linewidth=0)
+            for part in _series_parts(rows.sort("ts")):  # rounds of two series are never joined by a line
+                seconds = [float(t) - t0 for t in part["ts"].to_list()]
+                accuracy = part["accuracy"].to_list()
+                by_time.plot(seconds, accuracy, label=label, **style)
+                by_version.plot(part["version"].to_list(), accuracy, **style)
+                label = None  # one legend entry per domain and decoding
+                if temperature > 0 and "n" in part.columns:  # sampled: a band of two standard deviations (binomial)
+                    two_sd = [2 * sampling_sd(a, int(n)) for a, n in zip(accuracy, part["n"], strict=True)]
+                    low = [a - d for a, d in zip(accuracy, two_sd, strict=True)]
+                    high = [a + d for a, d in zip(accuracy, two_sd, strict=True)]
+                    by_time.fill_between(seconds, low, high, color=style["color"], alpha=0.12, linewidth=0)
     by_time.set_xlabel("seconds since the first evaluation")
     by_version.set_xlabel("weights version")
     by_time.set_ylabel("held-out accuracy")

@@ -75,6 +75,26 @@ def test_held_out_plot_keeps_every_label_inside_the_figure_and_the_legend_off_th
         assert not legend.overlaps(axes.get_window_extent(renderer)), "the legend sits on a panel"
 
 
+def test_held_out_plot_never_joins_the_rounds_of_two_series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed with another eval set: its domain's rounds before and after are two lines under one legend entry
+    (one line drew a climb or a fall from one set of prompts to another)."""
+    import matplotlib.pyplot as plt
+
+    figures: list[Any] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    writer = MetricsWriter(tmp_path, "life-1")
+    for i, series in enumerate(("eight", "eight", "four", "four", "four")):
+        row = {"ts": 100.0 + i, "step": i, "version": i + 1, "domain": "arithmetic", "n": 8, "accuracy": 0.1 * i}
+        writer.add("eval", {**row, "temperature": 0.0, "samples": 1, "series": series})
+    writer.flush()
+
+    assert plot_heldout(tmp_path) is not None
+    (figure,) = figures
+    by_time = figure.axes[0]
+    assert [len(line.get_xdata()) for line in by_time.get_lines()] == [2, 3]
+    assert len(figure.legends[0].get_texts()) == 1
+
+
 def test_effective_applied_cuts_a_life_at_the_time_its_resumed_checkpoint_was_taken(tmp_path: Path) -> None:
     """A learner accounts groups without signal at the step it is at, so some are accounted at step 10 after the
     checkpoint at step 10 was taken; killed before that checkpoint's own lifecycle row reached disk, the audit trail
