@@ -409,7 +409,9 @@ def up(
     Resuming (after a stop, a crash, or a kill -9 of everything): --resume continues the run where
     the bus and the actors' state left it — the same channels and consumer positions, the learner's
     checkpoint and ledger (nothing applied twice), recordings, joiner state, gate decisions and the
-    serving version; weight versions continue from the last one.
+    serving version; weight versions continue from the last one. The spec may have changed: what
+    changed is logged once; a change the run cannot follow (its name; a key an application fixes
+    for a run's life, such as the policy's model) is refused before anything starts.
 
     \b
     Examples:
