@@ -10,7 +10,9 @@ redelivered to a sibling replica or to itself after the restart. A prompt the en
 retried, each counted (``errors``) and logged at most once per ``_FAILURE_LOG_EVERY_S`` with how many failed since.
 A prompt being generated has its ack timer kept reset, so a generation that outlasts ``bus.ack_wait_s`` (a slow or
 restarting server) is not redelivered meanwhile; a redelivery that comes anyway (a lost keepalive) is counted
-(``redelivered_while_generating``) and settled by the generation under way.
+(``redelivered_while_generating``) and settled by the generation under way. A prompt of
+a domain the spec no longer has (a run resumed without it) is acked unanswered, counted in
+``removed_domain.<domain>``.
 
 Weights: a :class:`~actors.weights.WeightSubscriber` watches the topology's current version and swaps it into
 the engine between decode steps. When the topology has a learner, a new generator waits for the first
@@ -251,6 +253,21 @@ class GeneratorActor(Actor[GeneratorConfig]):
     ) -> None:
         assert self.engine is not None
         msg = delivery.payload
+        if msg.domain not in domains_of(self.ctx.spec):  # removed from the spec since it was drawn (a resume with an
+            try:  # edited spec): nothing downstream would score or train it
+                await delivery.ack()
+                self.ctx.counters.inc(f"removed_domain.{msg.domain}")
+                if self.ctx.counters.get(f"removed_domain.{msg.domain}") == 1:
+                    self.ctx.log.info(
+                        "generator.removed_domain",
+                        domain=msg.domain,
+                        note="no longer in the spec: its prompts still on the bus are dropped, counted in "
+                        "removed_domain",
+                    )
+            finally:
+                for index in range(slots):
+                    limit.release_on_behalf_of(_token(delivery, index))
+            return
         try:
             self._in_flight += 1
             started = time.perf_counter()

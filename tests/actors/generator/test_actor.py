@@ -119,3 +119,37 @@ async def test_a_generation_that_outlasts_the_ack_wait_is_kept_alive_and_publish
     assert rollouts == ["slow"]
     counters = actor.report()
     assert not counters.get("errors") and not counters.get("redelivered_while_generating"), counters
+
+
+async def test_a_prompt_of_a_domain_removed_from_the_spec_is_dropped_ungenerated(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A run resumed without a domain still has its prompts on the bus: each was generated, then dropped downstream.
+    Now the generator acks it unanswered, counts it by domain, and goes on with the domains the spec has."""
+    spec = _spec(tmp_path)
+    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
+        for channel in ("prompts", "rollouts", DEADLETTER):
+            await bus.ensure_channel(channel)
+        ctx = actor_context(spec, "generator", bus, tmp_path)
+        config = spec.actors["generator"].config
+        assert isinstance(config, GeneratorConfig)
+        actor = GeneratorActor(ctx, config)
+        await actor.start()
+        try:
+            for task, domain in (("gone", "extract"), ("kept", "arithmetic")):
+                msg = PromptMsg(task_id=task, domain=domain, prompt="1+1=", group_size=2)
+                await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor.run)
+                with anyio.fail_after(30):
+                    async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+                        async for delivery in rollouts:
+                            assert delivery.payload.task_id == "kept"
+                            await delivery.ack()
+                            break
+                ctx.stopping.set()
+        finally:
+            await actor.stop()
+    counters = actor.report()
+    assert counters.get("removed_domain.extract") == 1 and counters.get("prompts") == 1, counters
