@@ -58,6 +58,7 @@ register_spec_section(
             "config": "the run's checkpoints hold the weights of the model it started with",
             "tokenizer": "the run's checkpoints hold weights trained on the token ids of the tokenizer it started with",
         },
+        free_on_resume=("config.native_forward",),  # which forward runs inference: the weights are the same
     )
 )
 register_spec_section(

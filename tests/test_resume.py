@@ -153,3 +153,21 @@ def test_a_resume_with_another_model_is_refused_before_anything_starts(
     assert key in errors[0] and "start a new run: flywheel up" in errors[0], errors[0]
     assert "Traceback" not in result.stderr
     assert not list((run_dir / "logs").iterdir())  # no replica started
+
+
+def test_how_the_model_runs_may_change_on_resume_what_it_is_may_not(tmp_path: Path) -> None:
+    """`policy.config.native_forward` picks which forward runs inference, not what the weights are: a resume with it
+    changed goes on (and says so), while another n_embd is refused."""
+    import actors  # noqa: F401 — registers the policy section and the keys it fixes
+    from topology.runtime._evolve import ResumeRefused, check_resumable, describe_changes
+
+    def policy(**config: Any) -> dict[str, Any]:
+        return {"name": "t", "policy": {"model": "hf:./m", "config": {"dtype": "float32", **config}}}
+
+    before = policy(native_forward=True)
+    changes = check_resumable(tmp_path, "t", before, spec_path=None, name="t", after=policy(native_forward=False))
+    assert describe_changes(changes) == "policy.config.native_forward: true → false"
+    with pytest.raises(ResumeRefused, match=r"policy\.config\.dtype: \"float32\" → \"bfloat16\""):
+        check_resumable(
+            tmp_path, "t", before, spec_path=None, name="t", after=policy(native_forward=True, dtype="bfloat16")
+        )

@@ -136,6 +136,8 @@ class SpecSection:
     # keys of the section a resumed run cannot change → why, as a clause ("the run's checkpoints hold this model's
     # weights"): `flywheel up --resume` with such a key changed is refused before anything starts
     fixed_on_resume: Mapping[str, str] = field(default_factory=dict)
+    # dotted key paths inside those keys that may change all the same (how a model runs, not what its weights are)
+    free_on_resume: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Contract: :func:`spec_changes` compares the spec a run last started with (``run.
 resumes with, key path by key path (a mapping entry added or removed whole is one change; lists compare whole).
 :func:`check_resumable` raises :class:`ResumeRefused` — one line naming the key, its old and new value, why the run
 cannot follow and what to do — when a change touches a key an application section declared fixed for the life of
-a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights), or the
+a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights; less the paths
+in it the section leaves free, `free_on_resume`), or the
 topology's name (the run's channels, consumers and buckets are named after it).
 
 Non-goals: judging what a change means to an actor (an actor that must say "this starts a new series" does so
@@ -101,7 +102,11 @@ def check_resumable(
     for section in spec_sections().values():
         was, now = before.get(section.name) or {}, after.get(section.name) or {}
         for key, why in section.fixed_on_resume.items():
-            inside = spec_changes({key: was[key]} if key in was else {}, {key: now[key]} if key in now else {})
+            inside = [
+                change
+                for change in spec_changes({key: was[key]} if key in was else {}, {key: now[key]} if key in now else {})
+                if ".".join(change[0]) not in section.free_on_resume
+            ]
             if inside:
                 raise ResumeRefused(
                     f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started "
