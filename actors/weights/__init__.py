@@ -6,6 +6,7 @@ from actors.weights._manifest import (
     TensorInfo,
     WeightManifest,
     WeightPayloadError,
+    WeightPayloadGone,
     check_state_dict,
     describe,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "TensorInfo",
     "WeightManifest",
     "WeightPayloadError",
+    "WeightPayloadGone",
     "WeightPublisher",
     "WeightSubscriber",
     "WeightTransport",

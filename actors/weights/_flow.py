@@ -15,7 +15,10 @@ Guarantees:
 - a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) or a failed load (an
   SGLang/vLLM server down or refusing it) is logged and counted, and the engine keeps serving the version it had;
 - while the engine does not hold the newest announced version (it was rejected, or a restarted server lost it), that
-  version is tried again, first after ``retry_s``, then less and less often (up to ``retry_max_s``), until it holds.
+  version is tried again, first after ``retry_s``, then less and less often (up to ``retry_max_s``), until it holds —
+  unless its payload is gone for good (``WeightPayloadGone``: a shared-memory slot of the run before a resume, or one
+  rewritten with a newer version): that is logged as ``weights.unavailable``, not counted, and the engine waits for
+  the next announcement.
 
 Non-goals: no consensus about "which version is live everywhere" — status heartbeats report each generator's
 version; the promotion gate decides what *serving* generators watch.
@@ -35,7 +38,7 @@ import torch
 
 from actors.engines import Engine
 from actors.protocol import CURRENT, SERVING, weights_bucket
-from actors.weights._manifest import WeightManifest, WeightPayloadError
+from actors.weights._manifest import WeightManifest, WeightPayloadError, WeightPayloadGone
 from actors.weights._transports import CollectiveTransport, SafetensorsDirTransport, WeightTransport
 from topology.bus import Bus
 
@@ -132,6 +135,7 @@ class WeightSubscriber:
         self.rejected = 0
         self.last_error = ""
         self._latest: int | None = None  # the newest version announced to run()
+        self._gone: int | None = None  # the newest version whose payload was gone for good (not tried again)
         self.last_swap_s = 0.0
 
     async def run(self) -> None:
@@ -174,7 +178,7 @@ class WeightSubscriber:
                         continue
                     retry_s = self.retry_s
                     self._latest = latest.version
-                elif latest is None or latest.version == self._engine.version:
+                elif latest is None or latest.version in (self._engine.version, self._gone):
                     retry_s = self.retry_s  # held: look again in a moment (a restarted server drops it)
                     continue
                 else:
@@ -185,7 +189,7 @@ class WeightSubscriber:
     def failing(self) -> str:
         """Why the engine does not hold the newest announced version ("" when it does, or none was announced yet):
         ``v<N>: <the last rejection's reason>``."""
-        if self._latest is None or self._latest == self._engine.version or not self.last_error:
+        if self._latest in (None, self._engine.version, self._gone) or not self.last_error:
             return ""
         return f"v{self._latest}: {self.last_error}"
 
@@ -227,6 +231,10 @@ class WeightSubscriber:
                 await self._engine.update_weights(manifest.version, source)
         except TimeoutError:
             self._reject(manifest.version, f"fetching the weights took over {self.fetch_timeout_s:g} s")
+            return False
+        except WeightPayloadGone as exc:  # never loadable again: the next announcement is the one to take
+            self._gone = manifest.version
+            self._emit("weights.unavailable", {"version": manifest.version, "reason": str(exc)})
             return False
         except (WeightPayloadError, ValueError, RuntimeError, OSError) as exc:
             self._reject(manifest.version, str(exc))

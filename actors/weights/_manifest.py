@@ -25,6 +25,11 @@ class WeightPayloadError(ValueError):
     """A weight payload does not match what was announced or what the model expects."""
 
 
+class WeightPayloadGone(WeightPayloadError):
+    """The announced version's payload no longer exists and never will again (its shared-memory slot belonged to a
+    run before a resume, or was rewritten with a newer version): the next announcement is the one to load."""
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     shape: tuple[int, ...]

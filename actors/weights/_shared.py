@@ -15,7 +15,8 @@ Who may write where is settled by ``flock`` on the slot files, so a crash of any
   the newest version it published (generators may be about to take it). When every slot is held, it adds one, up
   to ``max_slots``; beyond that it waits ``wait_s`` for a generator to move on, then fails the publish.
 - a generator that finds the announced version's slot locked for writing, or holding a newer version, was too
-  slow: the version was superseded, and the next announcement is taken (``WeightPayloadError``, counted).
+  slow: the version was superseded, and the next announcement is taken (``WeightPayloadGone``: not retried, not
+  counted as a rejection).
 
 The slots of a run live in ``/dev/shm/flywheel-<uid>/<hash of the run dir>/`` (``<run_dir>/weights/shm`` without
 a tmpfs), so every replica of the run agrees on them and a resumed run reuses them. The learner removes them when
@@ -46,7 +47,14 @@ import numpy as np
 import torch
 
 from actors.weights._copy import copy_checked
-from actors.weights._manifest import TensorInfo, WeightManifest, WeightPayloadError, check_state_dict, describe
+from actors.weights._manifest import (
+    TensorInfo,
+    WeightManifest,
+    WeightPayloadError,
+    WeightPayloadGone,
+    check_state_dict,
+    describe,
+)
 from actors.weights._mmap import _Entry, _head, _layout, _parse, _views
 
 __all__ = ["SharedMemoryTransport", "SharedTensors", "SlotSpaceError", "shm_root"]
@@ -266,12 +274,12 @@ class SharedMemoryTransport:
         try:
             fd = os.open(manifest.location, os.O_RDONLY)
         except OSError as exc:
-            raise WeightPayloadError(f"{what}: shared-memory slot {manifest.location} is gone: {exc}") from None
+            raise WeightPayloadGone(f"{what}: shared-memory slot {manifest.location} is gone: {exc}") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise WeightPayloadError(f"{what}: superseded (its slot is being rewritten with a newer one)") from None
+                raise WeightPayloadGone(f"{what}: superseded (its slot is being rewritten with a newer one)") from None
             info = os.fstat(fd)
             mapped = self._maps.get(manifest.location)
             if mapped is None or (mapped.inode, mapped.size) != (info.st_ino, info.st_size):
@@ -285,7 +293,7 @@ class SharedMemoryTransport:
             except ValueError as exc:
                 raise WeightPayloadError(f"{what}: {exc}") from None
             if metadata.get("version") != str(manifest.version):
-                raise WeightPayloadError(f"{what}: superseded (its slot holds v{metadata.get('version')} now)")
+                raise WeightPayloadGone(f"{what}: superseded (its slot holds v{metadata.get('version')} now)")
         except BaseException:
             os.close(fd)
             raise

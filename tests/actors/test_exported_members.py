@@ -47,7 +47,8 @@ SURFACES: dict[str, set[str]] = {
         "ObjectStoreTransport", "SafetensorsDirTransport", "SharedMemoryTransport", "SharedTensors", "shm_root",
         "SlotSpaceError",
         "TensorInfo", "weight_transports",
-        "WeightManifest", "WeightPayloadError", "WeightPublisher", "WeightSubscriber", "WeightTransport",
+        "WeightManifest", "WeightPayloadError", "WeightPayloadGone", "WeightPublisher", "WeightSubscriber",
+        "WeightTransport",
     },
     "actors.replay": {
         "build_report", "decide", "Decision", "DecisionLog", "decisions_path", "hold", "items_from_scored",

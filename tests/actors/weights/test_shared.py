@@ -21,7 +21,15 @@ import torch
 from actors.engines import GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
 from actors.engines._packing import is_packed
 from actors.policy import GPTConfig, Policy
-from actors.weights import SharedMemoryTransport, WeightManifest, WeightPayloadError, shm_root
+from actors.weights import (
+    SharedMemoryTransport,
+    WeightManifest,
+    WeightPayloadError,
+    WeightPublisher,
+    WeightSubscriber,
+    shm_root,
+)
+from topology.bus import Bus
 
 pytestmark = pytest.mark.anyio
 
@@ -311,3 +319,36 @@ def test_a_writer_killed_mid_copy_leaves_a_slot_that_names_no_version(tmp_path: 
     assert again.find(2) is None and again.find(1) is None  # v1's slot was being rewritten: it names nothing
     v2 = anyio.run(again.put, 2, _state(2))
     assert torch.equal(anyio.run(again.get, v2)["wte.weight"], _state(2)["wte.weight"])
+
+
+async def test_a_version_whose_slot_went_with_the_run_before_a_resume_is_not_retried_nor_shown_failing(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """After a resume the bus still announces the last version of the run before, whose slot was removed with it: each
+    generator was told it could not load it, again and again (a retried rejection), and the live view showed
+    "cannot load vN" until the learner published. It is a version that can never be loaded, not a failure."""
+    policy = Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64), seed=0)
+    before = SharedMemoryTransport(tmp_path / "before")
+    await WeightPublisher(bus, bus.topology, before).publish(1, policy.state_dict())
+    before.close()  # the run stopped; its slots are gone
+    engine = TorchEngine(Policy.tiny_gpt(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=64), seed=1))
+    now = SharedMemoryTransport(tmp_path / "now")
+    events: list[str] = []
+    subscriber = WeightSubscriber(
+        bus, bus.topology, engine, {now.name: now}, retry_s=0.05, on_event=lambda event, _: events.append(event)
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscriber.run)
+            await anyio.sleep(1.0)  # twenty retries' time
+            assert events == ["weights.unavailable"] and subscriber.rejected == 0 and subscriber.failing == ""
+            await WeightPublisher(bus, bus.topology, now).publish(2, policy.state_dict())  # the resumed learner's
+            with anyio.fail_after(10):
+                for _ in iter(int, 1):  # until the resumed learner's version is swapped in
+                    if engine.version == 2:
+                        break
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+    finally:
+        now.close()
+        await engine.close()
