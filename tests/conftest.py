@@ -1,12 +1,15 @@
-"""Fixtures every test folder may use: one real embedded nats-server per session, a fresh Bus per test."""
+"""Fixtures every test folder may use: one real embedded nats-server per session, a fresh Bus per test, loggers that
+pass every level."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from topology import BusSpec
 from topology.bus import Bus, EmbeddedNats
@@ -17,6 +20,18 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _logging_at_every_level() -> None:
+    """Let every test's loggers pass every level. A command run in-process configures logging for the whole worker
+    (`flywheel status` filters below warning): a later test's `capture_logs` on the same worker then missed every info
+    event (tests/actors/generator/test_server_start.py failed after tests/actors/commands, one order in many). Only
+    the level filter is reset, and caching turned off: the processors stay the list that loggers bound by wider-scoped
+    fixtures already hold, which `capture_logs` changes in place."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET), cache_logger_on_first_use=False
+    )
 
 
 @pytest.fixture(scope="session")
