@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import nats.js.errors as js_errors
-import structlog
 
 if TYPE_CHECKING:
     from topology._graph import ChannelNode
@@ -31,10 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AckedTrimmer"]
 
-_log = structlog.get_logger("flywheel.runtime")
-
 
 class AckedTrimmer:
+    """One run's trimmer of its channels (see the module docstring); ``tick`` every ``every_s``."""
+
     def __init__(self, bus: Bus, channels: Iterable[ChannelNode], *, window_s: float) -> None:
         self._bus = bus
         self._consumers = {
