@@ -4,6 +4,8 @@ retried."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -17,6 +19,26 @@ from topology import BusSpec, Spec, load_spec
 from topology.bus import DEADLETTER, Bus, EmbeddedNats
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@asynccontextmanager
+async def _generator(
+    embedded_nats: EmbeddedNats, tmp_path: Path, *, ack_wait_s: float | None = None
+) -> AsyncIterator[tuple[Bus, GeneratorActor]]:
+    """A started generator of `_spec` on a bus connection of its own, with its channels; stopped at the end."""
+    spec = _spec(tmp_path)
+    settings = BusSpec(ack_wait_s=ack_wait_s or spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
+        for channel in ("prompts", "rollouts", DEADLETTER):
+            await bus.ensure_channel(channel)
+        config = spec.actors["generator"].config
+        assert isinstance(config, GeneratorConfig)
+        actor = GeneratorActor(actor_context(spec, "generator", bus, tmp_path), config)
+        await actor.start()
+        try:
+            yield bus, actor
+        finally:
+            await actor.stop()
 
 
 def _spec(tmp_path: Path) -> Spec:
@@ -37,36 +59,24 @@ async def test_a_prompt_longer_than_the_context_is_dead_lettered_on_its_first_de
 ) -> None:
     # a JSONL row whose prompt does not fit the model's context was nak'ed and retried max_deliver times on every
     # draw (a warning each time), then dead-lettered: a permanent refusal taken for a passing failure
-    spec = _spec(tmp_path)
-    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
-        for channel in ("prompts", "rollouts", DEADLETTER):
-            await bus.ensure_channel(channel)
-        ctx = actor_context(spec, "generator", bus, tmp_path)
-        config = spec.actors["generator"].config
-        assert isinstance(config, GeneratorConfig)
-        actor = GeneratorActor(ctx, config)
-        await actor.start()
-        try:
-            for task, prompt in (("long", "1+" * 40 + "1="), ("short", "1+1=")):
-                msg = PromptMsg(task_id=task, domain="arithmetic", prompt=prompt, group_size=2)
-                await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(actor.run)
-                with anyio.fail_after(30):
-                    async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
-                        async for delivery in rollouts:  # the short prompt is answered...
-                            assert delivery.payload.task_id == "short"
-                            await delivery.ack()
-                            break
-                    async with bus.consume(DEADLETTER, "check") as dead:
-                        async for delivery in dead:  # ...and the long one refused, on its first delivery
-                            letter = dict(delivery.payload)
-                            await delivery.ack()
-                            break
-                ctx.stopping.set()
-        finally:
-            await actor.stop()
+    async with _generator(embedded_nats, tmp_path) as (bus, actor):
+        for task, prompt in (("long", "1+" * 40 + "1="), ("short", "1+1=")):
+            msg = PromptMsg(task_id=task, domain="arithmetic", prompt=prompt, group_size=2)
+            await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            with anyio.fail_after(30):
+                async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+                    async for delivery in rollouts:  # the short prompt is answered...
+                        assert delivery.payload.task_id == "short"
+                        await delivery.ack()
+                        break
+                async with bus.consume(DEADLETTER, "check") as dead:
+                    async for delivery in dead:  # ...and the long one refused, on its first delivery
+                        letter = dict(delivery.payload)
+                        await delivery.ack()
+                        break
+            actor.ctx.stopping.set()
     assert letter["num_delivered"] == 1 and "leaves no room in the model's context of 32" in letter["reason"], letter
     counters = actor.report()
     assert counters.get("prompts_refused.arithmetic") == 1 and not counters.get("errors"), counters
@@ -79,43 +89,25 @@ async def test_a_generation_that_outlasts_the_ack_wait_is_kept_alive_and_publish
     redelivered while it was still being generated — and its redelivery to the same replica crashed the generator
     (a second handler of one message asked the batch limiter for tokens the first still held). The ack timer of a
     prompt in flight is now kept reset, and a redelivery that comes anyway is settled by the generation under way."""
-    spec = _spec(tmp_path)
-    settings = BusSpec(ack_wait_s=1.0, max_deliver=3)
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
-        for channel in ("prompts", "rollouts", DEADLETTER):
-            await bus.ensure_channel(channel)
-        ctx = actor_context(spec, "generator", bus, tmp_path)
-        config = spec.actors["generator"].config
-        assert isinstance(config, GeneratorConfig)
-        actor = GeneratorActor(ctx, config)
-        await actor.start()
-        assert actor.engine is not None
-
-        async def slow_step(_: int) -> None:  # each decode step takes half the ack wait: 4 tokens take twice it
-            await anyio.sleep(0.5)
-
-        actor.engine.step_hook = slow_step
-        try:
-            msg = PromptMsg(task_id="slow", domain="arithmetic", prompt="1+1=", group_size=2)
-            await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
-            rollouts: list[str] = []
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(actor.run)
-                with anyio.fail_after(30):
-                    async with bus.consume("rollouts", "check", model=RolloutMsg) as stream:
-                        async for delivery in stream:
-                            rollouts.append(delivery.payload.task_id)
-                            await delivery.ack()
-                            break
-                await anyio.sleep(2.5)  # a redelivery would be generated and published again by now
+    async with _generator(embedded_nats, tmp_path, ack_wait_s=1.0) as (bus, actor):
+        msg = PromptMsg(task_id="slow", domain="arithmetic", prompt="1+1=", group_size=2)
+        await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+        rollouts: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            with anyio.fail_after(30):
                 async with bus.consume("rollouts", "check", model=RolloutMsg) as stream:
-                    with anyio.move_on_after(1.0):
-                        async for delivery in stream:
-                            rollouts.append(delivery.payload.task_id)
-                            await delivery.ack()
-                ctx.stopping.set()
-        finally:
-            await actor.stop()
+                    async for delivery in stream:
+                        rollouts.append(delivery.payload.task_id)
+                        await delivery.ack()
+                        break
+            await anyio.sleep(2.5)  # a redelivery would be generated and published again by now
+            async with bus.consume("rollouts", "check", model=RolloutMsg) as stream:
+                with anyio.move_on_after(1.0):
+                    async for delivery in stream:
+                        rollouts.append(delivery.payload.task_id)
+                        await delivery.ack()
+            actor.ctx.stopping.set()
     assert rollouts == ["slow"]
     counters = actor.report()
     assert not counters.get("errors") and not counters.get("redelivered_while_generating"), counters
@@ -126,30 +118,18 @@ async def test_a_prompt_of_a_domain_removed_from_the_spec_is_dropped_ungenerated
 ) -> None:
     """A run resumed without a domain still has its prompts on the bus: each was generated, then dropped downstream.
     Now the generator acks it unanswered, counts it by domain, and goes on with the domains the spec has."""
-    spec = _spec(tmp_path)
-    settings = BusSpec(ack_wait_s=spec.bus.ack_wait_s, max_deliver=spec.bus.max_deliver)
-    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gen", settings=settings) as bus:
-        for channel in ("prompts", "rollouts", DEADLETTER):
-            await bus.ensure_channel(channel)
-        ctx = actor_context(spec, "generator", bus, tmp_path)
-        config = spec.actors["generator"].config
-        assert isinstance(config, GeneratorConfig)
-        actor = GeneratorActor(ctx, config)
-        await actor.start()
-        try:
-            for task, domain in (("gone", "extract"), ("kept", "arithmetic")):
-                msg = PromptMsg(task_id=task, domain=domain, prompt="1+1=", group_size=2)
-                await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(actor.run)
-                with anyio.fail_after(30):
-                    async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
-                        async for delivery in rollouts:
-                            assert delivery.payload.task_id == "kept"
-                            await delivery.ack()
-                            break
-                ctx.stopping.set()
-        finally:
-            await actor.stop()
+    async with _generator(embedded_nats, tmp_path) as (bus, actor):
+        for task, domain in (("gone", "extract"), ("kept", "arithmetic")):
+            msg = PromptMsg(task_id=task, domain=domain, prompt="1+1=", group_size=2)
+            await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            with anyio.fail_after(30):
+                async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+                    async for delivery in rollouts:
+                        assert delivery.payload.task_id == "kept"
+                        await delivery.ack()
+                        break
+            actor.ctx.stopping.set()
     counters = actor.report()
     assert counters.get("removed_domain.extract") == 1 and counters.get("prompts") == 1, counters
