@@ -196,6 +196,9 @@ class GeneratorActor(Actor[GeneratorConfig]):
             ):
                 self._outbox = outbox
                 async for delivery in iterate_until(prompts, self.ctx.stopping):
+                    if delivery.payload.domain not in domains_of(self.ctx.spec):
+                        await self._drop_removed(delivery)
+                        continue
                     if not self._generating.begin(delivery):  # redelivered while being generated: that one settles it
                         self.ctx.counters.inc("redelivered_while_generating")
                         continue
@@ -253,21 +256,6 @@ class GeneratorActor(Actor[GeneratorConfig]):
     ) -> None:
         assert self.engine is not None
         msg = delivery.payload
-        if msg.domain not in domains_of(self.ctx.spec):  # removed from the spec since it was drawn (a resume with an
-            try:  # edited spec): nothing downstream would score or train it
-                await delivery.ack()
-                self.ctx.counters.inc(f"removed_domain.{msg.domain}")
-                if self.ctx.counters.get(f"removed_domain.{msg.domain}") == 1:
-                    self.ctx.log.info(
-                        "generator.removed_domain",
-                        domain=msg.domain,
-                        note="no longer in the spec: its prompts still on the bus are dropped, counted in "
-                        "removed_domain",
-                    )
-            finally:
-                for index in range(slots):
-                    limit.release_on_behalf_of(_token(delivery, index))
-            return
         try:
             self._in_flight += 1
             started = time.perf_counter()
@@ -301,6 +289,19 @@ class GeneratorActor(Actor[GeneratorConfig]):
             self._in_flight -= 1
             for index in range(slots):
                 limit.release_on_behalf_of(_token(delivery, index))
+
+    async def _drop_removed(self, delivery: Delivery[PromptMsg]) -> None:
+        """Ack a prompt of a domain removed from the spec since it was drawn (a resume with an edited spec): nothing
+        downstream would score or train it. Counted, logged at the first."""
+        domain = delivery.payload.domain
+        await delivery.ack()
+        self.ctx.counters.inc(f"removed_domain.{domain}")
+        if self.ctx.counters.get(f"removed_domain.{domain}") == 1:
+            self.ctx.log.info(
+                "generator.removed_domain",
+                domain=domain,
+                note="no longer in the spec: its prompts still on the bus are dropped, counted in removed_domain",
+            )
 
     def _keepalive_failed(self, exc: Exception) -> None:
         self.ctx.log.warning("generator.keepalive_failed", error=str(exc))

@@ -130,6 +130,7 @@ async def test_a_prompt_of_a_domain_removed_from_the_spec_is_dropped_ungenerated
                         assert delivery.payload.task_id == "kept"
                         await delivery.ack()
                         break
+            assert len(actor._generating) == 0  # the dropped prompt is not kept alive as if it were being generated
             actor.ctx.stopping.set()
     counters = actor.report()
     assert counters.get("removed_domain.extract") == 1 and counters.get("prompts") == 1, counters
