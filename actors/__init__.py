@@ -17,6 +17,7 @@ from actors.gateway import _config as _gateway_config
 from actors.generator import _config as _generator_config
 from actors.joiner import _config as _joiner_config
 from actors.learner import _config as _learner_config
+from actors.policy._gpt_config import CONFIG_ON_RESUME
 from actors.protocol import DomainSpec, PolicySpec
 from actors.recorder import _config as _recorder_config
 from actors.source import _config as _source_config
@@ -57,8 +58,9 @@ register_spec_section(
             "model": "the run's checkpoints hold the weights of the model it started with",
             "config": "the run's checkpoints hold the weights of the model it started with",
             "tokenizer": "the run's checkpoints hold weights trained on the token ids of the tokenizer it started with",
+            **{f"config.{key}": why for key, why in CONFIG_ON_RESUME.items() if why is not None},
         },
-        free_on_resume=("config.native_forward",),  # which forward runs inference: the weights are the same
+        free_on_resume=tuple(f"config.{key}" for key, why in CONFIG_ON_RESUME.items() if why is None),
     )
 )
 register_spec_section(

@@ -171,3 +171,30 @@ def test_how_the_model_runs_may_change_on_resume_what_it_is_may_not(tmp_path: Pa
         check_resumable(
             tmp_path, "t", before, spec_path=None, name="t", after=policy(native_forward=True, dtype="bfloat16")
         )
+
+
+def test_what_only_draws_or_uses_the_weights_may_change_on_resume_what_shapes_them_may_not(tmp_path: Path) -> None:
+    """Each key of `policy.config` is judged by what it means to the run's weights: another `seed` (which draws a
+    fresh model's first weights) or `block_size` (the longest sequence the model is used with) goes on, logged as a
+    change; another `n_layer` is refused, naming the key and why. Every key either kind of model takes is judged."""
+    import actors  # noqa: F401 — registers the policy section and the keys it fixes
+    from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, CONFIG_ON_RESUME, HF_CONFIG_KEYS
+    from topology.runtime._evolve import ResumeRefused, check_resumable, describe_changes
+
+    def policy(**config: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {"name": "t", "policy": {"model": "builtin:tiny-gpt"}}
+        return {**spec, "policy": {**spec["policy"], "config": config}} if config else spec
+
+    def resume(before: dict[str, Any], after: dict[str, Any]) -> str:
+        return describe_changes(check_resumable(tmp_path, "t", before, spec_path=None, name="t", after=after))
+
+    before = policy(preset="tiny", seed=0, block_size=256)
+    after = policy(preset="tiny", seed=1, block_size=512)
+    assert resume(before, after) == "policy.config.seed: 0 → 1; policy.config.block_size: 256 → 512"
+    assert resume(policy(seed=3), policy()) == "policy.config: removed"  # the whole config, key by key: a seed
+    with pytest.raises(ResumeRefused) as refused:
+        resume(before, policy(preset="tiny", seed=0, block_size=256, n_layer=2))
+    message = str(refused.value)
+    assert "policy.config.n_layer changed since the run last started (policy.config.n_layer: added (2))" in message
+    assert "the run's checkpoints hold weights of the shape it gives the model" in message
+    assert set(CONFIG_ON_RESUME) == {*BUILTIN_CONFIG_KEYS, *HF_CONFIG_KEYS}

@@ -134,7 +134,8 @@ class SpecSection:
     summary: str = ""  # one line for help texts
     check: SectionHook | None = None  # runs on each validated value (each entry when keyed)
     # keys of the section a resumed run cannot change → why, as a clause ("the run's checkpoints hold this model's
-    # weights"): `flywheel up --resume` with such a key changed is refused before anything starts
+    # weights"): `flywheel up --resume` with such a key changed is refused before anything starts. A key may be a
+    # dotted path inside another ("config.n_layer"): the longest one that holds a changed key gives the reason
     fixed_on_resume: Mapping[str, str] = field(default_factory=dict)
     # dotted key paths inside those keys that may change all the same (how a model runs, not what its weights are)
     free_on_resume: tuple[str, ...] = ()

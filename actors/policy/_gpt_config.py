@@ -3,7 +3,8 @@ torch, so that the spec check can say which keys a model takes without loading o
 
 Contract: `GPTConfig` validates itself when built (one-line ``ValueError`` naming ``policy.config.<field>``);
 `BUILTIN_CONFIG_KEYS` and `HF_CONFIG_KEYS` are every key `Policy.from_spec` accepts in ``policy.config`` for a builtin
-and for an ``hf:`` model — the spec check and the loader read these same tuples.
+and for an ``hf:`` model — the spec check and the loader read these same tuples; `CONFIG_ON_RESUME` says of each
+whether a resumed run may change it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["BUILTIN_CONFIG_KEYS", "DTYPE_NAMES", "HF_CONFIG_KEYS", "PRESETS", "GPTConfig", "config_problems"]
+__all__ = [
+    "BUILTIN_CONFIG_KEYS",
+    "CONFIG_ON_RESUME",
+    "DTYPE_NAMES",
+    "HF_CONFIG_KEYS",
+    "PRESETS",
+    "GPTConfig",
+    "config_problems",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,23 @@ PRESETS: dict[str, dict[str, int]] = {
 BUILTIN_CONFIG_KEYS = (*GPTConfig.field_names(), "preset", "seed", "dtype")
 HF_CONFIG_KEYS = ("dtype", "native_forward")  # policy.config of an hf: model
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # policy.config.dtype of either kind of model
+
+_SHAPE = "the run's checkpoints hold weights of the shape it gives the model"
+# What a resumed run (`flywheel up --resume`) makes of a changed key of policy.config, for every key of either kind
+# of model: why it may not change, or None where the change is followed (and logged). What shapes the weights or
+# gives them their meaning is fixed; what only decides how they are used or first drawn is free.
+CONFIG_ON_RESUME: dict[str, str | None] = {
+    "preset": _SHAPE,
+    "vocab_size": _SHAPE,
+    "n_layer": _SHAPE,
+    "n_head": "the run's checkpoints hold attention weights trained split into this many heads",
+    "n_embd": _SHAPE,
+    "rope_theta": "the run's checkpoints hold weights trained with the positions this RoPE base encodes",
+    "dtype": "the run's checkpoints hold the weights and the optimizer's state in the dtype it started with",
+    "block_size": None,  # the longest sequence the model is used with: no weight depends on it (RoPE positions)
+    "seed": None,  # draws a fresh model's first weights: a resumed run's come from its checkpoint
+    "native_forward": None,  # which forward runs inference: the weights are the same
+}
 
 
 def config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:

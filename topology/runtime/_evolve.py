@@ -5,9 +5,9 @@ Contract: :func:`spec_changes` compares the spec a run last started with (``run.
 resumes with, key path by key path (a mapping entry added or removed whole is one change; lists compare whole).
 :func:`check_resumable` raises :class:`ResumeRefused` — one line naming the key, its old and new value, why the run
 cannot follow and what to do — when a change touches a key an application section declared fixed for the life of
-a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights; less the paths
-in it the section leaves free, `free_on_resume`), or the
-topology's name (the run's channels, consumers and buckets are named after it).
+a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights; a dotted key
+inside another gives the reason for its own changes; less the paths the section leaves free, `free_on_resume`), or
+the topology's name (the run's channels, consumers and buckets are named after it).
 
 Non-goals: judging what a change means to an actor (an actor that must say "this starts a new series" does so
 itself, from its own state); runs whose ``run.json`` has no spec (written before it kept one) are not checked.
@@ -100,17 +100,41 @@ def check_resumable(
         return []
     before, after = _plain(before), _plain(after)
     for section in spec_sections().values():
-        was, now = before.get(section.name) or {}, after.get(section.name) or {}
-        for key, why in section.fixed_on_resume.items():
-            inside = [
-                change
-                for change in spec_changes({key: was[key]} if key in was else {}, {key: now[key]} if key in now else {})
-                if ".".join(change[0]) not in section.free_on_resume
-            ]
-            if inside:
-                raise ResumeRefused(
-                    f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started "
-                    f"({describe_changes(inside, section.name)}); {why}. Put it back to continue this run, or start "
-                    f"a new run: {fresh}"
-                )
+        refused: dict[str, list[SpecChange]] = {}
+        for change in _leaf_changes(before.get(section.name) or {}, after.get(section.name) or {}):
+            key = _fixed_key(section.fixed_on_resume, section.free_on_resume, ".".join(change[0]))
+            if key is not None:
+                refused.setdefault(key, []).append(change)
+        for key, inside in refused.items():
+            raise ResumeRefused(
+                f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started "
+                f"({describe_changes(inside, section.name)}); {section.fixed_on_resume[key]}. Put it back to continue "
+                f"this run, or start a new run: {fresh}"
+            )
     return spec_changes(before, after)
+
+
+def _leaf_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[SpecChange]:
+    """`spec_changes`, a mapping added or removed whole taken key by key (as if the absent side were empty): each
+    change names the key it is of, so that each is judged by what that key means to the run."""
+    changes: list[SpecChange] = []
+    for path, old, new in spec_changes(before, after):
+        if isinstance(old, dict) and new is _ABSENT:
+            changes += [((*path, *sub), o, n) for sub, o, n in _leaf_changes(old, {})]
+        elif isinstance(new, dict) and old is _ABSENT:
+            changes += [((*path, *sub), o, n) for sub, o, n in _leaf_changes({}, new)]
+        else:
+            changes.append((path, old, new))
+    return changes
+
+
+def _fixed_key(fixed: Mapping[str, str], free: Sequence[str], key: str) -> str | None:
+    """The key of ``fixed`` that refuses a change of ``key`` (a dotted path): the longest that is ``key`` or holds it,
+    unless a path of ``free`` is or holds it; None when the change may be followed."""
+
+    def holds(outer: str) -> bool:
+        return key == outer or key.startswith(outer + ".")
+
+    if any(holds(path) for path in free):
+        return None
+    return max((outer for outer in fixed if holds(outer)), key=len, default=None)
