@@ -4,8 +4,11 @@ Lifecycle:
 - ``start``: build the policy from the spec; if ``state_dir`` holds a checkpoint, restore model, optimizer, step,
   version, advantage statistics and the applied ledger from it; otherwise, when the policy has no checkpoint and
   ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and
-  checkpoint it. Then publish the weights as version ``max(checkpointed, current in KV) + 1`` — also after a
-  restart, so generators drop weights the crash rolled back — and, after a warm start, publish a held-out
+  checkpoint it. Then publish the weights as version ``max(checkpointed, current in KV, newest in the run's
+  lifecycle metrics) + 1`` — also after a restart, so generators drop weights the crash rolled back, and also when the
+  bus lost the KV entry (a bus brought back without its store: a version number used twice would label other
+  weights, and scored groups of the old ones would read as unpublished; versions of the last ``metrics_flush_s``
+  before a kill may still be reused then) — and, after a warm start, publish a held-out
   evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
   ``_eval_scored``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
   large model's round could span (every gain is measured from it).
@@ -92,7 +95,13 @@ from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
 from actors.learner._eval import EvalSeries, EvalTracker, eval_message_id, eval_series, round_version
 from actors.learner._ledger import AppliedLedger
-from actors.learner._metrics import MetricsWriter, heldout_first_and_last, heldout_series_changes, plot_heldout
+from actors.learner._metrics import (
+    MetricsWriter,
+    heldout_first_and_last,
+    heldout_series_changes,
+    newest_version,
+    plot_heldout,
+)
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
@@ -301,6 +310,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 self.average.reset()  # the average starts at the post-warm-start policy
             await self.checkpoint()  # a crash from here on never repeats the warm start
         self.metrics.flush()
+        await self._number_past_what_was_published()
         await self.publish_weights()
         if latest is None and config.eval_every_steps > 0:
             await self.publish_eval(baseline=True)  # the warm-start baseline, read more closely
@@ -351,6 +361,22 @@ class LearnerActor(Actor[LearnerConfig]):
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
             self.average.reset()
+
+    async def _number_past_what_was_published(self) -> None:
+        """The next version is past every one this run published: the newest of the checkpoint's, the KV's and the
+        run's lifecycle metrics' — which a bus that lost its store (the KV with it) does not take away."""
+        recorded = await anyio.to_thread.run_sync(newest_version, self.ctx.run_dir)
+        announced = await self.publisher.newest()
+        if recorded > announced:
+            self.ctx.log.warning(
+                "learner.versions_past_the_bus",
+                bus=announced,
+                run=recorded,
+                next=max(self.version, recorded) + 1,
+                note="the bus's weights key is behind the versions this run published (a bus without its old store?): "
+                "numbering on past the run's own",
+            )
+        self.version = max(self.version, recorded)
 
     def _say_what_changed(self) -> None:
         """Once, on a resume: the domains the spec added or removed since the checkpoint, and the held-out series the

@@ -15,7 +15,8 @@ Contract:
   same rows in the same order;
   :func:`heldout_first_and_last` reads the run's first and newest held-out accuracy by domain back from the ``eval``
   rows of the domain's current series (`EvalSeries`), so a resumed learner reports them before its next round;
-  :func:`heldout_series_changes` says which domains' series the spec a run resumed with ended, and why.
+  :func:`heldout_series_changes` says which domains' series the spec a run resumed with ended, and why;
+  :func:`newest_version` the newest weight version the run's ``lifecycle`` rows name.
 - :func:`effective_applied` reads the audit trail back: the ``applied`` rows whose effect is in the final weights —
   each incarnation's rows up to the checkpoint the next one resumed from (later ones were rolled back with the
   weights), plus all of the last incarnation's. Each message id appears there once when nothing was lost or
@@ -47,6 +48,7 @@ __all__ = [
     "effective_applied",
     "heldout_first_and_last",
     "heldout_series_changes",
+    "newest_version",
     "plot_heldout",
     "read_metrics",
     "sampling_sd",
@@ -148,6 +150,16 @@ def heldout_series_changes(run_dir: Path, series: Mapping[str, EvalSeries]) -> d
         else:
             changes[row["domain"]] = "the held-out prompts or the verifier's settings changed"
     return changes
+
+
+def newest_version(run_dir: Path) -> int:
+    """The newest weight version the ``lifecycle`` rows name (0: none): the newest a run published, as far as its
+    rows reached disk."""
+    rows = read_metrics(run_dir, "lifecycle")
+    if rows.height == 0 or "version" not in rows.columns:
+        return 0
+    newest = rows["version"].max()
+    return int(newest) if isinstance(newest, int | float) else 0
 
 
 def effective_applied(run_dir: Path) -> pl.DataFrame:

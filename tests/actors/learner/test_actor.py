@@ -648,3 +648,27 @@ async def test_a_stop_during_the_warm_start_ends_it_within_a_step_and_keeps_no_p
     assert 2 <= (ctx.counters.get("warmstart_step") or 0) < 100_000
     assert actor.version == 0 and Checkpointer(ctx.state_dir / "checkpoints").latest() is None
     assert not (run_dir / "export").exists()
+
+
+async def test_a_learner_resumed_on_a_bus_that_lost_its_store_numbers_past_every_version_it_published(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Versions published after the last checkpoint live on in the bus's weights key alone: a resume on a bus
+    without its old store (brought back empty, another server) reused their numbers — other weights under a number
+    generators had seen, their groups dead-lettered as unpublished. The run's lifecycle metrics keep them."""
+    spec = write_spec(tmp_path, learner())
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir, crash=True) as (actor, _bus):
+        checkpointed = actor.version  # the first version, published after the start's checkpoint
+        await actor.publish_weights()
+        await actor.publish_weights()
+        published = actor.version
+        await wait_until(lambda: read_metrics(run_dir, "lifecycle").filter(version=published).height > 0)
+    assert published == checkpointed + 2
+    with (
+        EmbeddedNats(tmp_path / "another-store") as empty,
+        structlog.testing.capture_logs() as logs,
+    ):
+        async with running_learner(spec, empty.url, run_dir) as (actor, _bus):
+            assert actor.version == published + 1
+    assert next(e for e in logs if e["event"] == "learner.versions_past_the_bus")["run"] == published
