@@ -12,6 +12,9 @@ domains, sandbox, weights, replay, testing) and `actors.protocol` never import a
 libraries, never a kind.
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from actors.gate import _config as _gate_config
 from actors.gateway import _config as _gateway_config
 from actors.generator import _config as _generator_config
@@ -41,6 +44,18 @@ def _check_policy(check: SectionCheck, path: KeyPath, policy: PolicySpec) -> Pol
     return check_policy(check, path, policy)
 
 
+def _record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
+    from actors.policy._fingerprint import record_policy
+
+    return record_policy(path, policy)
+
+
+def _resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpec) -> Sequence[str]:
+    from actors.policy._fingerprint import resume_policy
+
+    return resume_policy(path, recorded, policy)
+
+
 def _check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> DomainSpec:
     from actors.domains._checks import check_domain  # opens task sources: imported when a spec is checked
 
@@ -61,6 +76,8 @@ register_spec_section(
             **{f"config.{key}": why for key, why in CONFIG_ON_RESUME.items() if why is not None},
         },
         free_on_resume=tuple(f"config.{key}" for key, why in CONFIG_ON_RESUME.items() if why is None),
+        record=_record_policy,  # the model dir's config.json hash: a model replaced under the same path is refused
+        on_resume=_resume_policy,
     )
 )
 register_spec_section(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,3 +199,46 @@ def test_what_only_draws_or_uses_the_weights_may_change_on_resume_what_shapes_th
     assert "policy.config.n_layer changed since the run last started (policy.config.n_layer: added (2))" in message
     assert "the run's checkpoints hold weights of the shape it gives the model" in message
     assert set(CONFIG_ON_RESUME) == {*BUILTIN_CONFIG_KEYS, *HF_CONFIG_KEYS}
+
+
+@pytest.mark.timeout(120)
+def test_a_model_directory_replaced_under_the_same_path_is_refused_on_resume(tmp_path: Path) -> None:
+    """`policy.model: hf:./hf` reads the same after the directory was replaced by another model: the resume passed
+    the spec check, and the learner crash-looped restoring its checkpoint into the new shape. The run records a hash
+    of the model's config.json at every start; a resume whose model differs is refused, naming the key and the
+    directory. The same model, or a run recorded before records were kept, resumes."""
+    from actors.policy import write_tiny_hf_model
+    from topology import load_spec
+    from topology.runtime._evolve import check_records, section_records
+    from topology.runtime._rundir import RunInfo, create_run_dir, write_run_info
+
+    spec_path = tmp_path / "spec.yaml"
+    text = SPEC.replace("MODE", "async").replace(
+        "model: builtin:tiny-gpt\n  config: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}",
+        "model: hf:./hf",
+    )
+    spec_path.write_text(text)
+    write_tiny_hf_model(tmp_path / "hf", n_embd=64)
+    spec = load_spec(spec_path)
+    run_dir = create_run_dir(tmp_path / "runs", "loop-test")
+    records = section_records(spec)
+    assert records["policy"]["model_dir"] == str(tmp_path / "hf")
+    assert check_records(run_dir, records, spec) == [] and check_records(run_dir, None, spec) == []
+    assert spec.data is not None
+    info = RunInfo("loop-test", "nats://127.0.0.1:1", 1, str(spec_path), 0.0, 1.0, spec=dict(spec.data), exit="ok")
+    info.records = records
+    write_run_info(run_dir, info)
+    shutil.rmtree(tmp_path / "hf")
+    write_tiny_hf_model(tmp_path / "hf", n_embd=32)
+    result = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "up", str(spec_path), "--resume", str(run_dir), "--duration", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr
+    assert f"policy.model is another model than the run started with: the config.json in {tmp_path / 'hf'}" in errors[0]
+    assert "start a new run: flywheel up" in errors[0] and "Traceback" not in result.stderr
+    assert not list((run_dir / "logs").iterdir())  # no replica started

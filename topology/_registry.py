@@ -3,7 +3,9 @@
 The framework knows no application. An application is a Python package that, when imported, registers:
 - its **actor kinds** (`register_actor_kind`): a config model and a ``"module:attribute"`` factory string;
 - its **spec sections** (`register_spec_section`): top-level keys of the spec beside the framework's own (name,
-  bus, runtime, actors, channels), each validated into its model and then checked by the section's hook;
+  bus, runtime, actors, channels), each validated into its model and then checked by the section's hook; what a
+  resumed run may change of it (`SpecSection.fixed_on_resume`, and the ``record`` / ``on_resume`` hooks for what the
+  spec's text does not say);
 - its **commands** (`register_command`): ``flywheel <name>``, named by a ``"module:attribute"`` click command;
 - optionally a **live view** (`register_live_view`): what ``flywheel up`` draws above the replica table.
 
@@ -24,7 +26,7 @@ import importlib
 import importlib.metadata
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -45,6 +47,11 @@ ChannelsFn = Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]]
 
 class PluginError(Exception):
     """A module named in ``FLYWHEEL_PLUGINS`` could not be imported."""
+
+
+class ResumeConflict(Exception):
+    """Raised by a section's ``on_resume`` hook: the run cannot follow what changed; the message says what (naming
+    the key) and why, and the framework refuses the resume before anything starts."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,14 @@ class SectionCheck(Protocol):
 # instance with relative paths made absolute). Errors are reported through the checker, never raised.
 SectionHook = Callable[[SectionCheck, "KeyPath", Any], Any]
 
+# What a run writes down of a section (of one entry, when keyed) in its run.json at every start: (key path of the
+# section or entry, its validated model) → JSON-able facts the spec's text does not hold (a model directory's config
+# hash, paths resolved against the file that set them), which the section's resume hook compares with next time.
+SectionRecord = Callable[["KeyPath", Any], Mapping[str, Any]]
+# On `flywheel up --resume`: (key path, what the section's record hook wrote when the run last started, the validated
+# model now) → warnings, one line each, logged before anything starts; raising ResumeConflict refuses the resume.
+ResumeHook = Callable[["KeyPath", Mapping[str, Any], Any], Sequence[str]]
+
 # A kind's check of one of its actors: (checker, key path of the actor block, the actor, the whole validated spec) →
 # the config to keep (for instance with relative paths made absolute). Errors are reported through the checker.
 ActorCheck = Callable[[SectionCheck, "KeyPath", "ActorSpec", "Spec"], pydantic.BaseModel]
@@ -139,6 +154,8 @@ class SpecSection:
     fixed_on_resume: Mapping[str, str] = field(default_factory=dict)
     # dotted key paths inside those keys that may change all the same (how a model runs, not what its weights are)
     free_on_resume: tuple[str, ...] = ()
+    record: SectionRecord | None = None  # what a run writes down of it at every start (see SectionRecord)
+    on_resume: ResumeHook | None = None  # what a resume makes of that record and the section now (see ResumeHook)
 
 
 @dataclass(frozen=True)
@@ -271,8 +288,11 @@ __all__ = [
     "ChannelsFn",
     "Command",
     "PluginError",
+    "ResumeConflict",
+    "ResumeHook",
     "SectionCheck",
     "SectionHook",
+    "SectionRecord",
     "SpecSection",
     "actor_kinds",
     "commands",

@@ -23,7 +23,7 @@ SURFACE = {
     "SpecError", "SpecIssue", "SpecModel", "check_spec", "load_spec", "load_spec_text", "show",
     "ActorNode", "ChannelNode", "Graph", "build_graph",
     # what an application registers
-    "ActorKind", "Command", "PluginError", "SectionCheck", "SpecSection", "actor_kinds", "commands",
+    "ActorKind", "Command", "PluginError", "ResumeConflict", "SectionCheck", "SpecSection", "actor_kinds", "commands",
     "register_actor_kind", "register_command", "register_live_view", "register_spec_section", "resolve_factory",
     "spec_sections", "lazy_exports",
     # names, built once

@@ -9,6 +9,12 @@ a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpo
 inside another gives the reason for its own changes; less the paths the section leaves free, `free_on_resume`), or
 the topology's name (the run's channels, consumers and buckets are named after it).
 
+:func:`section_records` is what the sections' ``record`` hooks write down of a spec (``run.json``'s ``records``:
+facts its text does not hold, such as a model directory's config hash); :func:`check_records` hands each section's
+``on_resume`` hook what was recorded when the run last started, and returns the warnings they give — a
+``ResumeConflict`` they raise refuses the resume like a fixed key's change. Runs recorded before records were kept
+(or a section or entry with none) are not checked.
+
 Non-goals: judging what a change means to an actor (an actor that must say "this starts a new series" does so
 itself, from its own state); runs whose ``run.json`` has no spec (written before it kept one) are not checked.
 """
@@ -21,10 +27,19 @@ from typing import Any
 
 import orjson
 
-from topology._registry import spec_sections
+from topology._registry import ResumeConflict, spec_sections
+from topology._spec import Spec
 from topology.runtime._rundir import RunNotFound
 
-__all__ = ["ResumeRefused", "SpecChange", "check_resumable", "describe_changes", "spec_changes"]
+__all__ = [
+    "ResumeRefused",
+    "SpecChange",
+    "check_records",
+    "check_resumable",
+    "describe_changes",
+    "section_records",
+    "spec_changes",
+]
 
 _SHOWN = 60  # characters of a value shown in a message
 
@@ -89,7 +104,7 @@ def check_resumable(
     """The changes from the spec the run at ``run_dir`` last started with (``before``, its name ``run_name``) to
     the one it resumes with (``after``, named ``name``, read from ``spec_path``); ``ResumeRefused`` when one of them
     cannot be followed (see the module docstring)."""
-    fresh = f"flywheel up {spec_path or 'SPEC'} (without --resume)"
+    fresh = _fresh(spec_path)
     if run_name != name:
         raise ResumeRefused(
             f"cannot resume {run_dir} with spec {spec_path}: the run is topology {run_name!r}, the spec is {name!r} "
@@ -112,6 +127,50 @@ def check_resumable(
                 f"this run, or start a new run: {fresh}"
             )
     return spec_changes(before, after)
+
+
+def _fresh(spec_path: Path | None) -> str:
+    return f"flywheel up {spec_path or 'SPEC'} (without --resume)"
+
+
+def section_records(spec: Spec) -> dict[str, Any]:
+    """What each section's ``record`` hook writes down of ``spec`` (of each entry, by name, when keyed)."""
+    records: dict[str, Any] = {}
+    for section in spec_sections().values():
+        value = spec.sections.get(section.name)
+        if section.record is None or value is None:
+            continue
+        if section.keyed:
+            records[section.name] = {
+                name: _plain(section.record((section.name, name), entry)) for name, entry in value.items()
+            }
+        else:
+            records[section.name] = _plain(section.record((section.name,), value))
+    return records
+
+
+def check_records(run_dir: Path, before: Mapping[str, Any] | None, spec: Spec) -> list[str]:
+    """The warnings of the sections' ``on_resume`` hooks, each handed what its ``record`` hook wrote when the run at
+    ``run_dir`` last started (``before``) and its value in ``spec``; ``ResumeRefused`` when one of them refuses."""
+    warnings: list[str] = []
+    for section in spec_sections().values():
+        value, was = spec.sections.get(section.name), (before or {}).get(section.name)
+        if section.on_resume is None or value is None or not was:
+            continue
+        pairs = (
+            [((section.name, name), was[name], entry) for name, entry in value.items() if was.get(name)]
+            if section.keyed
+            else [((section.name,), was, value)]
+        )
+        for path, recorded, now in pairs:
+            try:
+                warnings += section.on_resume(path, recorded, now)
+            except ResumeConflict as conflict:
+                raise ResumeRefused(
+                    f"cannot resume {run_dir}: {conflict}. Put it back to continue this run, or start a new run: "
+                    f"{_fresh(spec.source_path)}"
+                ) from None
+    return warnings
 
 
 def _leaf_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[SpecChange]:

@@ -5,7 +5,8 @@ two runs start in the same second) with ``logs/``, ``state/`` and ``nats/``, and
 it; :func:`resume_run_dir` takes an existing one back (``flywheel up --resume``) and points ``latest`` at it.
 ``run.json`` says how to reach the run (``bus_url``, supervisor ``pid``, ``spec_path``, ``started_at``,
 the replicas to expect, where the bus credential is) and, once it ended, ``stopped_at`` and ``exit``; a resumed
-run keeps ``first_started_at`` and counts ``resumes``. :func:`find_run` resolves what a user passes to
+run keeps ``first_started_at`` and counts ``resumes``; ``spec`` and ``records`` are what the run last started with
+(what a resume compares with). :func:`find_run` resolves what a user passes to
 ``flywheel status`` or ``--resume`` (a run dir, a root holding ``latest``, or nothing → ``./runs``).
 
 One supervisor per run dir: :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run_dir>/.lock`` for as long
@@ -59,6 +60,9 @@ class RunInfo:
     first_started_at: float | None = None  # when the run first started (started_at: this incarnation)
     resumes: int = 0  # how often `flywheel up --resume` continued this run
     spec: dict[str, Any] | None = None  # the merged spec data (after includes and ${ENV}) this run used
+    # what the spec's sections wrote down of it at this start (a model dir's config hash …); None: written before
+    # runs kept them
+    records: dict[str, Any] | None = None
     stopped_at: float | None = None
     exit: str | None = None  # "ok" or the reason the topology stopped
 

@@ -6,8 +6,9 @@ JetStream store (``<run_dir>/nats``), requiring the run's token (``<run_dir>/nat
 token and, when it is free, the same port on resume), with the spec's durability settings (``sync_interval_s``,
 ``max_file_store_mb``, ``max_memory_store_mb``); otherwise it uses ``bus.url``. It connects the supervisor's own
 bus client, ensures every channel of the spec exists (with the spec's retention), and writes ``run.json``. A resume
-first checks the spec against the one the run last started with (`_evolve`): a change the run cannot follow is
-refused before anything starts, the others are logged once. On exit
+first checks the spec against the one the run last started with (`_evolve`), and what the spec's sections
+recorded then against what they see now: a change the run cannot follow is refused before anything starts, the
+others are logged once (a change a section warns of, as a warning). On exit
 it records ``stopped_at`` and the reason in ``run.json``, closes the client and stops the server.
 
 :meth:`Session.keep_bus_up` is the embedded server's supervisor: when the process dies it is restarted on the same
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from topology.runtime._evolve import check_resumable, describe_changes
+from topology.runtime._evolve import check_records, check_resumable, describe_changes, section_records
 from topology.runtime._rundir import (
     TOKEN_FILE,
     RunInfo,
@@ -172,6 +173,8 @@ async def open_session(
         )
         if changes:  # said once, here: what an actor makes of a change it says itself
             _log.info("the spec changed since the run last started", changes=describe_changes(changes))
+        for warning in check_records(run_dir, previous.records, spec):
+            _log.warning(warning)
     else:
         run_dir = create_run_dir(run_root if run_root is not None else spec.runtime.run_dir, spec.name)
         previous = None
@@ -233,6 +236,7 @@ async def open_session(
                 token_env=spec.bus.token_env or None,
                 token_file=str(run_dir / TOKEN_FILE) if token is not None else None,
                 spec=dict(spec.data) if spec.data is not None else None,
+                records=section_records(spec),
                 first_started_at=previous.first_started_at or previous.started_at if previous is not None else now,
                 resumes=previous.resumes + 1 if previous is not None else 0,
                 bus_restarts=previous.bus_restarts if previous is not None else 0,
