@@ -56,6 +56,18 @@ def _resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpe
     return resume_policy(path, recorded, policy)
 
 
+def _record_domain(path: KeyPath, domain: DomainSpec) -> dict[str, Any]:
+    from actors.domains._resume import record_domain
+
+    return record_domain(path, domain)
+
+
+def _resume_domain(path: KeyPath, recorded: Mapping[str, Any], domain: DomainSpec) -> Sequence[str]:
+    from actors.domains._resume import resume_domain  # opens task sources: imported when a run resumes
+
+    return resume_domain(path, recorded, domain)
+
+
 def _check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> DomainSpec:
     from actors.domains._checks import check_domain  # opens task sources: imported when a spec is checked
 
@@ -88,6 +100,8 @@ register_spec_section(
         entry_noun="domain",
         summary="task domains: where prompts come from and how completions are scored",
         check=_check_domain,
+        record=_record_domain,  # what decides the held-out split: a resume that moves training tasks into it warns
+        on_resume=_resume_domain,
     )
 )
 for _command in (
