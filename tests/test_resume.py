@@ -67,6 +67,23 @@ def wait_learner(run_dir: Path, ok: Any, timeout_s: float = 150) -> dict[str, An
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+def refused_resume(spec: Path, run_dir: Path) -> str:
+    """`flywheel up SPEC --resume RUN_DIR` refused before anything started: its one error line (which says how to
+    start a new run instead), no traceback, no replica started."""
+    result = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "up", str(spec), "--resume", str(run_dir), "--duration", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr
+    assert "start a new run: flywheel up" in errors[0] and "Traceback" not in result.stderr, errors[0]
+    assert not list((run_dir / "logs").iterdir())  # no replica started
+    return errors[0]
+
+
 def test_sigkill_of_the_whole_loop_then_resume_applies_nothing_twice_and_versions_continue(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("MODE", "async"))
@@ -142,18 +159,7 @@ def test_a_resume_with_another_model_is_refused_before_anything_starts(
     write_run_info(run_dir, info)
     write_tiny_hf_model(tmp_path / "hf")
     spec.write_text(SPEC.replace("MODE", "async").replace(*edit))
-    result = subprocess.run(
-        [sys.executable, "-m", "topology.cli", "up", str(spec), "--resume", str(run_dir), "--duration", "5"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=90,
-    )
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert result.returncode == 1 and len(errors) == 1, result.stderr
-    assert key in errors[0] and "start a new run: flywheel up" in errors[0], errors[0]
-    assert "Traceback" not in result.stderr
-    assert not list((run_dir / "logs").iterdir())  # no replica started
+    assert key in refused_resume(spec, run_dir)
 
 
 def test_how_the_model_runs_may_change_on_resume_what_it_is_may_not(tmp_path: Path) -> None:
@@ -230,15 +236,5 @@ def test_a_model_directory_replaced_under_the_same_path_is_refused_on_resume(tmp
     write_run_info(run_dir, info)
     shutil.rmtree(tmp_path / "hf")
     write_tiny_hf_model(tmp_path / "hf", n_embd=32)
-    result = subprocess.run(
-        [sys.executable, "-m", "topology.cli", "up", str(spec_path), "--resume", str(run_dir), "--duration", "5"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=90,
-    )
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert result.returncode == 1 and len(errors) == 1, result.stderr
-    assert f"policy.model is another model than the run started with: the config.json in {tmp_path / 'hf'}" in errors[0]
-    assert "start a new run: flywheel up" in errors[0] and "Traceback" not in result.stderr
-    assert not list((run_dir / "logs").iterdir())  # no replica started
+    error = refused_resume(spec_path, run_dir)
+    assert f"policy.model is another model than the run started with: the config.json in {tmp_path / 'hf'}" in error
