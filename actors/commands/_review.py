@@ -6,6 +6,10 @@ Contract:
   terminal's keyboard here, a scripted reviewer in ``bench/users.py``. ``good`` / ``bad`` are published on
   ``feedback`` with id ``review.<request id>`` and source ``review`` (the joiner then trains on them as
   ``origin: review``); ``skip`` takes the sample off the queue without a label; ``quit`` leaves it queued and stops.
+- A label is a first rating like a user's: it is claimed in the gateways' ledger of first ratings
+  (:class:`~actors.protocol.FirstRatings`) before it is published, so the user's own rating of the request afterwards
+  is answered ``duplicate`` by ``/v1/feedback``. A sample its user rated first is still labelled and published (the
+  joiner trains on the first applied, counts this one as a repeat), and counted as ``rated`` (the command says so).
 - What users sent and what the model answered is untrusted text: it is shown as plain text — never interpreted as
   rich markup — with control characters (terminal escapes, bidirectional overrides, zero-width characters)
   stripped (:func:`plain`).
@@ -15,6 +19,7 @@ Non-goals: several labels per sample, free-text corrections.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -52,10 +57,12 @@ def plain(text: str) -> str:
 
 async def review_samples(bus: Any, label: Label, *, limit: int | None = None, wait_s: float = 5.0) -> dict[str, int]:
     """Label queued samples with ``label`` until ``limit`` labels, a ``quit``, or an empty queue for ``wait_s``;
-    returns the counts of good, bad and skip, and ``empty`` 1 when it stopped on an empty queue."""
-    from actors.protocol import REVIEW_SOURCE, TrafficMsg
+    returns the counts of good, bad and skip, ``rated`` (labels of samples their users had rated first), and ``empty``
+    1 when it stopped on an empty queue."""
+    from actors.protocol import REVIEW_SOURCE, FirstRatings, TrafficMsg, rating_digest
 
-    counts = {"good": 0, "bad": 0, "skip": 0, "empty": 0}
+    ratings = await FirstRatings.existing(bus, bus.topology)
+    counts = {"good": 0, "bad": 0, "skip": 0, "rated": 0, "empty": 0}
     async with bus.consume("review", "review", model=TrafficMsg, batch=1) as queue:
         while limit is None or counts["good"] + counts["bad"] < limit:
             delivery: Any = None
@@ -70,16 +77,18 @@ async def review_samples(bus: Any, label: Label, *, limit: int | None = None, wa
                 await delivery.nak()
                 break
             if answer in _SCORES:
-                feedback = {
-                    "request_id": sample.request_id,
-                    "score": _SCORES[answer],
-                    "label": answer,
-                    "comment": "",
-                    "ts": time.time(),
-                }
-                await bus.publish(
-                    "feedback", "feedback", feedback, id=f"review.{sample.request_id}", source=REVIEW_SOURCE
-                )
+                rid, score = sample.request_id, _SCORES[answer]
+                digest = rating_digest(rid, score, answer, source=REVIEW_SOURCE)
+                first = await ratings.claim(rid, digest) if ratings is not None else True
+                feedback = {"request_id": rid, "score": score, "label": answer, "comment": "", "ts": time.time()}
+                try:
+                    await bus.publish("feedback", "feedback", feedback, id=f"review.{rid}", source=REVIEW_SOURCE)
+                except BaseException:
+                    if first and ratings is not None:
+                        with contextlib.suppress(Exception):  # the bus is away: the claim's TTL ends it
+                            await ratings.release(rid, digest)
+                    raise
+                counts["rated"] += 0 if first else 1
             counts[answer] += 1
             await delivery.ack()
     return counts
@@ -118,9 +127,10 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
         )
         raise click.ClickException(f"nothing to review in the run at {where}: {why}")
     counts = anyio.run(_review, where, limit, wait_s, backend="asyncio")
+    rated = f"; {counts['rated']} rated by their users first (recorded, not trained on)" if counts["rated"] else ""
     click.echo(
         f"labelled {counts['good'] + counts['bad']} (good {counts['good']}, bad {counts['bad']}), "
-        f"skipped {counts['skip']}"
+        f"skipped {counts['skip']}{rated}"
     )
 
 

@@ -31,9 +31,8 @@ from actors.gateway._client import ServeClient
 from actors.gateway._config import GatewayConfig
 from actors.gateway._http import http_protocol
 from actors.gateway._prompt import PromptBuilder
-from actors.gateway._ratings import FirstRatings
 from actors.policy import load_tokenizer
-from actors.protocol import domains_of, feedback_join, ping_subject, policy_of, serving_replicas
+from actors.protocol import FirstRatings, domains_of, feedback_join, ping_subject, policy_of, serving_replicas
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["GatewayActor", "generated_api_key", "read_api_keys"]

@@ -37,9 +37,9 @@ Contract:
   must be a JSON number, and one sent with a label must be the label's.
   Any request id is accepted, known or not, at any time: the joiner pairs it with its traffic record later (feedback
   whose request never comes within its window is counted as unmatched). The answer is 200 ``{"status": "accepted",
-  "id", "request_id", "score"}``; a rating of a request a gateway took another rating of already answers ``"status":
-  "duplicate"`` and a ``message`` (it is stored, and only the first trains: :mod:`actors.gateway._ratings`); the same
-  rating sent again (a retry) answers as the first did.
+  "id", "request_id", "score"}``; a rating of a request that was rated already (through a gateway or ``flywheel
+  review``) answers ``"status": "duplicate"`` and a ``message`` (it is stored, and only the first trains:
+  :mod:`actors.protocol._ratings`); the same rating sent again (a retry) answers as the first did.
 
 Non-goals: per-key quotas, TLS (put a proxy in front), CORS.
 """
@@ -80,8 +80,7 @@ from actors.gateway._prompt import (
     CompletionRequest,
     PromptBuilder,
 )
-from actors.gateway._ratings import FirstRatings
-from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, TrafficMsg
+from actors.protocol import FEEDBACK_LABELS, CompletionRecord, FeedbackMsg, FirstRatings, TrafficMsg, rating_digest
 
 __all__ = ["ApiKeys", "Gateway"]
 
@@ -251,7 +250,7 @@ class Gateway:
         msg = FeedbackMsg(
             request_id=body.request_id, score=score, label=label, comment=body.comment, ts=time.time(), key_id=key_id
         )
-        digest = hashlib.sha256(orjson.dumps([body.request_id, score, label, body.comment])).hexdigest()[:32]
+        digest = rating_digest(body.request_id, score, label, body.comment)
         first = True
         try:
             if self.ratings is not None:

@@ -3,8 +3,9 @@
 Kinds never import each other; what one publishes and another consumes is defined here once: the payloads of the
 durable channels (`PromptMsg` … `FeedbackMsg`), the serve protocol between gateway and serving generators, the
 application's spec sections (`PolicySpec`, `DomainSpec`; read them with `policy_of` / `domains_of`), the recorded
-parquet schema that the recorder writes and replay reads. Light on import (pydantic only; the recordings schema
-loads polars on first use). Everything here may be imported by kinds, libraries and application commands; nothing
+parquet schema that the recorder writes and replay reads, the ledger of each request's first rating
+(`FirstRatings`). Light on import (pydantic only; the recordings schema loads polars on first use, the ratings ledger
+the bus client). Everything here may be imported by kinds, libraries and application commands; nothing
 here imports them.
 """
 
@@ -59,6 +60,8 @@ from actors.protocol._status import LearnerStatus as LearnerStatus
 from topology import lazy_exports
 
 if TYPE_CHECKING:
+    from actors.protocol._ratings import FirstRatings as FirstRatings
+    from actors.protocol._ratings import rating_digest as rating_digest
     from actors.protocol._recordings import CHANNEL_MODELS as CHANNEL_MODELS
     from actors.protocol._recordings import frame as frame
     from actors.protocol._recordings import one_copy_per_seq as one_copy_per_seq
@@ -67,6 +70,8 @@ if TYPE_CHECKING:
     from actors.protocol._recordings import schema as schema
 
 _EXPORTS = {
+    "FirstRatings": "_ratings",
+    "rating_digest": "_ratings",
     "CHANNEL_MODELS": "_recordings",
     "frame": "_recordings",
     "one_copy_per_seq": "_recordings",
@@ -90,6 +95,7 @@ __all__ = [
     "CompletionRecord",
     "DomainSpec",
     "FeedbackMsg",
+    "FirstRatings",
     "HasDevice",
     "HasEngine",
     "JoinsFeedback",
@@ -117,6 +123,7 @@ __all__ = [
     "ping_subject",
     "policy_of",
     "rated_bucket",
+    "rating_digest",
     "read_recordings",
     "rows_of",
     "runs_on_cpu",

@@ -5,8 +5,8 @@
   gate, ``flywheel promote`` and ``rollback``); ``served.<actor>.<replica>`` (`served_key`) what each generator
   replica swapped in last, put right after the swap.
 - ``fw_<topology>_<what>`` (`join_bucket`): the joiner's state buckets.
-- ``fw_<topology>_feedback_rated`` (`rated_bucket`): the gateways' record of the first rating each request got (a
-  digest of it), so that a second one is answered as a duplicate.
+- ``fw_<topology>_feedback_rated`` (`rated_bucket`): the record of the first rating each request got through a gateway
+  or ``flywheel review`` (a digest of it: `actors.protocol._ratings`), so that a second one is answered as a duplicate.
 - `REVIEW_SOURCE`: the envelope source (and the feedback ``key_id``) of labels given through ``flywheel review``.
 - `RECORDED_CHANNELS`: the channels with a recorded schema (`actors.protocol._recordings`), here without its imports
   so that a spec check can name them.
@@ -50,5 +50,5 @@ def join_bucket(topology: str, what: str) -> str:
 
 
 def rated_bucket(topology: str) -> str:
-    """The KV bucket of the first rating each request got through a gateway (see the module docstring)."""
+    """The KV bucket of the first rating each request got (see the module docstring)."""
     return bucket_name(topology, "feedback_rated")

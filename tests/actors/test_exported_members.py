@@ -17,7 +17,7 @@ SURFACES: dict[str, set[str]] = {
         "schema", "ScoredCompletion", "ScoredMsg", "SERVE_PROTOCOL_VERSION", "SERVE_QUEUE", "serve_subject",
         "served_key", "SERVING", "TrafficMsg", "WarmStartSpec", "weights_bucket", "HasDevice", "HasEngine",
         "ServesUsers", "SyncsWeights", "cuda_missing_here", "runs_on_cpu", "serving_replicas", "weight_receivers",
-        "feedback_join", "JoinsFeedback", "rated_bucket",
+        "feedback_join", "JoinsFeedback", "rated_bucket", "FirstRatings", "rating_digest",
     },
     "actors.engines": {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",

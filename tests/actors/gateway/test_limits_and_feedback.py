@@ -7,13 +7,16 @@ import concurrent.futures
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.commands._review import review_samples
 from actors.gateway import GatewayConfig, read_api_keys
 from tests.actors.gateway.conftest import API_KEY, Running
+from tests.actors.recorder._support import traffic
 
 pytestmark = pytest.mark.timeout(60)
 CHAT = {"model": "flywheel", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -215,6 +218,26 @@ def test_a_second_rating_of_a_request_is_answered_as_a_duplicate(gateway: Runnin
     assert gateway.stored("feedback") == before + 1  # recorded, not trained on
     other = post(gateway, "/v1/feedback", json={"request_id": "fw-another", "score": 0.0}, key=API_KEY)
     assert other.json()["status"] == "accepted"  # per request
+
+
+def test_a_label_given_in_review_is_a_first_rating(gateway: Running) -> None:
+    """A label given through ``flywheel review`` left no mark in the gateways' ledger of first ratings: the user's own
+    rating of that request afterwards was answered ``accepted``, as if it would train, though the joiner applies only
+    the first. It is answered ``duplicate`` now — even when it says what the reviewer said (it is no retry of the
+    reviewer's label) — and a label of a request its user rated first is counted as ``rated``."""
+    reviewed, rated_by_user = (post(gateway, "/v1/chat/completions", json=CHAT).json()["id"] for _ in range(2))
+    user_first = post(gateway, "/v1/feedback", json={"request_id": rated_by_user, "label": "bad"}, key=API_KEY)
+    assert user_first.json()["status"] == "accepted"
+    for rid in (reviewed, rated_by_user):
+        gateway.run(gateway.bus.publish("review", "review", traffic(rid), id=f"review.{rid}"))
+
+    async def good(sample: Any, delivery: Any) -> str:
+        return "good"
+
+    counts = gateway.run(review_samples(gateway.bus, good, limit=2, wait_s=5))
+    assert (counts["good"], counts["rated"]) == (2, 1)
+    later = post(gateway, "/v1/feedback", json={"request_id": reviewed, "label": "good"}, key=API_KEY)
+    assert later.status_code == 200 and later.json()["status"] == "duplicate", later.text
 
 
 def test_saturation_answers_429_with_retry_after(gateway: Running) -> None:
