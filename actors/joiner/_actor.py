@@ -31,7 +31,8 @@ Contract:
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
   answers' quality as users rate it; a restart refills them from the newest "applied" marks, which record each
   join's reward and domain — a domain with fewer than one join in ``_SCORE_SCAN`` resumes with a shorter window),
-  ``feedback_waiting`` (feedback held for a request not seen yet), ``feedback.unmatched``.
+  ``feedback_waiting`` (feedback held for a request not seen yet), ``feedback.unmatched`` (counted by replica 0, in
+  every life of the joiner: its total is kept in a bucket of its own, see ``_state``).
 
 Non-goals: joining on anything but the request id; telling at once that a request id was never served (a request's
 record may reach the joiner after its feedback: only the window closing says it never will).
@@ -125,6 +126,8 @@ class JoinerActor(Actor[JoinerConfig]):
         # joins — rather than from 0, which the live view read as "no feedback joined"
         self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
         self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
+        if self.ctx.replica == 0:  # the replica that counts them (the live view sums the replicas)
+            self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
         await self._restore_scores()
         self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
         self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
@@ -254,8 +257,8 @@ class JoinerActor(Actor[JoinerConfig]):
             try:
                 if self.ctx.replica == 0:
                     for request_id in await self.state.expire_unmatched():
-                        self.ctx.counters.inc("feedback.unmatched")
                         self.ctx.log.info("joiner.unmatched", request_id=request_id, waited_s=self.config.window_s)
+                    self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
                 self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
             except Exception:  # the bus is away: look next time
                 pass

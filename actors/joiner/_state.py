@@ -9,6 +9,9 @@ a joiner that was away for a whole window left behind:
 - ``fw_<topology>_feedback_pending``: request id → the first feedback that arrived before its request.
 - ``fw_<topology>_feedback_applied``: request id → the feedback that was joined. Its presence is what makes
   repeated feedback count as a repeat: the first applied feedback wins.
+- ``fw_<topology>_joiner_totals``: what the joiner counts that no other bucket keeps a trace of, so that a restart
+  counts on: ``feedback_unmatched``, how much feedback :meth:`JoinState.expire_unmatched` ever removed (written
+  before each removal: a crash between the two counts that one twice, never none). No TTL, one key.
 
 Keys are the request ids when they are valid KV keys, else ``h_<sha256 prefix>`` of them.
 
@@ -45,6 +48,7 @@ _FULL = 10077  # JetStream: "maximum messages exceeded" (a discard-new stream at
 _MAKE_ROOM_TRIES = 8  # evictions one write may need (other writers may take the room first)
 _MARKER = "KV-Operation"  # header of a delete / purge marker (not an entry)
 _EXPIRE_PER_CALL = 1000  # unmatched feedback one call of expire_unmatched removes at most (the next call goes on)
+_UNMATCHED = "feedback_unmatched"  # the key of the unmatched total in the totals bucket
 
 
 def kv_key(request_id: str) -> str:
@@ -69,7 +73,9 @@ class JoinState:
         self.window_s = window_s
         self.max_pending = max_pending
         self.names = {what: join_bucket(topology, what) for what in ("traffic", "feedback_pending", "feedback_applied")}
+        self.totals_bucket = join_bucket(topology, "joiner_totals")
         self.evicted = dict.fromkeys(self.names, 0)
+        self.unmatched = 0  # feedback expire_unmatched removed, in every life of the joiner (read by open())
         self._on_evict = on_evict
         self._kv: dict[str, KeyValue] = {}
         self._js: JetStreamContext = bus.nc.jetstream()
@@ -80,6 +86,8 @@ class JoinState:
             await self._bus.ensure_kv(bucket, ttl_s=ttl_s)
             self._kv[what] = await self._js.key_value(bucket)
             await self._bound(bucket, ttl_s)
+        await self._bus.ensure_kv(self.totals_bucket)
+        self.unmatched = int(await self._bus.kv_get(self.totals_bucket, _UNMATCHED) or 0)
 
     async def _bound(self, bucket: str, ttl_s: float) -> None:
         """At most ``max_pending`` entries per bucket; a write into a full one is refused (and then makes room). The
@@ -122,7 +130,8 @@ class JoinState:
 
     async def expire_unmatched(self, limit: int = _EXPIRE_PER_CALL) -> list[str]:
         """Remove the feedback that has waited the whole window for its request, oldest first (at most ``limit``);
-        returns the request ids of those removed (their feedback matched no request the joiner saw)."""
+        returns the request ids of those removed (their feedback matched no request the joiner saw), each counted in
+        :attr:`unmatched` and its bucket first."""
         stream = f"KV_{self.names['feedback_pending']}"
         horizon = datetime.now(UTC) - timedelta(seconds=self.window_s)
         expired: list[str] = []
@@ -136,8 +145,12 @@ class JoinState:
                 continue  # joined or removed meanwhile: look again
             if oldest.time is not None and oldest.time > horizon:
                 break  # the oldest is still within its window: so is every other
+            marker = bool(oldest.headers and _MARKER in oldest.headers)
+            if not marker:  # counted before it goes: a restart must not count from 0 (nor lose this one)
+                await self._bus.kv_put(self.totals_bucket, _UNMATCHED, str(self.unmatched + 1).encode())
+                self.unmatched += 1
             await self._js.purge_stream(stream, subject=oldest.subject)
-            if oldest.headers and _MARKER in oldest.headers:
+            if marker:
                 continue  # a delete marker, not feedback
             request_id = str(orjson.loads(oldest.data or b"{}").get("feedback", {}).get("request_id", oldest.subject))
             expired.append(request_id)

@@ -332,3 +332,20 @@ async def test_feedback_for_a_request_never_served_stops_waiting_after_the_windo
             while joiner.ctx.counters.get("feedback_waiting") != 0:  # noqa: ASYNC110 — a counter, polled as the view does
                 await anyio.sleep(0.1)
         assert joiner.ctx.counters.get("feedback.unmatched") == 1 and joiner.ctx.counters.get("feedback.joined") == 1
+
+
+async def test_a_restarted_joiner_counts_on_the_unmatched_feedback(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """``feedback.unmatched`` started from 0 in every life of the joiner (a restart, ``up --resume``): the live view
+    lost the feedback that had named requests never served, while the other counters were restored from the buckets.
+    The total is kept on the bus; a restarted joiner counts on from it."""
+    spec = joiner_spec(tmp_path, "{window_s: 1}")
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            for i in range(2):
+                await gw.publish("feedback", "feedback", feedback(f"fw-never-{i}", score=1.0), id=f"f-never-{i}")
+            await until(joiner, "feedback.unmatched", 2, timeout_s=15)
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            assert joiner.ctx.counters.get("feedback.unmatched") == 2
+            await gw.publish("feedback", "feedback", feedback("fw-never-2", score=1.0), id="f-never-2")
+            await until(joiner, "feedback.unmatched", 3, timeout_s=15)
+            assert joiner.state.unmatched == 3
