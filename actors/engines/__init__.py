@@ -19,6 +19,7 @@ from actors.engines._types import GenerationRequest as GenerationRequest
 from actors.engines._types import RequestError as RequestError
 from actors.engines._types import SamplingParams as SamplingParams
 from actors.engines._types import Tokenizer as Tokenizer
+from actors.engines._types import UnsupportedServerError as UnsupportedServerError
 from actors.engines._types import WeightSource as WeightSource
 from actors.engines._types import WeightUpdateError as WeightUpdateError
 from topology import lazy_exports
@@ -65,6 +66,7 @@ __all__ = [
     "StepHook",
     "Tokenizer",
     "TorchEngine",
+    "UnsupportedServerError",
     "VLLMEngine",
     "WeightBroadcaster",
     "WeightGroup",

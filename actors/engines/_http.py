@@ -20,12 +20,28 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 import httpx
 
-from actors.engines._types import Completion, FinishReason, GenerationRequest, SamplingParams, WeightSource
+from actors.engines._types import (
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    UnsupportedServerError,
+    WeightSource,
+)
 
 if TYPE_CHECKING:
     from actors.engines._group import Broadcaster, DistributedWeights
 
-__all__ = ["Chunk", "EngineHTTPError", "HTTPCaller", "HTTPEngine", "HTTPOptions", "reported_version", "sampling_fields"]
+__all__ = [
+    "Chunk",
+    "EngineHTTPError",
+    "EngineUnsupportedError",
+    "HTTPCaller",
+    "HTTPEngine",
+    "HTTPOptions",
+    "reported_version",
+    "sampling_fields",
+]
 
 
 class EngineHTTPError(RuntimeError):
@@ -40,6 +56,10 @@ class EngineHTTPError(RuntimeError):
         self.message = message
         where = f"HTTP {status}" if status is not None else "no response"
         super().__init__(f"{engine} server {url}: {method} {path} failed ({where}): {message}")
+
+
+class EngineUnsupportedError(EngineHTTPError, UnsupportedServerError):
+    """A call failed because the server lacks what it needs (a route, an argument); the message says what to run."""
 
 
 def _server_message(response: httpx.Response) -> str:

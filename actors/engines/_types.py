@@ -37,6 +37,11 @@ class EngineClosedError(RuntimeError):
     """The engine was closed while a request was waiting or running."""
 
 
+class UnsupportedServerError(RuntimeError):
+    """An inference server lacks what a call needs — an older release, or one not started in the mode the call needs:
+    trying again fails the same way until the server is replaced. The message says what it needs."""
+
+
 class RequestError(ValueError):
     """A request this engine can never serve as made — its prompt is empty, holds a token outside the vocabulary, or
     leaves no room in the model's context: trying it again fails the same way."""

@@ -25,6 +25,10 @@ Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which
     (vLLM's worker-side reload; no disk route exists), then ``/reset_prefix_cache`` and
     ``/update_weight_version`` (tolerated when missing on older servers).
   Both are bracketed by ``/pause?mode=…`` and ``/resume`` unless the caller already paused.
+* Loading weights needs vLLM :attr:`VLLMEngine.min_release` or newer started with ``VLLM_SERVER_DEV_MODE=1``. A server
+  without those routes (404, 405: no dev mode, or too old) or whose reload takes no ``weights_path`` (it says so, or
+  ``GET /version`` names an older release) fails the update with :class:`EngineUnsupportedError` (an
+  :class:`UnsupportedServerError`), whose one line says what to run; the weights it serves stay as they were.
 * Every failure is an :class:`EngineHTTPError` naming the server URL and the call.
 
 Non-goals: no streaming, no chat endpoint, no LoRA hot-swap, no multi-server routing.
@@ -34,15 +38,45 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+from collections.abc import Mapping
 from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
-from actors.engines._http import Chunk, EngineHTTPError, HTTPEngine, HTTPOptions, reported_version, sampling_fields
-from actors.engines._types import GenerationRequest
+from actors.engines._http import (
+    Chunk,
+    EngineHTTPError,
+    EngineUnsupportedError,
+    HTTPEngine,
+    HTTPOptions,
+    reported_version,
+    sampling_fields,
+)
+from actors.engines._types import GenerationRequest, WeightSource
 
-__all__ = ["VLLMEngine"]
+__all__ = ["VLLMEngine", "release_tuple"]
 
 PauseMode = Literal["keep", "abort", "wait"]
+
+# the dev-mode routes an update goes through (VLLM_SERVER_DEV_MODE=1): a 404 or 405 from one means the server lacks it
+_DEV_ROUTES = frozenset(
+    {
+        "/pause",
+        "/resume",
+        "/collective_rpc",
+        "/reset_prefix_cache",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+    }
+)
+
+
+def release_tuple(release: str) -> tuple[int, ...] | None:
+    """``"0.11.2rc1.dev3+g…"`` → ``(0, 11, 2)``; None when ``release`` does not start with a version number."""
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", release.strip())
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
 
 
 def _token_id(entry: Any) -> int:
@@ -56,6 +90,9 @@ class VLLMEngine(HTTPEngine):
     """Drive one vLLM server. ``await engine.start()`` (or ``async with``) before use."""
 
     name = "vllm"
+    # the oldest vLLM release this client loads weights into: the routes and arguments of reference/ENGINES.md
+    # (/pause?mode=keep, /collective_rpc reload_weights with weights_path, /weight_info, /update_weight_version)
+    min_release = "0.20"
 
     def __init__(
         self,
@@ -142,6 +179,47 @@ class VLLMEngine(HTTPEngine):
     async def resume(self) -> None:
         await self._http.call("POST", "/resume")
         self._paused = False
+
+    async def update_weights(self, version: int, source: WeightSource | DistributedWeights) -> None:
+        try:
+            await super().update_weights(version, source)
+        except EngineHTTPError as exc:
+            unsupported = await self._unsupported(exc)
+            if unsupported is None:
+                raise
+            raise unsupported from None
+
+    async def _unsupported(self, exc: EngineHTTPError) -> EngineUnsupportedError | None:
+        """``exc`` as what it is when the server lacks what loading weights needs (see the module docstring); None
+        when it failed for another reason."""
+        if exc.status is None or exc.path not in _DEV_ROUTES or isinstance(exc, EngineUnsupportedError):
+            return None
+        release = await self._release()
+        running = release_tuple(release) if release else None
+        too_old = running is not None and running < (release_tuple(self.min_release) or ())
+        reload_refused = exc.path == "/collective_rpc" and (too_old or "weights_path" in exc.message)
+        if exc.status not in (404, 405) and not reload_refused:
+            return None
+        runs = f"; this one runs vLLM {release}" if release else ""
+        return EngineUnsupportedError(
+            self.name,
+            self.url,
+            exc.method,
+            exc.path,
+            exc.status,
+            f"{exc.message} — this server cannot load new weights: flywheel needs vLLM {self.min_release} or newer "
+            "started with VLLM_SERVER_DEV_MODE=1 (its /pause, /resume and /collective_rpc routes, and a reload_weights "
+            f"that takes weights_path){runs}. Upgrade or restart it so; until then it serves the weights it has",
+        )
+
+    async def _release(self) -> str | None:
+        """The vLLM release the server says it runs (``GET /version``), or None."""
+        try:
+            body = await self._http.call("GET", "/version", retries=0)
+        except EngineHTTPError:
+            return None
+        found = body.get("version") if isinstance(body, Mapping) else None
+        return str(found) if found else None
 
     async def _load_from_disk(self, version: int, path: str) -> None:
         await self._http.call(

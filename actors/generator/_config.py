@@ -19,6 +19,7 @@ class GeneratorConfig(SpecModel):
     """Fields of a `generator` actor block (besides kind/replicas/resources/consumes/publishes)."""
 
     engine: Literal["torch", "sglang", "vllm"] = "torch"  # torch: in-process; sglang/vllm: a running server
+    #   (vllm: 0.20 or newer, started with VLLM_SERVER_DEV_MODE=1: its dev-mode routes load the new weights)
     url: str | None = None  # base URL of the sglang/vllm server (http://host:30000); required for those engines
     device: Literal["auto", "cpu", "cuda"] = "auto"  # torch engine: where the model runs; auto = cuda if present
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # torch engine: weights and activations

@@ -8,7 +8,13 @@ tokenizer) and honours ``logprobs``, ``return_token_ids`` and ``return_tokens_as
 the weight-transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
 ``/update_weights``, ``/finish_weight_update``) over a torch.distributed gloo group — where real vLLM uses
 its own NCCL rendezvous. ``/weight_info`` reports the label set by ``/finish_weight_update`` or
-``/update_weight_version``. Bad payloads answer 400 ``{"error": …}`` and change nothing.
+``/update_weight_version``. Bad payloads answer 400 ``{"error": …}`` and change nothing. ``GET /version`` says
+``release``.
+
+It can answer as the older servers users meet: ``dev_mode=False`` (not started with ``VLLM_SERVER_DEV_MODE=1``)
+leaves out every dev-mode route (``/pause``, ``/collective_rpc``, ``/weight_info``, …: 404 ``{"detail": "Not
+Found"}``, as FastAPI answers); a ``release`` older than :attr:`~actors.engines.VLLMEngine.min_release` has a worker
+``reload_weights`` that takes no ``weights_path``: ``/collective_rpc`` answers 500 with the worker's ``TypeError``.
 
 Non-goals: chat completions, streaming, n > 1, top-logprob alternatives, LoRA, sleep/wake.
 """
@@ -22,7 +28,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from actors.engines import Completion, GenerationRequest, SamplingParams, TorchEngine, WeightUpdateError
+from actors.engines import Completion, GenerationRequest, SamplingParams, TorchEngine, VLLMEngine, WeightUpdateError
+from actors.engines._vllm import release_tuple
 from actors.testing._host import EngineHost, served_name
 from actors.testing._server import AppServer
 
@@ -36,9 +43,19 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 class FakeVLLMServer(AppServer):
     """``async with FakeVLLMServer(engine) as server: VLLMEngine(server.url)``."""
 
-    def __init__(self, engine: TorchEngine, *, model: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: TorchEngine,
+        *,
+        model: str | None = None,
+        port: int | None = None,
+        release: str = VLLMEngine.min_release,
+        dev_mode: bool = True,
+    ) -> None:
         self.host = EngineHost(engine)
         self.model = model or served_name(engine)  # as `--model-path` / `vllm serve` name it
+        self.release = release  # the vLLM release it answers as (GET /version)
+        self.dev_mode = dev_mode  # started with VLLM_SERVER_DEV_MODE=1: the routes that pause and load weights
         self.weight_version = "default"  # vLLM's label for the weights it started with
         self._updating = False
         super().__init__(self._build(), port=port)
@@ -84,6 +101,10 @@ class FakeVLLMServer(AppServer):
         async def health() -> dict[str, Any]:
             return {}
 
+        @app.get("/version")
+        async def version() -> dict[str, Any]:
+            return {"version": self.release}
+
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "flywheel"}]}
@@ -126,6 +147,15 @@ class FakeVLLMServer(AppServer):
                 },
             }
 
+        if self.dev_mode:
+            self._dev_routes(app)
+        return app
+
+    def _dev_routes(self, app: FastAPI) -> None:
+        """The routes vLLM serves only with ``VLLM_SERVER_DEV_MODE=1``."""
+        host = self.host
+        reload_takes_path = (release_tuple(self.release) or (0,)) >= (release_tuple(VLLMEngine.min_release) or ())
+
         @app.post("/pause")
         async def pause(mode: str = "abort") -> dict[str, Any]:
             await host.pause(mode)
@@ -165,6 +195,12 @@ class FakeVLLMServer(AppServer):
                     f"got {body.get('method')!r}"
                 )
             kwargs = body.get("kwargs") or {}
+            if "weights_path" in kwargs and not reload_takes_path:  # the worker's own TypeError, from the engine core
+                return _error(
+                    "Call to collective_rpc method failed: reload_weights() got an unexpected keyword argument "
+                    "'weights_path'",
+                    status=500,
+                )
             path = kwargs.get("weights_path") or (body.get("args") or [None])[0]
             if not isinstance(path, str):
                 return _error("reload_weights needs kwargs.weights_path (a safetensors file or directory)")
@@ -211,8 +247,6 @@ class FakeVLLMServer(AppServer):
             if body and body.get("weight_version") is not None:
                 self.weight_version = str(body["weight_version"])
             return {"message": "Weight update finished"}
-
-        return app
 
     async def stop(self) -> None:
         await super().stop()

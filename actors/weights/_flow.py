@@ -18,7 +18,11 @@ Guarantees:
   version is tried again, first after ``retry_s``, then less and less often (up to ``retry_max_s``), until it holds —
   unless its payload is gone for good (``WeightPayloadGone``: a shared-memory slot of the run before a resume, or one
   rewritten with a newer version): that is logged as ``weights.unavailable``, not counted, and the engine waits for
-  the next announcement.
+  the next announcement;
+- a server that cannot load weights at all (``UnsupportedServerError``: an older release, a mode it was not started
+  in) is not tried again on a timer: its reason is logged once as ``weights.unsupported`` (an error, saying what to
+  run) and stays in :attr:`WeightSubscriber.failing`; each newer announcement is tried once (the server may have been
+  replaced meanwhile), counted as rejected when it fails the same way.
 
 Non-goals: no consensus about "which version is live everywhere" — status heartbeats report each generator's
 version; the promotion gate decides what *serving* generators watch.
@@ -36,7 +40,7 @@ from typing import Any
 import anyio
 import torch
 
-from actors.engines import Engine
+from actors.engines import Engine, UnsupportedServerError
 from actors.protocol import CURRENT, SERVING, weights_bucket
 from actors.weights._manifest import WeightManifest, WeightPayloadError, WeightPayloadGone
 from actors.weights._transports import CollectiveTransport, SafetensorsDirTransport, WeightTransport
@@ -136,6 +140,7 @@ class WeightSubscriber:
         self.last_error = ""
         self._latest: int | None = None  # the newest version announced to run()
         self._gone: int | None = None  # the newest version whose payload was gone for good (not tried again)
+        self._unsupported: int | None = None  # the newest version the server could not load at all (not tried again)
         self.last_swap_s = 0.0
 
     async def run(self) -> None:
@@ -178,7 +183,7 @@ class WeightSubscriber:
                         continue
                     retry_s = self.retry_s
                     self._latest = latest.version
-                elif latest is None or latest.version in (self._engine.version, self._gone):
+                elif latest is None or latest.version in (self._engine.version, self._gone, self._unsupported):
                     retry_s = self.retry_s  # held: look again in a moment (a restarted server drops it)
                     continue
                 else:
@@ -236,6 +241,14 @@ class WeightSubscriber:
             self._gone = manifest.version
             self._emit("weights.unavailable", {"version": manifest.version, "reason": str(exc)})
             return False
+        except UnsupportedServerError as exc:  # no version loads until the server is replaced: say so once
+            self._unsupported = manifest.version
+            said = self.last_error == str(exc)
+            self.rejected += 1
+            self.last_error = str(exc)
+            if not said:
+                self._emit("weights.unsupported", {"version": manifest.version, "reason": str(exc)})
+            return False
         except (WeightPayloadError, ValueError, RuntimeError, OSError) as exc:
             self._reject(manifest.version, str(exc))
             return False
@@ -286,6 +299,7 @@ class WeightSubscriber:
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
         if self._log is not None:
-            (self._log.warning if event.endswith("rejected") else self._log.info)(event, **fields)
+            level = {"weights.rejected": self._log.warning, "weights.unsupported": self._log.error}
+            level.get(event, self._log.info)(event, **fields)
         if self._on_event is not None:
             self._on_event(event, fields)

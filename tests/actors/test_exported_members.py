@@ -23,7 +23,7 @@ SURFACES: dict[str, set[str]] = {
         "Broadcaster", "Completion", "DistributedWeights", "Engine", "EngineClosedError", "EngineHTTPError",
         "FinishReason", "GenerationRequest", "RequestError", "parse_dtype", "receive_weights", "SamplingParams",
         "SGLangEngine", "StepHook", "Tokenizer", "TorchEngine", "VLLMEngine", "WeightBroadcaster", "WeightGroup",
-        "WeightSource", "WeightUpdateError",
+        "WeightSource", "WeightUpdateError", "UnsupportedServerError",
     },
     "actors.domains": {
         "ArithmeticOptions", "build_verifier", "BUILTIN_SOURCES", "BuiltinSource", "Domain", "domains_from_spec",

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,11 +17,12 @@ from actors.engines import (
     DistributedWeights,
     EngineHTTPError,
     TorchEngine,
+    UnsupportedServerError,
     VLLMEngine,
     WeightBroadcaster,
 )
 from actors.testing import FakeVLLMServer, free_port
-from tests.actors.engines._rig import perturbed, request, run_against
+from tests.actors.engines._rig import make_engine, perturbed, request, run_against
 
 
 def run(scenario: Callable[[TorchEngine, FakeVLLMServer, VLLMEngine], Awaitable[None]]) -> None:
@@ -115,5 +117,46 @@ def test_server_down_fails_fast_naming_url_and_call() -> None:
         with pytest.raises(EngineHTTPError, match="POST /pause"):
             await client.pause()
         await client.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("server_kwargs", "status", "says"),
+    [
+        ({"dev_mode": False}, 404, "POST /pause failed (HTTP 404)"),
+        ({"release": "0.11.0"}, 500, "this one runs vLLM 0.11.0"),
+    ],
+    ids=["no-dev-mode", "older-release"],
+)
+def test_a_server_that_cannot_load_weights_says_what_to_run(
+    tmp_path: Path, server_kwargs: dict[str, Any], status: int, says: str
+) -> None:
+    """A vLLM server started without VLLM_SERVER_DEV_MODE=1, or of a release whose reload takes no weights_path,
+    failed each update with a bare "HTTP 404: Not Found" (or the worker's TypeError), and the generator tried again
+    and again. The update now fails with an UnsupportedServerError whose one line names the release and the mode
+    needed; the server keeps serving what it had."""
+
+    async def main() -> None:
+        engine = make_engine()
+        try:
+            async with FakeVLLMServer(engine, **server_kwargs) as server:
+                client = VLLMEngine(server.url, timeout_s=30)
+                await client.start(health_timeout_s=10)
+                [before] = await client.generate([request()])
+                save_file(perturbed(engine), str(tmp_path / "model.safetensors"))
+                with pytest.raises(UnsupportedServerError) as info:
+                    await client.update_weights(1, str(tmp_path))
+                error = info.value
+                assert isinstance(error, EngineHTTPError) and error.status == status and server.url in str(error)
+                assert says in str(error) and "\n" not in str(error)
+                assert f"vLLM {VLLMEngine.min_release} or newer" in str(error)
+                assert "VLLM_SERVER_DEV_MODE=1" in str(error) and "weights_path" in str(error)
+                assert client.version == 0 and engine.version == 0 and not server.host.paused
+                [after] = await client.generate([request()])
+                assert after.token_ids == before.token_ids
+                await client.close()
+        finally:
+            await engine.close()
 
     asyncio.run(main())

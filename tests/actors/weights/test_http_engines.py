@@ -213,3 +213,52 @@ async def test_a_restarted_server_labels_its_tokens_0_and_gets_the_current_versi
     assert client.version == 1 and second.version == 1
     live = second.policy.state_dict()
     assert all(torch.equal(live[k], state[k]) for k in live)
+
+
+async def test_a_server_that_cannot_load_weights_is_told_once_and_not_tried_again_on_a_timer(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A vLLM server without the routes loading needs (here: not started in dev mode) refused every version, and the
+    subscriber tried it again every few seconds for ever, logging the same bare "HTTP 404: Not Found". It now says why
+    once (``weights.unsupported``, naming the release and the mode needed), keeps it in ``failing`` (the heartbeat's
+    ``weights_error``), and tries again only when a newer version is announced (the server may have been replaced)."""
+    served = make_engine()
+    events: list[str] = []
+    try:
+        async with FakeVLLMServer(served, dev_mode=False) as running:
+            client = VLLMEngine(running.url, timeout_s=30, retries=0)
+            await client.start(health_timeout_s=10)
+            transport = SafetensorsDirTransport(tmp_path / "learner")
+            subscriber = WeightSubscriber(
+                bus,
+                bus.topology,
+                client,
+                {"disk": transport},
+                retry_s=0.05,
+                retry_max_s=0.05,
+                on_event=lambda event, fields: events.append(event),
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(subscriber.run)
+                publisher = WeightPublisher(bus, bus.topology, transport)
+                await publisher.publish(1, perturbed(served, seed=1))
+                with anyio.fail_after(20):
+                    for _ in iter(int, 1):
+                        if events:
+                            break
+                        await anyio.sleep(0.02)
+                await anyio.sleep(0.5)  # ten retry periods: the version is not tried again
+                assert (events, subscriber.rejected) == (["weights.unsupported"], 1)
+                assert subscriber.failing.startswith("v1: ") and "VLLM_SERVER_DEV_MODE=1" in subscriber.failing
+                await publisher.publish(2, perturbed(served, seed=2))
+                with anyio.fail_after(20):
+                    for _ in iter(int, 1):
+                        if subscriber.rejected == 2:
+                            break
+                        await anyio.sleep(0.02)
+                assert events == ["weights.unsupported"] and subscriber.failing.startswith("v2: ")
+                tg.cancel_scope.cancel()
+            await client.close()
+    finally:
+        await served.close()
+    assert client.version == 0 and served.version == 0
