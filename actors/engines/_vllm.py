@@ -15,6 +15,13 @@ Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which
   version — the conservative side for staleness. Use ``pause_mode="abort"`` for exact per-token versions. After a
   call that could not connect, the next request first reads ``/weight_info``: a restarted server says ``"default"``
   (the weights it started with), the tracked version drops to 0, and the current one is loaded again.
+* A server restarted between two calls (none failed) is found the same way: once the server holds a version label we
+  gave it, every completion that comes back is followed by a read of ``/weight_info`` started after it came back (one
+  read at a time, shared by the completions that came back before it started). ``"default"`` there means the server
+  restarted: the completion's tokens are labelled 0 (so are those of completions sent before that was found and
+  answered after), the tracked version drops to 0, and the current one is loaded again. A server that keeps no labels
+  (``/weight_info`` or ``/update_weight_version`` missing: no dev mode, or an older release) offers no way to tell:
+  there a restart is found only at the next call that cannot connect.
 * ``update_weights(version, source)``:
   - :class:`DistributedWeights` → ``/init_weight_transfer_engine`` once (concurrently with the trainer's
     ``connect``), then per update ``/start_weight_update``, ``/update_weights`` (concurrently with the
@@ -105,6 +112,10 @@ class VLLMEngine(HTTPEngine):
         super().__init__(url, **options)
         self.model = model
         self.pause_mode: PauseMode = pause_mode
+        self._labelled = False  # the server holds a version label we gave it (a restart turns it back to "default")
+        self._restarts = 0  # restarts found: a completion sent before one was found is labelled 0 when it comes back
+        self._returned = 0  # completions come back so far (what a read of /weight_info started after covers)
+        self._check: tuple[int, asyncio.Future[bool]] | None = None  # the newest read: (completions it covers, it)
 
     async def start(self, *, health_timeout_s: float = 60.0) -> None:
         """Wait for ``/health``, learn the served model name and, where the server reports one, its version."""
@@ -130,7 +141,38 @@ class VLLMEngine(HTTPEngine):
         found = reported_version(body.get("weight_version")) if isinstance(body, dict) else None
         if found is not None:  # "default": the weights it started with (0); no label at all: keep ours
             self._version = found
+            self._labelled = found != 0
         return self._version
+
+    async def _restarted(self) -> bool:
+        """Whether the server restarted since it took the version label we gave it (see the module docstring), asked
+        by a completion that just came back."""
+        if not self._labelled:
+            return False
+        self._returned += 1
+        mine = self._returned
+        while True:
+            if self._check is not None:
+                covers, read = self._check
+                if covers >= mine:
+                    return await asyncio.shield(read)
+                if not read.done():  # started before this completion came back: the next read is its own
+                    await asyncio.shield(read)
+                    continue
+            self._check = (self._returned, asyncio.ensure_future(self._read_restart()))
+
+    async def _read_restart(self) -> bool:
+        try:
+            body = await self._http.call("GET", "/weight_info", retries=0)
+        except Exception:  # not answering now: the next call that cannot connect has the next request look again
+            return False
+        if not self._labelled or not isinstance(body, Mapping) or reported_version(body.get("weight_version")) != 0:
+            return False
+        # "default" where our label was: it restarted and serves the weights it started with
+        self._version = 0
+        self._labelled = False
+        self._restarts += 1
+        return True
 
     # ---- generation ------------------------------------------------------------------------------
 
@@ -151,7 +193,7 @@ class VLLMEngine(HTTPEngine):
         if self._http.lost_contact:  # completions carry no version: after an outage, ask whether it still holds ours
             self._http.lost_contact = False
             await self.refresh_version()
-        version = self._version
+        version, restarts = self._version, self._restarts
         body = await self._http.call("POST", "/v1/completions", json=self._payload(request, prefix), idempotent=False)
         try:
             choice = body["choices"][0]
@@ -168,6 +210,8 @@ class VLLMEngine(HTTPEngine):
             raise EngineHTTPError(
                 self.name, self.url, "POST", "/v1/completions", 200, f"malformed response: {exc}"
             ) from None
+        if version != 0 and (await self._restarted() or restarts != self._restarts):
+            version = 0  # made by a restarted server: the weights it started with
         return Chunk(chunk_ids, chunk_logprobs, version, str(choice.get("text") or ""), reason)
 
     # ---- control ---------------------------------------------------------------------------------
@@ -238,6 +282,9 @@ class VLLMEngine(HTTPEngine):
         except EngineHTTPError as exc:
             if exc.status != 404:  # older servers: the client-side version is all there is
                 raise
+            self._labelled = False
+            return
+        self._labelled = True
 
     async def _join_group(self, broadcaster: Broadcaster) -> None:
         await self._http.call(
@@ -267,3 +314,4 @@ class VLLMEngine(HTTPEngine):
         )
         await asyncio.gather(receive, asyncio.to_thread(source.broadcaster.broadcast, source.tensors))
         await self._http.call("POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False)
+        self._labelled = True

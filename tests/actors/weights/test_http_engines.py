@@ -262,3 +262,55 @@ async def test_a_server_that_cannot_load_weights_is_told_once_and_not_tried_agai
     finally:
         await served.close()
     assert client.version == 0 and served.version == 0
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_call(
+    bus: Bus, tmp_path: Path, server: str
+) -> None:
+    """A vLLM server restarted between two calls, none of which failed, served the weights it started with while its
+    tokens were labelled with the version it had before, and nobody loaded that version again: completions carry no
+    version, and only a call that could not connect made the client look. The first completion after the restart is
+    labelled 0 and the current version is loaded again, as with SGLang (whose completions say their version)."""
+    first, second = make_engine(), make_engine()
+    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
+    told, heard = anyio.create_memory_object_stream[str](16)
+    try:
+        running = fake(first)
+        await running.start()
+        client = client_type(running.url, timeout_s=30, retries=0)
+        await client.start(health_timeout_s=10)
+        transport = SafetensorsDirTransport(tmp_path / "learner")
+        subscriber = WeightSubscriber(
+            bus,
+            bus.topology,
+            client,
+            {"disk": transport},
+            retry_s=0.2,
+            on_event=lambda event, fields: told.send_nowait(event),
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscriber.run)
+            state = perturbed(first, seed=1)
+            await WeightPublisher(bus, bus.topology, transport).publish(1, state)
+            with anyio.fail_after(20):
+                assert await heard.receive() == "weights.swapped"
+            [before] = await client.generate([request("before", tokens=4)])
+            await running.stop()  # no call while it is down
+            running = fake(second, port=int(running.url.rsplit(":", 1)[1]))
+            await running.start()
+            [after] = await client.generate([request("after", tokens=4)])
+            with anyio.fail_after(20):
+                while await heard.receive() != "weights.swapped":
+                    pass
+            [reloaded] = await client.generate([request("reloaded", tokens=4)])
+            tg.cancel_scope.cancel()
+        await client.close()
+        await running.stop()
+    finally:
+        await first.close()
+        await second.close()
+    assert (set(before.versions), set(after.versions), set(reloaded.versions)) == ({1}, {0}, {1})
+    assert client.version == 1 and second.version == 1
+    live = second.policy.state_dict()
+    assert all(torch.equal(live[k], state[k]) for k in live)
