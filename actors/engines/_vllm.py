@@ -16,10 +16,13 @@ Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which
   call that could not connect, the next request first reads ``/weight_info``: a restarted server says ``"default"``
   (the weights it started with), the tracked version drops to 0, and the current one is loaded again.
 * A server restarted between two calls (none failed) is found the same way: once the server holds a version label we
-  gave it, every completion that comes back is followed by a read of ``/weight_info`` started after it came back (one
-  read at a time, shared by the completions that came back before it started). ``"default"`` there means the server
-  restarted: the completion's tokens are labelled 0 (so are those of completions sent before that was found and
-  answered after), the tracked version drops to 0, and the current one is loaded again. A server that keeps no labels
+  gave it, a completion that comes back at least :attr:`VLLMEngine.restart_check_s` after the last look waits for a
+  read of ``/weight_info`` (one read at a time; the completions that come back meanwhile do not wait). ``"default"``
+  there means the server restarted: that completion's tokens are labelled 0 (so are those of completions sent before
+  that was found and answered after), the tracked version drops to 0, and the current one is loaded again. Completions
+  that came back from a restarted server before that read keep their label: at most ``restart_check_s`` of them, and
+  their logprobs are the server's own, so the learner's importance weights still see what sampled them. Looking after
+  every completion would cost each one a round trip for an event this rare. A server that keeps no labels
   (``/weight_info`` or ``/update_weight_version`` missing: no dev mode, or an older release) offers no way to tell:
   there a restart is found only at the next call that cannot connect.
 * ``update_weights(version, source)``:
@@ -46,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, Unpack
 
@@ -100,6 +104,8 @@ class VLLMEngine(HTTPEngine):
     # the oldest vLLM release this client loads weights into: the routes and arguments of reference/ENGINES.md
     # (/pause?mode=keep, /collective_rpc reload_weights with weights_path, /weight_info, /update_weight_version)
     min_release = "0.20"
+    # how often a completion that came back looks whether the server restarted (see the module docstring)
+    restart_check_s = 2.0
 
     def __init__(
         self,
@@ -114,8 +120,7 @@ class VLLMEngine(HTTPEngine):
         self.pause_mode: PauseMode = pause_mode
         self._labelled = False  # the server holds a version label we gave it (a restart turns it back to "default")
         self._restarts = 0  # restarts found: a completion sent before one was found is labelled 0 when it comes back
-        self._returned = 0  # completions come back so far (what a read of /weight_info started after covers)
-        self._check: tuple[int, asyncio.Future[bool]] | None = None  # the newest read: (completions it covers, it)
+        self._looked = -math.inf  # when a completion last started a read of /weight_info (monotonic)
 
     async def start(self, *, health_timeout_s: float = 60.0) -> None:
         """Wait for ``/health``, learn the served model name and, where the server reports one, its version."""
@@ -146,20 +151,12 @@ class VLLMEngine(HTTPEngine):
 
     async def _restarted(self) -> bool:
         """Whether the server restarted since it took the version label we gave it (see the module docstring), asked
-        by a completion that just came back."""
-        if not self._labelled:
+        by a completion that just came back: read at most once per ``restart_check_s``, else False at once."""
+        now = time.monotonic()
+        if not self._labelled or now - self._looked < self.restart_check_s:
             return False
-        self._returned += 1
-        mine = self._returned
-        while True:
-            if self._check is not None:
-                covers, read = self._check
-                if covers >= mine:
-                    return await asyncio.shield(read)
-                if not read.done():  # started before this completion came back: the next read is its own
-                    await asyncio.shield(read)
-                    continue
-            self._check = (self._returned, asyncio.ensure_future(self._read_restart()))
+        self._looked = now
+        return await self._read_restart()
 
     async def _read_restart(self) -> bool:
         try:

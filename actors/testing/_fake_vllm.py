@@ -57,6 +57,7 @@ class FakeVLLMServer(AppServer):
         self.release = release  # the vLLM release it answers as (GET /version)
         self.dev_mode = dev_mode  # started with VLLM_SERVER_DEV_MODE=1: the routes that pause and load weights
         self.weight_version = "default"  # vLLM's label for the weights it started with
+        self.weight_info_reads = 0  # GET /weight_info answered (how often a client looks)
         self._updating = False
         super().__init__(self._build(), port=port)
 
@@ -176,6 +177,7 @@ class FakeVLLMServer(AppServer):
 
         @app.get("/weight_info")
         async def weight_info() -> dict[str, Any]:
+            self.weight_info_reads += 1
             return {"weight_version": self.weight_version}
 
         @app.post("/update_weight_version")

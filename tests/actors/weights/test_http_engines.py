@@ -133,6 +133,8 @@ async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is
         await running.start()
         client = client_type(running.url, timeout_s=30, retries=0)
         await client.start(health_timeout_s=10)
+        if isinstance(client, VLLMEngine):
+            client.restart_check_s = 1.0
         transport = SafetensorsDirTransport(tmp_path / "learner")
         subscriber = WeightSubscriber(
             bus,
@@ -179,6 +181,8 @@ async def test_a_restarted_server_labels_its_tokens_0_and_gets_the_current_versi
         await running.start()
         client = client_type(running.url, timeout_s=30, retries=0)
         await client.start(health_timeout_s=10)
+        if isinstance(client, VLLMEngine):
+            client.restart_check_s = 1.0
         transport = SafetensorsDirTransport(tmp_path / "learner")
         subscriber = WeightSubscriber(
             bus,
@@ -271,7 +275,8 @@ async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_ca
     """A vLLM server restarted between two calls, none of which failed, served the weights it started with while its
     tokens were labelled with the version it had before, and nobody loaded that version again: completions carry no
     version, and only a call that could not connect made the client look. The first completion after the restart is
-    labelled 0 and the current version is loaded again, as with SGLang (whose completions say their version)."""
+    labelled 0 and the current version is loaded again, as with SGLang (whose completions say their version). The
+    vLLM client looks at most once per `restart_check_s`, not after every completion (a round trip each)."""
     first, second = make_engine(), make_engine()
     fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
     told, heard = anyio.create_memory_object_stream[str](16)
@@ -280,6 +285,8 @@ async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_ca
         await running.start()
         client = client_type(running.url, timeout_s=30, retries=0)
         await client.start(health_timeout_s=10)
+        if isinstance(client, VLLMEngine):
+            client.restart_check_s = 1.0
         transport = SafetensorsDirTransport(tmp_path / "learner")
         subscriber = WeightSubscriber(
             bus,
@@ -296,9 +303,13 @@ async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_ca
             with anyio.fail_after(20):
                 assert await heard.receive() == "weights.swapped"
             [before] = await client.generate([request("before", tokens=4)])
+            reads = getattr(running, "weight_info_reads", 0)
+            await client.generate([request(f"more {i}", tokens=4) for i in range(8)])
+            assert getattr(running, "weight_info_reads", 0) - reads <= 1  # within the interval: not one per completion
             await running.stop()  # no call while it is down
             running = fake(second, port=int(running.url.rsplit(":", 1)[1]))
             await running.start()
+            await anyio.sleep(1.0)  # past the interval since the last look
             [after] = await client.generate([request("after", tokens=4)])
             with anyio.fail_after(20):
                 while await heard.receive() != "weights.swapped":
