@@ -212,7 +212,8 @@ def test_a_model_directory_replaced_under_the_same_path_is_refused_on_resume(tmp
     """`policy.model: hf:./hf` reads the same after the directory was replaced by another model: the resume passed
     the spec check, and the learner crash-looped restoring its checkpoint into the new shape. The run records a hash
     of the model's config.json at every start; a resume whose model differs is refused, naming the key and the
-    directory. The same model, or a run recorded before records were kept, resumes."""
+    directory. The same model (saved again by another transformers, too), or a run recorded before records were kept,
+    resumes."""
     from actors.policy import write_tiny_hf_model
     from topology import load_spec
     from topology.runtime._evolve import check_records, section_records
@@ -230,6 +231,10 @@ def test_a_model_directory_replaced_under_the_same_path_is_refused_on_resume(tmp
     records = section_records(spec)
     assert records["policy"]["model_dir"] == str(tmp_path / "hf")
     assert check_records(run_dir, records, spec) == [] and check_records(run_dir, None, spec) == []
+    config_file = tmp_path / "hf" / "config.json"
+    saved_again = dict(reversed(json.loads(config_file.read_text()).items()), transformers_version="99.0.0")
+    config_file.write_text(json.dumps(saved_again, indent=4))  # the same model saved again by another transformers
+    assert check_records(run_dir, records, spec) == []
     assert spec.data is not None
     info = RunInfo("loop-test", "nats://127.0.0.1:1", 1, str(spec_path), 0.0, 1.0, spec=dict(spec.data), exit="ok")
     info.records = records

@@ -2,7 +2,8 @@
 
 Contract: :func:`record_policy` is the policy section's record (``run.json``'s ``records.policy``): for an ``hf:``
 model found on this machine (a directory, or a hub id in the local cache), the directory and a hash of its
-``config.json`` — cheap, the weights are not read. :func:`resume_policy` refuses a resume whose model's
+``config.json``'s content (keys sorted; the ``transformers_version`` and ``_``-prefixed keys a re-save rewrites left
+out) — cheap, the weights are not read. :func:`resume_policy` refuses a resume whose model's
 ``config.json`` hash is not the recorded one (a model directory replaced under the same path: the learner would
 restore its checkpoint into another shape at every restart), naming ``policy.model`` and the directory.
 
@@ -14,6 +15,7 @@ not found here (served only by an HTTP engine elsewhere): nothing is recorded, n
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +25,10 @@ from topology import KeyPath, ResumeConflict
 
 __all__ = ["record_policy", "resume_policy"]
 
+# keys of a config.json that say which tool wrote it, not what the model is: a model saved again by a newer
+# transformers (same weights) is the same model
+_BOOKKEEPING = frozenset({"transformers_version"})
+
 
 def record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
     """``{"model_dir", "model_config"}`` of an ``hf:`` model found here (``model_config``: a hash of its
@@ -31,10 +37,13 @@ def record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
         return {}
     try:
         directory = model_directory(policy.model[3:])
-        config = (directory / "config.json").read_bytes()
+        config = json.loads((directory / "config.json").read_bytes())
     except (ValueError, OSError):
         return {}
-    return {"model_dir": str(directory), "model_config": hashlib.sha256(config).hexdigest()[:16]}
+    if isinstance(config, dict):  # what says the model, not which tool wrote the file last
+        config = {key: value for key, value in config.items() if key not in _BOOKKEEPING and not key.startswith("_")}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    return {"model_dir": str(directory), "model_config": digest}
 
 
 def resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpec) -> Sequence[str]:
