@@ -26,13 +26,14 @@ Contract:
 - The joined sample carries the verifier fields of its domain's task when the request asked one (its prompt, or a
   chat request's last user message, is a task of the domain: ``DomainSource.find``), so the recorded production
   rows can be re-scored by replay and the gate; ``{}`` otherwise.
-- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (both start from what the
-  buckets hold: a restart counts on from the window's joins and requests), ``review.queued``,
+- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (replica 0's start from
+  what the buckets hold: a restart counts on from the window's joins and requests; the other replicas' from 0, so
+  their sum counts each once), ``review.queued``,
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
   answers' quality as users rate it; a restart refills them from the newest "applied" marks, which record each
   join's reward and domain — a domain with fewer than one join in ``_SCORE_SCAN`` resumes with a shorter window),
-  ``feedback_waiting`` (feedback held for a request not seen yet), ``feedback.unmatched`` (counted by replica 0, in
-  every life of the joiner: its total is kept in a bucket of its own, see ``_state``).
+  ``feedback_waiting`` (feedback held for a request not seen yet; replica 0's), ``feedback.unmatched`` (counted by
+  replica 0, in every life of the joiner: its total is kept in a bucket of its own, see ``_state``).
 
 Non-goals: joining on anything but the request id; telling at once that a request id was never served (a request's
 record may reach the joiner after its feedback: only the window closing says it never will).
@@ -123,10 +124,13 @@ class JoinerActor(Actor[JoinerConfig]):
     async def start(self) -> None:
         await self.state.open()
         # a restarted (or resumed) joiner counts on from what its buckets hold — the join window's requests and
-        # joins — rather than from 0, which the live view read as "no feedback joined"
-        self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
-        self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
-        if self.ctx.replica == 0:  # the replica that counts them (the live view sums the replicas)
+        # joins — rather than from 0, which the live view read as "no feedback joined". The buckets are shared by
+        # all replicas and the live view sums the replicas' counters, so replica 0 alone takes the buckets' totals
+        # (the others count only what they store and join from now on): the sum is each entry once, not once per
+        # replica
+        if self.ctx.replica == 0:
+            self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
+            self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
             self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
         await self._restore_scores()
         self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
@@ -252,14 +256,15 @@ class JoinerActor(Actor[JoinerConfig]):
                 continue
 
     async def _count_waiting(self) -> None:
-        """End the waits of unmatched feedback (replica 0 alone, so each is counted once), then count the rest."""
+        """End the waits of unmatched feedback and count the rest (replica 0 alone, so each is counted once)."""
         while not self.ctx.stopping.is_set():
             try:
                 if self.ctx.replica == 0:
                     for request_id in await self.state.expire_unmatched():
                         self.ctx.log.info("joiner.unmatched", request_id=request_id, waited_s=self.config.window_s)
                     self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
-                self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
+                    # the shared bucket's size, so one replica reports it (the live view sums the replicas)
+                    self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
             except Exception:  # the bus is away: look next time
                 pass
             with anyio.move_on_after(min(_WAITING_EVERY_S, self.config.window_s / 2)):  # before the TTL does

@@ -37,10 +37,10 @@ def actor_context(spec: Spec, actor: str, bus: Bus, run_dir: Path, *, replica: i
 
 @asynccontextmanager
 async def running_actor(
-    factory: type[A], spec: Spec, actor: str, bus: Bus, run_dir: Path, *, run: bool = True
+    factory: type[A], spec: Spec, actor: str, bus: Bus, run_dir: Path, *, run: bool = True, replica: int = 0
 ) -> AsyncIterator[A]:
-    """``factory`` (the kind's class) started as replica 0 of ``actor``, its ``run()`` going when ``run``."""
-    ctx = actor_context(spec, actor, bus, run_dir)
+    """``factory`` (the kind's class) started as replica ``replica`` of ``actor``, its ``run()`` going when ``run``."""
+    ctx = actor_context(spec, actor, bus, run_dir, replica=replica)
     instance = factory(ctx, spec.actors[actor].config)
     try:
         await instance.start()

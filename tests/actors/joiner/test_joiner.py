@@ -38,11 +38,13 @@ def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> 
 
 
 @asynccontextmanager
-async def running_joiner(spec: Spec, server: EmbeddedNats, run_dir: Path) -> AsyncIterator[JoinerActor]:
+async def running_joiner(
+    spec: Spec, server: EmbeddedNats, run_dir: Path, replica: int = 0
+) -> AsyncIterator[JoinerActor]:
     settings = BusSpec(ack_wait_s=2.0, max_deliver=10)
     async with (
-        await Bus.connect(server.url, topology=spec.name, name="joiner", settings=settings) as bus,
-        running_actor(JoinerActor, spec, "joiner", bus, run_dir) as actor,
+        await Bus.connect(server.url, topology=spec.name, name=f"joiner-{replica}", settings=settings) as bus,
+        running_actor(JoinerActor, spec, "joiner", bus, run_dir, replica=replica) as actor,
     ):
         yield actor
 
@@ -141,6 +143,46 @@ async def test_a_restarted_joiner_counts_on_from_what_its_buckets_hold(
             assert joiner.ctx.counters.get("traffic.stored") == 3
             await gw.publish("feedback", "feedback", feedback("r2", score=1.0), id="f2")
             await until(joiner, "feedback.joined", 3)
+
+
+async def test_restarted_joiner_replicas_count_each_stored_request_and_join_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """With ``replicas: 2`` every replica took the shared buckets' totals at start, and the live view sums the
+    replicas: after a restart it read twice the requests stored, the feedback joined and the feedback waiting. Their
+    sum now counts each entry once, and goes on counting what either replica handles."""
+    spec = joiner_spec(tmp_path, "{replicas: 2}")
+    counted = ("feedback.joined", "traffic.stored", "feedback_waiting")
+
+    def summed(replicas: tuple[JoinerActor, ...]) -> dict[str, float]:
+        return {name: sum(r.ctx.counters.get(name) for r in replicas) for name in counted}
+
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path, replica=0) as joiner:
+            for i in range(3):
+                await gw.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
+            for rid in ("r0", "r1", "never-served"):
+                await gw.publish("feedback", "feedback", feedback(rid, score=1.0), id=f"f-{rid}")
+            await until(joiner, "feedback.joined", 2)
+            await until(joiner, "traffic.stored", 3)
+        async with (
+            running_joiner(spec, embedded_nats, tmp_path, replica=0) as first,
+            running_joiner(spec, embedded_nats, tmp_path, replica=1) as second,
+        ):
+            with anyio.fail_after(10):
+                for _ in iter(int, 1):  # feedback_waiting is read from its bucket a moment after start
+                    if summed((first, second))["feedback_waiting"] == 1:
+                        break
+                    await anyio.sleep(0.05)
+            assert summed((first, second)) == {"feedback.joined": 2, "traffic.stored": 3, "feedback_waiting": 1}
+            await gw.publish("traffic", "traffic", traffic("r3"), id="t3")
+            await gw.publish("feedback", "feedback", feedback("r2", score=1.0), id="f-r2")
+            with anyio.fail_after(10):
+                for _ in iter(int, 1):
+                    now = summed((first, second))
+                    if now["feedback.joined"] == 3 and now["traffic.stored"] == 4:
+                        break
+                    await anyio.sleep(0.05)
 
 
 async def test_a_restarted_joiner_resumes_the_users_score_where_it_was(
