@@ -10,6 +10,8 @@ Contract:
   (:class:`~actors.protocol.FirstRatings`) before it is published, so the user's own rating of the request afterwards
   is answered ``duplicate`` by ``/v1/feedback``. A sample its user rated first is still labelled and published (the
   joiner trains on the first applied, counts this one as a repeat), and counted as ``rated`` (the command says so).
+  The ledger is the gateways' to make and size; a review begun before any gateway made it looks for it again at
+  each label until it is there (a queued sample was served by a gateway, which makes the ledger before it serves).
 - What users sent and what the model answered is untrusted text: it is shown as plain text — never interpreted as
   rich markup — with control characters (terminal escapes, bidirectional overrides, zero-width characters)
   stripped (:func:`plain`).
@@ -79,6 +81,8 @@ async def review_samples(bus: Any, label: Label, *, limit: int | None = None, wa
             if answer in _SCORES:
                 rid, score = sample.request_id, _SCORES[answer]
                 digest = rating_digest(rid, score, answer, source=REVIEW_SOURCE)
+                if ratings is None:  # no gateway had made the ledger when the review began: it may have since
+                    ratings = await FirstRatings.existing(bus, bus.topology)
                 first = await ratings.claim(rid, digest) if ratings is not None else True
                 feedback = {"request_id": rid, "score": score, "label": answer, "comment": "", "ts": time.time()}
                 try:

@@ -6,12 +6,14 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from click.testing import CliRunner
 
-from actors.protocol import FeedbackMsg
+from actors.commands._review import review_samples
+from actors.protocol import FeedbackMsg, FirstRatings, rating_digest
 from tests.actors.recorder._support import traffic
 from topology.bus import Bus, EmbeddedNats
 from topology.cli import main
@@ -100,3 +102,28 @@ def test_untrusted_text_is_shown_as_plain_text(embedded_nats: EmbeddedNats, tmp_
     assert "[2J" in result.output and " ok" in result.output and "evil" in result.output and "done" in result.output
     for control in ("\x1b", "\x07", "\x00", "\x9b", "\u202e"):
         assert control not in result.output
+
+
+def test_a_review_begun_before_any_gateway_records_its_labels_as_first_ratings(embedded_nats: EmbeddedNats) -> None:
+    """``flywheel review`` looked for the gateways' ledger of first ratings once, when it began: started before any
+    gateway had made it, none of its labels was recorded for the whole session, so a user's rating of a reviewed
+    request afterwards was answered ``accepted`` as if it would train. It looks again at each label now."""
+    topology = f"rv-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[dict[str, int], bool]:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="review") as bus:
+
+            async def good_once_a_gateway_is_up(sample: Any, delivery: Any) -> str:
+                # the review began with no ledger; a gateway starts now and makes it, as its start() does
+                await FirstRatings(bus, topology, window_s=3600.0, max_entries=1000).open()
+                return "good"
+
+            await bus.publish("review", "review", traffic("served"), id="review.served")
+            counts = await review_samples(bus, good_once_a_gateway_is_up, limit=1, wait_s=5)
+            ledger = await FirstRatings.existing(bus, topology)
+            assert ledger is not None
+            user_is_first = await ledger.claim("served", rating_digest("served", 1.0, "good"))
+        return counts, user_is_first
+
+    counts, user_is_first = anyio.run(scenario, backend="asyncio")
+    assert counts["good"] == 1 and not user_is_first
