@@ -5,11 +5,14 @@ directory of the generator's own first."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 import torch
+from anyio.abc import ObjectReceiveStream
 from safetensors.torch import load_file
 
 from actors.engines import EngineHTTPError, SGLangEngine, TorchEngine, VLLMEngine
@@ -167,56 +170,86 @@ async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is
     assert all(torch.equal(live[k], state[k]) for k in live)
 
 
-@pytest.mark.parametrize("server", ["sglang", "vllm"])
-async def test_a_restarted_server_labels_its_tokens_0_and_gets_the_current_version_again(
-    bus: Bus, tmp_path: Path, server: str
-) -> None:
-    """A server restarted on the same port serves the weights it started with and says "default": what it generates
-    is labelled 0 (not the version it had before), and the current version is loaded into it again."""
-    first, second = make_engine(), make_engine()
-    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
-    told, heard = anyio.create_memory_object_stream[str](16)
+class _Rig:
+    """A fake SGLang or vLLM server (over ``first``) whose client a weight subscriber gave version 1 (``state``)."""
+
+    def __init__(self, fake: type[FakeSGLangServer | FakeVLLMServer]) -> None:
+        self.fake = fake
+        self.first, self.second = make_engine(), make_engine()  # the second: the weights a restarted server starts with
+        self.server = fake(self.first)
+        self.client: SGLangEngine | VLLMEngine
+        self.heard: ObjectReceiveStream[str]
+        self.state: dict[str, torch.Tensor] = {}
+
+    async def start_again(self) -> None:
+        """The server started again on its port, over the second engine: the weights it started with."""
+        self.server = self.fake(self.second, port=int(self.server.url.rsplit(":", 1)[1]))
+        await self.server.start()
+
+    async def swapped(self) -> None:
+        """Until the subscriber loads a version into the client again."""
+        with anyio.fail_after(20):
+            while await self.heard.receive() != "weights.swapped":
+                pass
+
+    def reloaded(self) -> bool:
+        """Whether the restarted server holds version 1 again, and its weights."""
+        live = self.second.policy.state_dict()
+        return (
+            self.client.version == 1
+            and self.second.version == 1
+            and all(torch.equal(live[k], self.state[k]) for k in live)
+        )
+
+
+@contextlib.asynccontextmanager
+async def _holding_v1(bus: Bus, tmp_path: Path, server: str) -> AsyncIterator[_Rig]:
+    fake = FakeSGLangServer if server == "sglang" else FakeVLLMServer
+    rig = _Rig(fake)
+    told, rig.heard = anyio.create_memory_object_stream[str](16)
     try:
-        running = fake(first)
-        await running.start()
-        client = client_type(running.url, timeout_s=30, retries=0)
-        await client.start(health_timeout_s=10)
-        if isinstance(client, VLLMEngine):
-            client.restart_check_s = 1.0
+        await rig.server.start()
+        rig.client = (SGLangEngine if server == "sglang" else VLLMEngine)(rig.server.url, timeout_s=30, retries=0)
+        await rig.client.start(health_timeout_s=10)
         transport = SafetensorsDirTransport(tmp_path / "learner")
         subscriber = WeightSubscriber(
             bus,
             bus.topology,
-            client,
+            rig.client,
             {"disk": transport},
             retry_s=0.2,
             on_event=lambda event, fields: told.send_nowait(event),
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(subscriber.run)
-            state = perturbed(first, seed=1)
-            await WeightPublisher(bus, bus.topology, transport).publish(1, state)
+            rig.state = perturbed(rig.first, seed=1)
+            await WeightPublisher(bus, bus.topology, transport).publish(1, rig.state)
             with anyio.fail_after(20):
-                assert await heard.receive() == "weights.swapped"
-            await running.stop()
-            with pytest.raises(EngineHTTPError):  # down: a call in between fails
-                await client.generate([request("gap", tokens=4)])
-            running = fake(second, port=int(running.url.rsplit(":", 1)[1]))
-            await running.start()
-            [completion] = await client.generate([request("after", tokens=4)])
-            with anyio.fail_after(20):
-                while await heard.receive() != "weights.swapped":
-                    pass
+                assert await rig.heard.receive() == "weights.swapped"
+            yield rig
             tg.cancel_scope.cancel()
-        await client.close()
-        await running.stop()
+        await rig.client.close()
+        await rig.server.stop()
     finally:
-        await first.close()
-        await second.close()
+        await rig.first.close()
+        await rig.second.close()
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+async def test_a_restarted_server_labels_its_tokens_0_and_gets_the_current_version_again(
+    bus: Bus, tmp_path: Path, server: str
+) -> None:
+    """A server restarted on the same port serves the weights it started with and says "default": what it generates
+    is labelled 0 (not the version it had before), and the current version is loaded into it again."""
+    async with _holding_v1(bus, tmp_path, server) as rig:
+        await rig.server.stop()
+        with pytest.raises(EngineHTTPError):  # down: a call in between fails
+            await rig.client.generate([request("gap", tokens=4)])
+        await rig.start_again()
+        [completion] = await rig.client.generate([request("after", tokens=4)])
+        await rig.swapped()
     assert set(completion.versions) == {0}, completion.versions
-    assert client.version == 1 and second.version == 1
-    live = second.policy.state_dict()
-    assert all(torch.equal(live[k], state[k]) for k in live)
+    assert rig.reloaded()
 
 
 async def test_a_server_that_cannot_load_weights_is_told_once_and_not_tried_again_on_a_timer(
@@ -277,51 +310,18 @@ async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_ca
     version, and only a call that could not connect made the client look. The first completion after the restart is
     labelled 0 and the current version is loaded again, as with SGLang (whose completions say their version). The
     vLLM client looks at most once per `restart_check_s`, not after every completion (a round trip each)."""
-    first, second = make_engine(), make_engine()
-    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
-    told, heard = anyio.create_memory_object_stream[str](16)
-    try:
-        running = fake(first)
-        await running.start()
-        client = client_type(running.url, timeout_s=30, retries=0)
-        await client.start(health_timeout_s=10)
-        if isinstance(client, VLLMEngine):
-            client.restart_check_s = 1.0
-        transport = SafetensorsDirTransport(tmp_path / "learner")
-        subscriber = WeightSubscriber(
-            bus,
-            bus.topology,
-            client,
-            {"disk": transport},
-            retry_s=0.2,
-            on_event=lambda event, fields: told.send_nowait(event),
-        )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(subscriber.run)
-            state = perturbed(first, seed=1)
-            await WeightPublisher(bus, bus.topology, transport).publish(1, state)
-            with anyio.fail_after(20):
-                assert await heard.receive() == "weights.swapped"
-            [before] = await client.generate([request("before", tokens=4)])
-            reads = getattr(running, "weight_info_reads", 0)
-            await client.generate([request(f"more {i}", tokens=4) for i in range(8)])
-            assert getattr(running, "weight_info_reads", 0) - reads <= 1  # within the interval: not one per completion
-            await running.stop()  # no call while it is down
-            running = fake(second, port=int(running.url.rsplit(":", 1)[1]))
-            await running.start()
-            await anyio.sleep(1.0)  # past the interval since the last look
-            [after] = await client.generate([request("after", tokens=4)])
-            with anyio.fail_after(20):
-                while await heard.receive() != "weights.swapped":
-                    pass
-            [reloaded] = await client.generate([request("reloaded", tokens=4)])
-            tg.cancel_scope.cancel()
-        await client.close()
-        await running.stop()
-    finally:
-        await first.close()
-        await second.close()
+    async with _holding_v1(bus, tmp_path, server) as rig:
+        if isinstance(rig.client, VLLMEngine):
+            rig.client.restart_check_s = 1.0
+        [before] = await rig.client.generate([request("before", tokens=4)])
+        reads = getattr(rig.server, "weight_info_reads", 0)
+        await rig.client.generate([request(f"more {i}", tokens=4) for i in range(8)])
+        assert getattr(rig.server, "weight_info_reads", 0) - reads <= 1  # within the interval: not one per completion
+        await rig.server.stop()  # no call while it is down
+        await rig.start_again()
+        await anyio.sleep(1.0)  # past the interval since the last look
+        [after] = await rig.client.generate([request("after", tokens=4)])
+        await rig.swapped()
+        [reloaded] = await rig.client.generate([request("reloaded", tokens=4)])
     assert (set(before.versions), set(after.versions), set(reloaded.versions)) == ({1}, {0}, {1})
-    assert client.version == 1 and second.version == 1
-    live = second.policy.state_dict()
-    assert all(torch.equal(live[k], state[k]) for k in live)
+    assert rig.reloaded()
