@@ -136,8 +136,6 @@ async def test_a_version_announced_while_the_server_is_down_is_loaded_once_it_is
         await running.start()
         client = client_type(running.url, timeout_s=30, retries=0)
         await client.start(health_timeout_s=10)
-        if isinstance(client, VLLMEngine):
-            client.restart_check_s = 1.0
         transport = SafetensorsDirTransport(tmp_path / "learner")
         subscriber = WeightSubscriber(
             bus,
