@@ -41,7 +41,15 @@ import anyio
 from actors.engines import Completion, Engine, GenerationRequest, RequestError, SamplingParams
 from actors.generator._config import GeneratorConfig
 from actors.policy import encode_prompt, load_tokenizer
-from actors.protocol import CompletionRecord, PromptMsg, RolloutMsg, domains_of, policy_of, served_key
+from actors.protocol import (
+    CompletionRecord,
+    PromptMsg,
+    RolloutMsg,
+    count_removed_domain,
+    domains_of,
+    policy_of,
+    served_key,
+)
 from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
 from topology.bus import Delivery, InFlight, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
@@ -293,15 +301,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
     async def _drop_removed(self, delivery: Delivery[PromptMsg]) -> None:
         """Ack a prompt of a domain removed from the spec since it was drawn (a resume with an edited spec): nothing
         downstream would score or train it. Counted, logged at the first."""
-        domain = delivery.payload.domain
         await delivery.ack()
-        self.ctx.counters.inc(f"removed_domain.{domain}")
-        if self.ctx.counters.get(f"removed_domain.{domain}") == 1:
-            self.ctx.log.info(
-                "generator.removed_domain",
-                domain=domain,
-                note="no longer in the spec: its prompts still on the bus are dropped, counted in removed_domain",
-            )
+        count_removed_domain(self.ctx, delivery.payload.domain, "prompts")
 
     def _keepalive_failed(self, exc: Exception) -> None:
         self.ctx.log.warning("generator.keepalive_failed", error=str(exc))

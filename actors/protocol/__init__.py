@@ -52,6 +52,7 @@ from actors.protocol._spec import DomainSpec as DomainSpec
 from actors.protocol._spec import LearningRate as LearningRate
 from actors.protocol._spec import PolicySpec as PolicySpec
 from actors.protocol._spec import WarmStartSpec as WarmStartSpec
+from actors.protocol._spec import count_removed_domain as count_removed_domain
 from actors.protocol._spec import domains_of as domains_of
 from actors.protocol._spec import failed_groups_of as failed_groups_of
 from actors.protocol._spec import policy_of as policy_of
@@ -112,6 +113,7 @@ __all__ = [
     "TrafficMsg",
     "WarmStartSpec",
     "cancel_subject",
+    "count_removed_domain",
     "cuda_missing_here",
     "domains_of",
     "failed_groups_of",

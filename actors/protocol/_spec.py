@@ -25,6 +25,7 @@ __all__ = [
     "DomainSpec",
     "PolicySpec",
     "WarmStartSpec",
+    "count_removed_domain",
     "domains_of",
     "failed_groups_of",
     "policy_of",
@@ -159,6 +160,19 @@ def domains_of(spec: Spec) -> Mapping[str, DomainSpec]:
     """The spec's task domains by name (empty when it has no ``domains:``)."""
     domains: Mapping[str, DomainSpec] = spec.sections.get("domains", {})
     return domains
+
+
+def count_removed_domain(ctx: Any, domain: str, what: str) -> None:
+    """Count a message of ``domain``, which the spec no longer has (a run resumed with an edited spec), in
+    ``removed_domain.<domain>`` of ``ctx`` (an actor's context), and log it at the first: ``what`` names the
+    messages dropped ("prompts", "rollouts"). The caller settles the message; nothing downstream would use it."""
+    ctx.counters.inc(f"removed_domain.{domain}")
+    if ctx.counters.get(f"removed_domain.{domain}") == 1:
+        ctx.log.info(
+            f"{ctx.kind}.removed_domain",
+            domain=domain,
+            note=f"no longer in the spec: its {what} still on the bus are dropped, counted in removed_domain",
+        )
 
 
 def failed_groups_of(spec: Spec, domain: str) -> Literal["skip", "reference"]:

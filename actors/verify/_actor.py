@@ -42,6 +42,7 @@ from actors.protocol import (
     RolloutMsg,
     ScoredCompletion,
     ScoredMsg,
+    count_removed_domain,
     domains_of,
     failed_groups_of,
 )
@@ -186,14 +187,7 @@ class VerifyActor(Actor[VerifyConfig]):
         try:
             if rollout.domain not in domains_of(self.ctx.spec):  # removed since it was drawn (a resume with an edited
                 await delivery.ack()  # spec): nothing here may score or train it — not a malformed message either
-                self.ctx.counters.inc(f"removed_domain.{rollout.domain}")
-                if self.ctx.counters.get(f"removed_domain.{rollout.domain}") == 1:
-                    self.ctx.log.info(
-                        "verify.removed_domain",
-                        domain=rollout.domain,
-                        note="no longer in the spec: its rollouts still on the bus are dropped, counted in "
-                        "removed_domain",
-                    )
+                count_removed_domain(self.ctx, rollout.domain, "rollouts")
                 return
             if rollout.domain not in self._domains:
                 await delivery.dead_letter(f"no verifier here for domain {rollout.domain!r}")
