@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from actors.protocol._recordings import CHANNEL_MODELS as CHANNEL_MODELS
     from actors.protocol._recordings import frame as frame
     from actors.protocol._recordings import one_copy_per_seq as one_copy_per_seq
+    from actors.protocol._recordings import partition_end as partition_end
+    from actors.protocol._recordings import partitions as partitions
     from actors.protocol._recordings import read_recordings as read_recordings
     from actors.protocol._recordings import rows_of as rows_of
     from actors.protocol._recordings import schema as schema
@@ -76,6 +78,8 @@ _EXPORTS = {
     "CHANNEL_MODELS": "_recordings",
     "frame": "_recordings",
     "one_copy_per_seq": "_recordings",
+    "partition_end": "_recordings",
+    "partitions": "_recordings",
     "read_recordings": "_recordings",
     "rows_of": "_recordings",
     "schema": "_recordings",
@@ -122,6 +126,8 @@ __all__ = [
     "join_bucket",
     "one_copy_per_seq",
     "only_torch_engines",
+    "partition_end",
+    "partitions",
     "ping_subject",
     "policy_of",
     "rated_bucket",

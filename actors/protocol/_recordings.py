@@ -19,13 +19,19 @@ prompt_ids, verifier_fields (JSON text), heldout, temperature, origin, generator
 completion_index, text, token_ids, logprobs, versions, finish_reason, reward, verdict, detail, version (the
 newest weight version among the completion's tokens; -1 when it has none).
 
+:func:`partitions` lists a channel's partition folders oldest first, :func:`partition_end` says when one is over;
+``read_recordings(..., partitions=…)`` reads only those folders — a reader that wants the newest rows or those of
+the last hours need not read weeks of files.
+
 Non-goals: schema evolution beyond adding columns (a reader selecting columns that an old file lacks gets
 nulls via ``read_recordings``' diagonal concat), other channels (a channel without a schema is refused).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import calendar
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,16 @@ from pydantic import BaseModel
 
 from actors.protocol._messages import FeedbackMsg, ScoredMsg, TrafficMsg
 
-__all__ = ["CHANNEL_MODELS", "frame", "one_copy_per_seq", "read_recordings", "rows_of", "schema"]
+__all__ = [
+    "CHANNEL_MODELS",
+    "frame",
+    "one_copy_per_seq",
+    "partition_end",
+    "partitions",
+    "read_recordings",
+    "rows_of",
+    "schema",
+]
 
 _READ_ATTEMPTS = 20  # listings tried when files vanish while read (each vanishing is a merge finishing)
 
@@ -160,8 +175,40 @@ def frame(channel: str, rows: list[dict[str, Any]]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema(channel), orient="row")
 
 
-def read_recordings(path: str | Path, channel: str) -> pl.DataFrame:
-    """Every recorded row of ``channel`` under ``path`` (a recordings root or a run dir), ordered by ``_seq``.
+def partitions(directory: Path) -> list[str]:
+    """The partition folders (``date=…`` or ``date=…/hour=…``) under one channel's directory, oldest first."""
+    if not directory.is_dir():
+        return []
+    found: list[str] = []
+    for day in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("date=")):
+        hours = sorted(p.name for p in day.iterdir() if p.is_dir() and p.name.startswith("hour="))
+        found += [f"{day.name}/{hour}" for hour in hours] if hours else [day.name]
+    return found
+
+
+def partition_end(partition: str) -> float | None:
+    """The unix time at which ``date=YYYY-MM-DD[/hour=HH]`` is over (UTC); None for a name of another shape."""
+    day, _, hour = partition.partition("/")
+    try:
+        start = calendar.timegm(time.strptime(day.removeprefix("date="), "%Y-%m-%d"))
+        if not hour:
+            return float(start + 86_400)
+        return float(start + 3_600 * (int(hour.removeprefix("hour=")) + 1))
+    except ValueError:
+        return None
+
+
+def _root(path: str | Path, channel: str) -> Path:
+    """The recordings root of ``path``: itself, or its ``recordings`` folder when ``path`` is a run dir."""
+    root = Path(path)
+    if (root / "recordings").is_dir() and not (root / channel).is_dir():
+        return root / "recordings"
+    return root
+
+
+def read_recordings(path: str | Path, channel: str, *, partitions: Sequence[str] | None = None) -> pl.DataFrame:
+    """Every recorded row of ``channel`` under ``path`` (a recordings root or a run dir), ordered by ``_seq``;
+    ``partitions``: only the rows of those partition folders (names as :func:`partitions` gives them).
 
     Partial files (hidden ``.part-*`` temporaries) are never read; an empty frame with the schema when
     nothing was recorded. While the recorder merges a closed partition, a message's rows sit in two files for a
@@ -169,11 +216,10 @@ def read_recordings(path: str | Path, channel: str) -> pl.DataFrame:
     deleted between listing and reading (an original whose merged file has landed) makes the whole read start
     over, so that the merged file is listed.
     """
-    root = Path(path)
-    if (root / "recordings").is_dir() and not (root / channel).is_dir():
-        root = root / "recordings"
+    directory = _root(path, channel) / channel
+    folders = [directory] if partitions is None else [directory / name for name in partitions]
     for _attempt in range(_READ_ATTEMPTS):
-        files = sorted(p for p in (root / channel).rglob("part-*.parquet")) if (root / channel).is_dir() else []
+        files = sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("part-*.parquet"))
         if not files:
             return pl.DataFrame(schema=schema(channel))
         try:
@@ -181,7 +227,7 @@ def read_recordings(path: str | Path, channel: str) -> pl.DataFrame:
         except FileNotFoundError:
             continue
         return one_copy_per_seq(pl.concat(frames, how="diagonal_relaxed")).sort("_seq", maintain_order=True)
-    raise FileNotFoundError(f"{root / channel}: files kept vanishing while read ({_READ_ATTEMPTS} tries)")
+    raise FileNotFoundError(f"{directory}: files kept vanishing while read ({_READ_ATTEMPTS} tries)")
 
 
 def one_copy_per_seq(rows: pl.DataFrame) -> pl.DataFrame:

@@ -28,15 +28,13 @@ writer's late files land, if any); bounding the memory of one merge below ``max_
 
 from __future__ import annotations
 
-import calendar
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
-from actors.protocol import schema
+from actors.protocol import partition_end, partitions, schema
 from actors.recorder._writer import ChannelWriter, finish_file, fsync_dir, parse_range
 
 __all__ = [
@@ -47,8 +45,6 @@ __all__ = [
     "UpkeepReport",
     "expire",
     "merge",
-    "partition_end",
-    "partitions",
 ]
 
 SUPERSEDED_GRACE_S = 60.0  # how long an original outlives the merged file that holds its rows (see point 2)
@@ -68,29 +64,6 @@ class Expired:
     partitions: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     bytes: int = 0
-
-
-def partitions(directory: Path) -> list[str]:
-    """The partition folders (``date=…`` or ``date=…/hour=…``) under one channel's directory, oldest first."""
-    if not directory.is_dir():
-        return []
-    found: list[str] = []
-    for day in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("date=")):
-        hours = sorted(p.name for p in day.iterdir() if p.is_dir() and p.name.startswith("hour="))
-        found += [f"{day.name}/{hour}" for hour in hours] if hours else [day.name]
-    return found
-
-
-def partition_end(partition: str) -> float | None:
-    """The unix time at which ``date=YYYY-MM-DD[/hour=HH]`` is over (UTC); None for a name of another shape."""
-    day, _, hour = partition.partition("/")
-    try:
-        start = calendar.timegm(time.strptime(day.removeprefix("date="), "%Y-%m-%d"))
-        if not hour:
-            return float(start + 86_400)
-        return float(start + 3_600 * (int(hour.removeprefix("hour=")) + 1))
-    except ValueError:
-        return None
 
 
 def merge(folder: Path, channel: str, *, max_rows: int, compression: str) -> Merge:

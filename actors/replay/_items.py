@@ -21,7 +21,9 @@ sample is one replayed sample, so the figures weigh prompts as production did).
 from __future__ import annotations
 
 import bisect
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +31,7 @@ from typing import Any, Literal
 import orjson
 import polars as pl
 
-from actors.protocol import one_copy_per_seq, read_recordings, schema
+from actors.protocol import one_copy_per_seq, partition_end, partitions, read_recordings, schema
 
 __all__ = ["RecordingsTail", "ReplayItem", "items_from_scored", "items_from_traffic", "load_items"]
 
@@ -61,19 +63,70 @@ def load_items(
 ) -> list[ReplayItem]:
     """Recorded samples under ``recordings``, oldest first; the newest ``limit`` of those younger than
     ``since_s`` seconds when given. ``source``: users' requests (``traffic``), the task domains' samples
-    (``scored``) or both; ``limit`` counts the chosen ones only."""
+    (``scored``) or both; ``limit`` counts the chosen ones only.
+
+    Only the partitions that can hold them are read: with ``since_s``, none over before the horizon; with ``limit``,
+    each channel's newest partitions until they hold ``limit`` samples (a partition is an hour or a day of one
+    channel, and ``scored`` keeps a week of every training sample by default: reading it all for the newest few
+    hundred would take minutes and gigabytes). Feedback is read from the oldest traffic partition read on (feedback
+    comes after the answer it rates)."""
+    horizon = None if since_s is None else (time.time() if now is None else now) - since_s
     items: list[ReplayItem] = []
     if source != "traffic":
-        items += items_from_scored(read_recordings(recordings, "scored"))
+        scored, _ = _newest_rows(recordings, "scored", horizon, limit, _domain_rows)
+        items += items_from_scored(scored)
     if source != "scored":
-        items += items_from_traffic(read_recordings(recordings, "traffic"), read_recordings(recordings, "feedback"))
-    if since_s is not None:
-        horizon = (time.time() if now is None else now) - since_s
+        traffic, read = _newest_rows(recordings, "traffic", horizon, limit, _requests)
+        later = [name for name in partitions(_channel_dir(recordings, "feedback")) if not read or name >= read[0]]
+        if traffic.height:
+            items += items_from_traffic(traffic, read_recordings(recordings, "feedback", partitions=later))
+    if horizon is not None:
         items = [item for item in items if item.ts >= horizon]
     items.sort(key=lambda item: (item.ts, item.key))
     if limit is not None:
         items = items[-limit:] if limit > 0 else []
     return items
+
+
+def _domain_rows(frame: pl.DataFrame) -> int:
+    return frame.filter(pl.col("origin") == "domain").height
+
+
+def _requests(frame: pl.DataFrame) -> int:
+    return frame["request_id"].n_unique()
+
+
+def _channel_dir(recordings: str | Path, channel: str) -> Path:
+    root = Path(recordings)
+    if (root / "recordings").is_dir() and not (root / channel).is_dir():
+        root = root / "recordings"
+    return root / channel
+
+
+def _newest_rows(
+    recordings: str | Path, channel: str, horizon: float | None, limit: int | None, count: Callable[[pl.DataFrame], int]
+) -> tuple[pl.DataFrame, list[str]]:
+    """``channel``'s rows in the partitions not over before ``horizon``; with ``limit``, only the newest of them
+    until ``count`` of their rows reaches it. Returns the rows (``_seq`` order) and the partitions read, oldest
+    first."""
+    names = partitions(_channel_dir(recordings, channel))
+    if horizon is not None:
+        names = [name for name in names if (partition_end(name) or math.inf) > horizon]
+    if limit is None:
+        return read_recordings(recordings, channel, partitions=names), names
+    frames: list[pl.DataFrame] = []
+    read: list[str] = []
+    found = 0
+    for name in reversed(names):
+        if found >= limit:
+            break
+        frame = read_recordings(recordings, channel, partitions=[name])
+        frames.append(frame)
+        read.insert(0, name)
+        found += count(frame) if frame.height else 0
+    if not frames:
+        return pl.DataFrame(schema=schema(channel)), read
+    return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True), read
 
 
 def items_from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
@@ -206,13 +259,7 @@ class RecordingsTail:
         return changed
 
     def _folders(self) -> list[Path]:
-        if not self.folder.is_dir():
-            return []
-        folders: list[Path] = []
-        for day in sorted(self.folder.glob("date=*")):
-            hours = sorted(day.glob("hour=*"))
-            folders += hours or [day]
-        return folders
+        return [self.folder / name for name in partitions(self.folder)]
 
     def _read_folder(self, folder: Path) -> list[pl.DataFrame]:
         names = self._names.setdefault(folder, set())

@@ -1,0 +1,68 @@
+"""What replay reads of the recordings: the newest samples, or those of the last hours, without reading weeks of
+partitions for them (a partition no such read needs is made unreadable here, so reading it fails the test)."""
+
+from __future__ import annotations
+
+import calendar
+from pathlib import Path
+
+from actors.recorder import ChannelWriter
+from actors.replay import load_items
+
+HOUR = calendar.timegm((2024, 5, 1, 0, 0, 0, 0, 0, 0))
+HOURS = 6  # traffic and scored samples, 5 a partition, one partition an hour
+NOW = HOUR + HOURS * 3600
+
+
+def record(root: Path) -> None:
+    """Each hour: 5 served requests (each rated in the hour after it, the last hour's in the same one) and 5 scored
+    domain samples plus one of users' feedback, which replay skips."""
+    traffic, scored, feedback = (ChannelWriter(root, channel) for channel in ("traffic", "scored", "feedback"))
+
+    def write(writer: ChannelWriter, seq: int, at: float, **row: object) -> None:
+        writer.write({seq: (at, [{"_seq": seq, "_id": f"{writer.channel}{seq}", "_ts": at, "_source": "x", **row}])})
+
+    for hour in range(HOURS):
+        for i in range(5):
+            seq, ts, rid = hour * 10 + i + 1, HOUR + hour * 3600 + 60 * (i + 1), f"r{hour}-{i}"
+            write(traffic, seq, ts, request_id=rid, ts=ts, prompt=f"{hour}+{i}=", text=str(hour + i))
+            rated = ts + (3600 if hour < HOURS - 1 else 1)
+            write(feedback, seq, rated, request_id=rid, score=i / 4, ts=rated)
+            write(scored, seq, ts, task_id=f"t{hour}-{i}", domain="echo", origin="domain", completion_index=0)
+        seq, ts = hour * 10 + 9, HOUR + hour * 3600 + 3000
+        write(scored, seq, ts, task_id=f"j{hour}", domain="echo", origin="feedback", completion_index=0)
+
+
+def spoil(root: Path, channel: str, hour: int) -> None:
+    """Make every file of ``channel``'s partition of ``hour`` unreadable: a read of it fails."""
+    for path in (root / channel / f"date=2024-05-01/hour={hour:02d}").glob("part-*.parquet"):
+        path.write_bytes(b"not parquet")
+
+
+def test_the_newest_samples_are_read_from_the_newest_partitions_alone(tmp_path: Path) -> None:
+    record(tmp_path)
+    everything = load_items(tmp_path)
+    assert len(everything) == 2 * 5 * HOURS  # the joined feedback samples are not replayed
+    for channel in ("traffic", "scored", "feedback"):
+        spoil(tmp_path, channel, 0)
+        spoil(tmp_path, channel, 1)
+    newest = load_items(tmp_path, limit=7)
+    assert [item.key for item in newest] == [item.key for item in everything[-7:]]
+    traffic = load_items(tmp_path, limit=8, source="traffic")  # two partitions of requests, their feedback after
+    assert [item.key for item in traffic] == [
+        f"r{h}-{i}" for h, i in [(4, 2), (4, 3), (4, 4)] + [(5, i) for i in range(5)]
+    ]
+    assert [item.recorded_reward for item in traffic] == [0.5, 0.75, 1.0, 0.0, 0.25, 0.5, 0.75, 1.0]
+    scored = load_items(tmp_path, limit=12, source="scored")  # three partitions, skipping the joined samples
+    assert [item.key.split(".")[0] for item in scored] == [f"t{h}-{i}" for h in (3, 4, 5) for i in range(5)][-12:]
+
+
+def test_samples_of_the_last_hours_are_read_from_their_partitions_alone(tmp_path: Path) -> None:
+    record(tmp_path)
+    for channel in ("traffic", "scored", "feedback"):
+        for hour in range(HOURS - 2):
+            spoil(tmp_path, channel, hour)
+    recent = load_items(tmp_path, since_s=2 * 3600, now=NOW)
+    assert sorted(item.key.split(".")[0] for item in recent) == sorted(
+        [f"r{h}-{i}" for h in (4, 5) for i in range(5)] + [f"t{h}-{i}" for h in (4, 5) for i in range(5)]
+    )
