@@ -115,6 +115,8 @@ class DomainSpec(SpecModel):
     verifier_timeout_s: float | None = Field(default=None, gt=0)
     weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
     #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
+    #   — so a slow domain (code whose tests take seconds) paces every domain: all of them move at the slow one's
+    #   scoring rate divided by its share; give it sandbox workers or a smaller weight
     group_size: int = Field(default=8, ge=1)  # completions per prompt (GRPO group); 1 = single samples
     heldout: int | str = 200  # held-out prompts for evaluation: a count (>= 0) or jsonl:<path>
     max_new_tokens: int = Field(default=64, ge=1)  # generation budget for this domain's prompts
