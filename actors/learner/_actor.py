@@ -10,15 +10,14 @@ Lifecycle:
   weights, and scored groups of the old ones would read as unpublished; versions of the last ``metrics_flush_s``
   before a kill may still be reused then) — and, after a warm start, publish a held-out
   evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
-  ``_eval_scored``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
+  ``_rounds``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
   large model's round could span (every gain is measured from it).
-- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once, a verifier's
-  errors among them left out of the round's accuracy and counted in ``heldout_verifier_errors.<domain>``; stale or
-  greedy training samples are dropped, counted and acked; a group with tokens of a version newer than the learner's —
-  weights it never published, see ``_unpublished_version`` — is dead-lettered and counted in ``unpublished_version``).
-  In ``async`` mode a group's advantages are computed as it
-  arrives, and a group without signal (every reward equal, no guidance) is consumed there and then — accounted like an
-  applied one, never buffered — so every step trains on ``batch_size`` completions that carry signal: a learner that
+- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once, ``_rounds``;
+  stale or greedy training samples are dropped, counted and acked; a group with tokens of a version newer than the
+  learner's — weights it never published, see ``_unpublished_version`` — is dead-lettered and counted in
+  ``unpublished_version``). In ``async`` mode a group's advantages are computed as it arrives, and a group without
+  signal (every reward equal, no guidance) is consumed there and then — accounted like an applied one, never
+  buffered — so every step trains on ``batch_size`` completions that carry signal: a learner that
   outruns its generators waits for signal instead of stepping on the few signal rows of a mostly solved batch.
   Completions the verifier failed on (verdict ``VERIFIER_ERROR``) leave their group first: their reward 0 is not the
   answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two is consumed). (Consumed
@@ -27,12 +26,10 @@ Lifecycle:
   domain weight (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for
   single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
   than ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is
-  back, counted in ``bus_waits``), checkpoints and evaluates. The held-out prompts out
-  (published, score not back yet) are reported as ``eval_out``: they pass through the same stages as training groups,
-  and the source's ``max_in_flight`` must not count them. With ``ema_decay`` (the default) a round measures the weights'
-  moving average (``_average``, updated after every step): it goes out as a version of its own, the round is labelled
-  with it, and no other version is published until the round is scored — the generators decode the whole round with it;
-  a round that comes due while the previous one is out starts once that one is scored. On stop the current step
+  back, counted in ``bus_waits``), checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as
+  ``eval_out``). With ``ema_decay`` (the default) a round measures the weights' moving average (``_average``, updated
+  after every step): it goes out as a version of its own, and no other version is published until the round is
+  scored. On stop the current step
   finishes, a final checkpoint is taken (the average in it) and what it covers is acked; the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
@@ -93,7 +90,7 @@ from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
-from actors.learner._eval import EvalSeries, EvalTracker, eval_message_id, eval_series, round_version
+from actors.learner._eval import EvalTracker, eval_series
 from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import (
     MetricsWriter,
@@ -102,6 +99,7 @@ from actors.learner._metrics import (
     newest_version,
     plot_heldout,
 )
+from actors.learner._rounds import HeldoutRounds
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
@@ -114,7 +112,6 @@ __all__ = ["LearnerActor"]
 
 _KEEPALIVE_S_MAX = 10.0  # in_progress at least this often for held messages (ack_wait / 3 when shorter)
 _REWARD_WINDOW = 100  # groups in the running reward / accuracy per domain
-_EVAL_LOST_S = 60.0  # held-out prompts with no score back for this long are written off (eval_out)
 
 
 @dataclass
@@ -149,7 +146,6 @@ class LearnerActor(Actor[LearnerConfig]):
     trainer: Trainer
     checkpointer: Checkpointer
     metrics: MetricsWriter
-    evals: EvalTracker
     publisher: WeightPublisher
 
     def __init__(self, ctx: ActorContext, config: LearnerConfig) -> None:
@@ -196,18 +192,11 @@ class LearnerActor(Actor[LearnerConfig]):
         self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
-        self._channel_out = "prompts" if "prompts" in ctx.publishes else None
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
-        self._eval_out = 0  # held-out prompts published and not scored yet
         self.average: WeightAverage | None = None  # the weights' moving average (ema_decay), what rounds measure
-        # a round is due; with an average it waits for the previous round's scores: rounds that overlapped would hold
-        # the current weights back from the generators for as long as they kept overlapping
-        self._eval_due = False
-        self._baseline_out = False  # the post-warm-start round is out: the first step waits for its scores
-        self._eval_heard = time.monotonic()  # the last held-out publish or score
+        self.rounds = HeldoutRounds(ctx, config)  # the held-out rounds out and their scores back
         self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
         self._restored_domains: set[str] | None = None  # the domains the checkpoint resumed from trained (None: unsaid)
-        self.series: dict[str, EvalSeries] = {}  # what each domain's held-out rounds measure (set in start)
 
     # ------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -248,12 +237,13 @@ class LearnerActor(Actor[LearnerConfig]):
         self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
-        self.evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
+        evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
         specs = domains_of(ctx.spec)
-        self.series = {
+        series = {
             name: eval_series(tasks, specs[name].verifier, specs[name].verifier_config)
-            for name, tasks in self.evals.tasks.items()
+            for name, tasks in evals.tasks.items()
         }
+        self.rounds.attach(evals, series, self.metrics, measures_average=self.average is not None)
         transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind, ctx.spec)]
         self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
 
@@ -282,7 +272,7 @@ class LearnerActor(Actor[LearnerConfig]):
             # first round, not from this life's first
             await anyio.to_thread.run_sync(self._say_what_changed)
             temperature = config.eval_temperatures[0]
-            found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature, self.series)
+            found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature, self.rounds.series)
             for domain, (first, last) in found.items():
                 ctx.counters.set(f"heldout_acc_start.{domain}", round(first, 4))
                 ctx.counters.set(f"heldout_acc.{domain}", round(last, 4))
@@ -314,7 +304,7 @@ class LearnerActor(Actor[LearnerConfig]):
         await self.publish_weights()
         if latest is None and config.eval_every_steps > 0:
             await self.publish_eval(baseline=True)  # the warm-start baseline, read more closely
-            self._baseline_out = self._eval_out > 0
+            self.rounds.baseline_out = self.rounds.out > 0
         ctx.log.info(
             "learner.ready",
             version=self.version,
@@ -392,21 +382,21 @@ class LearnerActor(Actor[LearnerConfig]):
                     note="new to this run: trained by RL alone (the warm start was before it), its held-out series "
                     "starts at the next round",
                 )
-                self._eval_due = self.config.eval_every_steps > 0 and name in self.series
+                self.rounds.due = self.config.eval_every_steps > 0 and name in self.rounds.series
             for name in sorted(before - now):
                 log.info(
                     "learner.domain_removed",
                     domain=name,
                     note="no longer in the spec: its groups still on the bus are dropped, counted in removed_domain",
                 )
-        for name, why in heldout_series_changes(self.ctx.run_dir, self.series).items():
+        for name, why in heldout_series_changes(self.ctx.run_dir, self.rounds.series).items():
             log.info(
                 "learner.heldout_new_series",
                 domain=name,
                 changed=why,
                 note=f"held-out accuracy of {name} starts a new series: its earlier rounds are not compared with it",
             )
-            self._eval_due = self.config.eval_every_steps > 0
+            self.rounds.due = self.config.eval_every_steps > 0
 
     async def _warm_start(self, domains: Mapping[str, Domain], steps: int) -> None:
         ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
@@ -520,7 +510,7 @@ class LearnerActor(Actor[LearnerConfig]):
             version=self.version,
             buffered=self.batcher.completions,
             unacked=len(self._unacked) + len(self._writing),
-            **LearnerStatus(buffered_groups=len(self._held), eval_out=self._eval_out).counters(),
+            **LearnerStatus(buffered_groups=len(self._held), eval_out=self.rounds.out).counters(),
         )
         if len(self._steps_t) >= 2:
             counters["steps_per_s"] = round(
@@ -540,64 +530,7 @@ class LearnerActor(Actor[LearnerConfig]):
     async def _on_delivery(self, delivery: Delivery[ScoredMsg]) -> None:
         counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
         if msg.heldout:
-            if round_version(mid, msg) > self.version:  # no round of this learner's weights (rolled back by a resume,
-                counters.inc("heldout_unknown_version")  # or a foreign message): counted, and never evicts real rounds
-                await delivery.ack()
-                return
-            if not self.evals.expected(msg.domain):  # of a domain removed from the spec (or its held-out set) since
-                counters.inc(f"removed_domain.{msg.domain}")  # the round went out: a round of nothing it measures
-                await delivery.ack()
-                self._eval_scored(1)
-                return
-            result = self.evals.record(mid, msg)
-            if result is not None and result.errors:
-                counters.inc(f"heldout_verifier_errors.{result.domain}", result.errors)
-                self.ctx.log.warning(
-                    "learner.heldout_verifier_errors",
-                    domain=result.domain,
-                    version=result.version,
-                    errors=result.errors,
-                    scored=result.n,
-                    note="the verifier failed on these held-out completions: left out of the round's accuracy",
-                )
-            if result is not None and result.n:
-                headline = result.temperature == self.config.eval_temperatures[0]
-                counters.set(
-                    f"heldout_acc{'' if headline else f'@T{result.temperature:g}'}.{result.domain}",
-                    round(result.accuracy, 4),
-                )
-                if headline and f"heldout_acc_start.{result.domain}" not in counters.snapshot():
-                    counters.set(f"heldout_acc_start.{result.domain}", round(result.accuracy, 4))
-                series = self.series.get(result.domain)
-                self.metrics.add(
-                    "eval",
-                    {
-                        "ts": time.time(),
-                        "step": self.step,
-                        "version": result.version,
-                        "domain": result.domain,
-                        "series": series.key if series is not None else None,
-                        "prompts": series.prompts if series is not None else None,
-                        "verifier": series.verifier if series is not None else None,
-                        "n": result.n,
-                        "accuracy": result.accuracy,
-                        "reward_mean": result.reward_mean,
-                        "temperature": result.temperature,
-                        "samples": (result.n + result.errors) // max(self.evals.expected(result.domain), 1),
-                        "errors": result.errors,
-                    },
-                )
-                self.ctx.log.info(
-                    "learner.heldout",
-                    domain=result.domain,
-                    version=result.version,
-                    accuracy=round(result.accuracy, 4),
-                    temperature=result.temperature,
-                    n=result.n,
-                )
-            await delivery.ack()
-            self._eval_scored(1)
-            self.ctx.report_soon()  # eval_out fell: a source steering by max_in_flight subtracts it from its count
+            await self.rounds.on_scored(delivery, self.version, self.step)
             return
         if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
             self._unacked[mid] = delivery
@@ -719,13 +652,14 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ training
     async def _train_loop(self) -> None:
-        if self._baseline_out:
-            self.ctx.log.info("learner.waiting_for_baseline_round", prompts=self._eval_out)
+        rounds = self.rounds
+        if rounds.baseline_out:
+            self.ctx.log.info("learner.waiting_for_baseline_round", prompts=rounds.out)
         while not self.ctx.stopping.is_set():
-            if self._baseline_out:
-                self._eval_scored(0)  # (writes off prompts lost on the way: a lost round never holds RL back)
-                self._baseline_out = self._eval_out > 0
-            if self._baseline_out or not self.batcher.ready():
+            if rounds.baseline_out:
+                rounds.scored(0)  # (writes off prompts lost on the way: a lost round never holds RL back)
+                rounds.baseline_out = rounds.out > 0
+            if rounds.baseline_out or not self.batcher.ready():
                 if len(self._unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
                     await self.checkpoint(background=True)
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
@@ -781,12 +715,13 @@ class LearnerActor(Actor[LearnerConfig]):
             await self._unless_bus_away(self.publish_weights, "learner.publish_deferred")
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint(background=True)
+        rounds = self.rounds
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
-            self._eval_due = True
-        if self._eval_due and not self._average_round_out:
-            self._eval_due = not await self._unless_bus_away(self.publish_eval, "learner.eval_deferred")
-        elif self._eval_out:
-            self._eval_scored(0)  # (writes off prompts lost on the way)
+            rounds.due = True
+        if rounds.due and not rounds.holds_weights:
+            rounds.due = not await self._unless_bus_away(self.publish_eval, "learner.eval_deferred")
+        elif rounds.out:
+            rounds.scored(0)  # (writes off prompts lost on the way)
         return stats
 
     def _rl_step(self, samples: list[TrainSample]) -> StepStats:
@@ -946,15 +881,10 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.add("step", row)
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
-    @property
-    def _average_round_out(self) -> bool:
-        """A round of the weights' average is being decoded: the generators hold the average until it is scored."""
-        return self.average is not None and self._eval_out > 0
-
     def _publish_due(self) -> bool:
         """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version — and, with a
         weight average, no round of it out: the generators hold the average until they have decoded the round."""
-        if self._average_round_out:
+        if self.rounds.holds_weights:
             return False
         return (
             self.step - self._published_step >= self.publish_every
@@ -1054,45 +984,13 @@ class LearnerActor(Actor[LearnerConfig]):
             self._written = None
 
     async def publish_eval(self, *, baseline: bool = False) -> None:
-        """Publish a held-out round labelled with the current version (every prompt at once, once per decoding in
-        ``eval_temperature``); ``baseline``: the post-warm-start round, read more closely when sampled."""
-        if self._channel_out is None or not self.evals.tasks:
+        """Publish a held-out round (``_rounds``) labelled with the current version; with a weight average, the
+        average goes out first as a version of its own, which the round measures (the baseline: the same weights)."""
+        if not self.rounds.publishable:
             return
         if self.average is not None and not baseline:  # the round measures the average (the baseline: the same)
             await self.publish_weights(average=True)
-        items = []
-        for i, temperature in enumerate(self.config.eval_temperatures):
-            samples = self.config.eval_samples_at(temperature, baseline=baseline)
-            for tasks in self.evals.tasks.values():
-                for task in tasks:
-                    payload = {**task.payload(group_size=samples, heldout=True), "temperature": temperature}
-                    message_id = eval_message_id(self.version, task, None if i == 0 else temperature)
-                    items.append(("prompt", payload, message_id))
-        self._eval_scored(0)
-        self._eval_out += len(items)
-        self._eval_heard = time.monotonic()
-        try:
-            await self.ctx.bus.publish_many(self._channel_out, items, source=self.ctx.replica_id)
-        except BaseException:  # not out, or not all of it: a round never complete is never reported, so not waited for
-            self._eval_out = max(0, self._eval_out - len(items))
-            raise
-        self.ctx.report_soon()  # eval_out: a source steering by max_in_flight does not count these as training
-        self.ctx.counters.inc("eval_rounds")
-        self.ctx.log.info("learner.eval_published", version=self.version, prompts=len(items))
-
-    def _eval_scored(self, scored: int) -> None:
-        """Account ``scored`` held-out prompts that came back. Prompts out for ``_EVAL_LOST_S`` with no score back
-        are written off (lost on the way: a generator restart, a dead-lettered message), so ``eval_out`` never
-        holds a source back forever; the round they belonged to is then never complete and never reported."""
-        now = time.monotonic()
-        if scored:
-            self._eval_out, self._eval_heard = max(0, self._eval_out - scored), now
-        elif self._eval_out and now - self._eval_heard > _EVAL_LOST_S:
-            self.ctx.log.warning(
-                "learner.eval_prompts_lost", prompts=self._eval_out, waited_s=round(now - self._eval_heard)
-            )
-            self.ctx.counters.inc("eval_prompts_lost", self._eval_out)
-            self._eval_out = 0
+        await self.rounds.publish(self.version, baseline=baseline)
 
     def meta(self) -> dict[str, Any]:
         return {

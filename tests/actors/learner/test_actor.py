@@ -347,9 +347,9 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(
 async def test_a_baseline_round_that_never_comes_back_holds_the_first_step_only_until_written_off(
     embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import actors.learner._actor as learner_module
+    import actors.learner._rounds as rounds_module
 
-    monkeypatch.setattr(learner_module, "_EVAL_LOST_S", 1.0)
+    monkeypatch.setattr(rounds_module, "_EVAL_LOST_S", 1.0)
     config = learner(
         1, "    max_staleness: 100\n    eval_every_steps: 100\n  generator: {engine: torch, device: cpu}\n"
     )

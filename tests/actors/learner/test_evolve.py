@@ -26,7 +26,7 @@ async def test_another_eval_set_starts_a_new_heldout_series(embedded_nats: Embed
     run_dir = tmp_path / "run"
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
         await actor.checkpoint()
-        series = actor.series["arithmetic"]
+        series = actor.rounds.series["arithmetic"]
     earlier = MetricsWriter(run_dir, "an-earlier-life")
     row = {"step": 0, "version": 1, "n": 8, "reward_mean": 0.5, "samples": 1, "temperature": 0.0}
     earlier.add(
