@@ -24,9 +24,9 @@ Lifecycle:
   groups wait for a checkpoint to be acked; when they reach ``batch_size × checkpoint_every_steps`` the learner
   checkpoints without waiting for those steps, so the bus's ack window never fills.) The train loop builds batches by
   domain weight (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for
-  single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights (no sooner
-  than ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is
-  back, counted in ``bus_waits``), checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as
+  single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights
+  (``_publish``: no sooner than ``publish_min_interval_s`` after the previous version; while the bus is away, at the
+  first step after it is back), checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as
   ``eval_out``). With ``ema_decay`` (the default) a round measures the weights' moving average (``_average``, updated
   after every step): it goes out as a version of its own, and no other version is published until the round is
   scored. On stop the current step
@@ -54,11 +54,8 @@ accordingly. Held messages are kept alive with ``in_progress``.
 ``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in, weights are published
 after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
 
-Weights go out through the transport named by ``weight_transport`` — the same set the generators receive from
-(:func:`actors.weights.weight_transports`): the object store, a safetensors directory, shared-memory slots, or a
-torch.distributed broadcast to the generators configured with ``weight_sync: distributed``; ``auto`` (the default)
-is the shared-memory slots on the local runtime (the directory where an engine is SGLang or vLLM) and the object
-store on Ray.
+Weights go out through the transport named by ``weight_transport`` (``_publish``: the transports, the cadence, the
+fallback to the disk, a bus that is away).
 
 Why one file of ~650 lines: the lifecycle, consumption, training loop, publishing and checkpointing are one state
 machine over one set of fields (step, version, buffer, ledger); what is pure lives in its own module (advantages,
@@ -74,7 +71,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,16 +93,16 @@ from actors.learner._metrics import (
     MetricsWriter,
     heldout_first_and_last,
     heldout_series_changes,
-    newest_version,
     plot_heldout,
 )
+from actors.learner._publish import WeightsOut, unless_bus_away
 from actors.learner._rounds import HeldoutRounds
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, encode_completion, native_bfloat16
 from actors.protocol import CORRECT, VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
-from actors.weights import SlotSpaceError, WeightPublisher, weight_transports
-from topology.bus import BUS_AWAY, Delivery
+from actors.weights import weight_transports
+from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["LearnerActor"]
@@ -146,7 +143,7 @@ class LearnerActor(Actor[LearnerConfig]):
     trainer: Trainer
     checkpointer: Checkpointer
     metrics: MetricsWriter
-    publisher: WeightPublisher
+    weights_out: WeightsOut
 
     def __init__(self, ctx: ActorContext, config: LearnerConfig) -> None:
         super().__init__(ctx, config)
@@ -156,10 +153,6 @@ class LearnerActor(Actor[LearnerConfig]):
         self._unstarted = False  # stopped during the warm start: start() returned early, run() and drain() do nothing
         self.max_staleness = config.effective_max_staleness
         self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
-        sync = config.mode == "sync"  # sync publishes after every step: the source waits for each version
-        self.publish_every = 1 if sync else config.publish_every_steps
-        self.publish_floor_s = 0.0 if sync else config.publish_min_interval_s
-        self._published_step, self._published_at = 0, 0.0  # the last version's step and time.monotonic()
         self.ledger = AppliedLedger()
         self._restored_taken_ts: float | None = None  # when the state of the checkpoint resumed from was taken
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
@@ -245,7 +238,7 @@ class LearnerActor(Actor[LearnerConfig]):
         }
         self.rounds.attach(evals, series, self.metrics, measures_average=self.average is not None)
         transport = weight_transports(ctx)[config.transport_name(ctx.spec.runtime.kind, ctx.spec)]
-        self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
+        self.weights_out = WeightsOut(ctx, config, transport, self.metrics)
 
         latest = self.checkpointer.latest()
         if latest is not None:
@@ -300,7 +293,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 self.average.reset()  # the average starts at the post-warm-start policy
             await self.checkpoint()  # a crash from here on never repeats the warm start
         self.metrics.flush()
-        await self._number_past_what_was_published()
+        self.version = await self.weights_out.numbered_past(self.version)
         await self.publish_weights()
         if latest is None and config.eval_every_steps > 0:
             await self.publish_eval(baseline=True)  # the warm-start baseline, read more closely
@@ -351,22 +344,6 @@ class LearnerActor(Actor[LearnerConfig]):
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
             self.average.reset()
-
-    async def _number_past_what_was_published(self) -> None:
-        """The next version is past every one this run published: the newest of the checkpoint's, the KV's and the
-        run's lifecycle metrics' — which a bus that lost its store (the KV with it) does not take away."""
-        recorded = await anyio.to_thread.run_sync(newest_version, self.ctx.run_dir)
-        announced = await self.publisher.newest()
-        if recorded > announced:
-            self.ctx.log.warning(
-                "learner.versions_past_the_bus",
-                bus=announced,
-                run=recorded,
-                next=max(self.version, recorded) + 1,
-                note="the bus's weights key is behind the versions this run published (a bus without its old store?): "
-                "numbering on past the run's own",
-            )
-        self.version = max(self.version, recorded)
 
     def _say_what_changed(self) -> None:
         """Once, on a resume: the domains the spec added or removed since the checkpoint, and the held-out series the
@@ -498,9 +475,9 @@ class LearnerActor(Actor[LearnerConfig]):
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.flush()
-        publisher = getattr(self, "publisher", None)
-        if publisher is not None:
-            publisher.close()  # the shared-memory slots; a resumed run publishes again from its checkpoint
+        weights_out = getattr(self, "weights_out", None)
+        if weights_out is not None:
+            weights_out.close()  # the shared-memory slots; a resumed run publishes again from its checkpoint
 
     def report(self) -> dict[str, Any]:
         counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
@@ -712,14 +689,14 @@ class LearnerActor(Actor[LearnerConfig]):
         self._account(applied, consumed)
         self._report_step(stats, applied, step_s)
         if self._publish_due():  # a version not announced stays due: _publish_due() says so again next step
-            await self._unless_bus_away(self.publish_weights, "learner.publish_deferred")
+            await unless_bus_away(self.ctx, self.publish_weights, "learner.publish_deferred", step=self.step)
         if self.step % self.config.checkpoint_every_steps == 0:
             await self.checkpoint(background=True)
         rounds = self.rounds
         if self.config.eval_every_steps and self.step % self.config.eval_every_steps == 0:
             rounds.due = True
         if rounds.due and not rounds.holds_weights:
-            rounds.due = not await self._unless_bus_away(self.publish_eval, "learner.eval_deferred")
+            rounds.due = not await unless_bus_away(self.ctx, self.publish_eval, "learner.eval_deferred", step=self.step)
         elif rounds.out:
             rounds.scored(0)  # (writes off prompts lost on the way)
         return stats
@@ -882,14 +859,11 @@ class LearnerActor(Actor[LearnerConfig]):
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
     def _publish_due(self) -> bool:
-        """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version — and, with a
-        weight average, no round of it out: the generators hold the average until they have decoded the round."""
+        """A version is due (``_publish``) — and, with a weight average, no round of it is out: the generators hold
+        the average until they have decoded the round."""
         if self.rounds.holds_weights:
             return False
-        return (
-            self.step - self._published_step >= self.publish_every
-            and time.monotonic() - self._published_at >= self.publish_floor_s
-        )
+        return self.weights_out.due(self.step)
 
     async def publish_weights(self, *, average: bool = False) -> None:
         """Publish the current weights (``average``: the weights' moving average) as the next version."""
@@ -897,49 +871,9 @@ class LearnerActor(Actor[LearnerConfig]):
         # the parameters themselves, not a copy: every transport copies (or sends) them before publish returns, and
         # nothing steps them meanwhile (the train loop awaits this)
         state = {name: t.detach() for name, t in source.state_dict().items()}
-        self.version = max(self.version, await self.publisher.newest()) + 1
-        try:
-            await self.publisher.publish(self.version, state)
-        except SlotSpaceError as exc:
-            if self.config.weight_transport != "auto":  # asked for shared memory: say so, do not pick another
-                raise
-            self._publish_through_disk(str(exc))
-            await self.publisher.publish(self.version, state)
-        self._published_step, self._published_at = self.step, time.monotonic()
+        self.version = max(self.version, await self.weights_out.newest()) + 1
         weights = "average" if source is not self.policy else "current"
-        # which steps each version holds: a sample applied at step s is in every version published at step >= s
-        self.metrics.add(
-            "lifecycle",
-            {"ts": time.time(), "event": "publish", "step": self.step, "version": self.version, "weights": weights},
-        )
-        self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
-        self.ctx.log.info("learner.published", version=self.version, step=self.step, weights=weights)
-
-    async def _unless_bus_away(self, publish: Callable[[], Awaitable[None]], event: str) -> bool:
-        """The train loop's publishes (a version, a held-out round): while the bus is away (a restarting or frozen
-        server) the publish fails, is counted in ``bus_waits`` and logged as ``event``, and stays due for the first
-        step after the bus is back (training goes on; those steps are in whatever goes out then). False then."""
-        try:
-            await publish()
-        except BUS_AWAY as exc:
-            self.ctx.counters.inc("bus_waits")
-            self.ctx.log.warning(event, step=self.step, error=f"{type(exc).__name__}: {exc}", retry="next step")
-            return False
-        return True
-
-    def _publish_through_disk(self, reason: str) -> None:
-        """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a
-        container's /dev/shm is 64 MB unless it is given more): publish through safetensors files in the run dir from
-        now on, as with HTTP engines. Generators take whatever transport a version's manifest names; their current
-        slot stays mapped until they move on (its file is removed now)."""
-        self.ctx.log.warning(
-            "learner.weight_transport_fallback",
-            reason=reason,
-            now="disk",
-            hint="give /dev/shm room for three versions (docker run --shm-size), or set weight_transport",
-        )
-        self.publisher.close()
-        self.publisher = WeightPublisher(self.ctx.bus, self.ctx.topology, weight_transports(self.ctx)["disk"])
+        await self.weights_out.publish(self.version, state, step=self.step, weights=weights)
 
     async def checkpoint(self, *, background: bool = False) -> None:
         """Snapshot everything, then ack every message the snapshot covers. ``background`` (the train loop's, while

@@ -39,7 +39,7 @@ async def test_a_version_due_while_the_bus_is_frozen_waits_for_it_and_training_g
             for i in range(2):
                 await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"after-{i}")
             await wait_until(lambda: actor.step == 2 and actor.version > first, timeout_s=60)
-            assert await actor.publisher.newest() == actor.version  # the waiting version went out with step 2
+            assert await actor.weights_out.newest() == actor.version  # the waiting version went out with step 2
 
 
 async def test_a_heldout_round_due_while_the_bus_is_frozen_goes_out_after_it(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ async def test_tokens_of_a_version_never_published_are_dead_lettered_and_those_f
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0, 0.0]), id=f"before-{i}")
 
         async def announced() -> bool:  # the version is counted before its publish is announced on the bus
-            return actor.step == 2 and await actor.publisher.newest() == 3
+            return actor.step == 2 and await actor.weights_out.newest() == 3
 
         await wait_until(announced)  # a crash before v3 is announced leaves it to the next life (no generator has it)
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
