@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from actors.learner._actor import _REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
+from actors.learner._samples import REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from actors.protocol import policy_of  # noqa: E402
 from bench._common import RESULTS_DIR, markdown_table, percentile, write_results  # noqa: E402
 from bench._cpu import CpuSampler  # noqa: E402

@@ -23,8 +23,8 @@ Lifecycle:
   answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two is consumed). (Consumed
   groups wait for a checkpoint to be acked; when they reach ``batch_size × checkpoint_every_steps`` the learner
   checkpoints without waiting for those steps, so the bus's ack window never fills.) The train loop builds batches by
-  domain weight (``_batcher``), computes advantages (``_advantages``: groups, or a per-domain running baseline for
-  single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights
+  domain weight (``_batcher``), computes advantages (``_samples`` with ``_advantages``: groups, or a per-domain running
+  baseline for single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights
   (``_publish``: no sooner than ``publish_min_interval_s`` after the previous version; while the bus is away, at the
   first step after it is back), checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as
   ``eval_out``). With ``ema_decay`` (the default) a round measures the weights' moving average (``_average``, updated
@@ -97,10 +97,11 @@ from actors.learner._metrics import (
 )
 from actors.learner._publish import WeightsOut, unless_bus_away
 from actors.learner._rounds import HeldoutRounds
+from actors.learner._samples import REWARD_WINDOW, SampleMaker
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
-from actors.policy import Policy, encode_completion, native_bfloat16
-from actors.protocol import CORRECT, VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
+from actors.policy import Policy, native_bfloat16
+from actors.protocol import VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import weight_transports
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
@@ -108,7 +109,6 @@ from topology.runtime import Actor, ActorContext
 __all__ = ["LearnerActor"]
 
 _KEEPALIVE_S_MAX = 10.0  # in_progress at least this often for held messages (ack_wait / 3 when shorter)
-_REWARD_WINDOW = 100  # groups in the running reward / accuracy per domain
 
 
 @dataclass
@@ -141,6 +141,7 @@ class LearnerActor(Actor[LearnerConfig]):
     # set by start()
     policy: Policy
     trainer: Trainer
+    sample_maker: SampleMaker
     checkpointer: Checkpointer
     metrics: MetricsWriter
     weights_out: WeightsOut
@@ -179,16 +180,14 @@ class LearnerActor(Actor[LearnerConfig]):
         self._written: anyio.Event | None = None  # set once the checkpoint being written is on disk
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: where a checkpoint is written in the background
         self._unacked_limit = config.batch_size * config.checkpoint_every_steps  # then checkpoint early (see run)
-        self._rewards: dict[str, deque[tuple[float, float]]] = {}
         self._staleness_last: list[int] = []
-        self._feedback_staleness: deque[int] = deque(maxlen=_REWARD_WINDOW)  # of the latest production samples
+        self._feedback_staleness: deque[int] = deque(maxlen=REWARD_WINDOW)  # of the latest production samples
         self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
         self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self.average: WeightAverage | None = None  # the weights' moving average (ema_decay), what rounds measure
         self.rounds = HeldoutRounds(ctx, config)  # the held-out rounds out and their scores back
-        self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
         self._restored_domains: set[str] | None = None  # the domains the checkpoint resumed from trained (None: unsaid)
 
     # ------------------------------------------------------------------ start
@@ -224,6 +223,7 @@ class LearnerActor(Actor[LearnerConfig]):
             with_reference=config.kl_beta > 0,
             autocast=torch.bfloat16 if mixed else None,
         )
+        self.sample_maker = SampleMaker(ctx, config, self.policy, self.estimator)
         if config.ema_decay is not None and config.mode == "async":
             self.average = WeightAverage(self.policy, config.ema_decay)
         ema_decay = self.average.decay if self.average is not None else None  # recorded and logged: what rounds measure
@@ -561,10 +561,10 @@ class LearnerActor(Actor[LearnerConfig]):
             msg = msg.model_copy(update={"completions": scored})
         held = _Held(delivery, msg, len(msg.completions))
         if self.config.mode == "async":  # sync: a batch is what one version's prompts gave, signal or not
-            held.samples = self._samples(msg)
+            held.samples = self.sample_maker.make(msg)
             if not held.samples:  # no signal (or every row too long): nothing to wait in the buffer for
                 if held.samples is None:
-                    self._count_no_signal(msg)
+                    self.sample_maker.count_no_signal(msg)
                 self._account([], [held])
                 self.ctx.report_soon()
                 return
@@ -663,11 +663,11 @@ class LearnerActor(Actor[LearnerConfig]):
                 if self._is_stale(held.msg):
                     await self._drop_stale(held.delivery)
                     continue
-                group_samples = held.samples if held.samples is not None else self._samples(held.msg)
+                group_samples = held.samples if held.samples is not None else self.sample_maker.make(held.msg)
                 if group_samples is None:
                     consumed.append(held)
                     self._stepping[held.delivery.id] = held
-                    self._count_no_signal(held.msg)
+                    self.sample_maker.count_no_signal(held.msg)
                     continue
                 samples.extend(group_samples)
                 applied.append(held)
@@ -707,83 +707,6 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.average is not None:
             self.average.update()
         return stats
-
-    def _samples(self, msg: ScoredMsg) -> list[TrainSample] | None:
-        rewards = [c.reward for c in msg.completions]
-        window = self._rewards.setdefault(msg.domain, deque(maxlen=_REWARD_WINDOW))
-        window.append((sum(rewards) / len(rewards), sum(r >= CORRECT for r in rewards) / len(rewards)))
-        rows: list[tuple[list[int], list[float] | None]] = [(c.token_ids, c.logprobs) for c in msg.completions]
-        guide = self._guidance(msg, rewards)
-        if guide is not None:
-            rows.append((guide, None))
-            rewards = [*rewards, 1.0]
-        if len(rewards) == 1:
-            advantages: list[float] | None = [self.estimator.single(msg.domain, rewards[0])]
-        else:
-            advantages = self.estimator.group(msg.domain, rewards)
-        self.ctx.counters.set("groups_skipped", self.estimator.groups_skipped)
-        if advantages is None:
-            return None
-        if guide is not None:
-            self.ctx.counters.inc(f"guided.{msg.domain}")
-        limit = self.policy.max_context
-        out = []
-        for (token_ids, logprobs), advantage in zip(rows, advantages, strict=True):
-            if not token_ids or len(msg.prompt_ids) + len(token_ids) > limit:
-                self.ctx.counters.inc("too_long_skipped")
-                continue
-            out.append(TrainSample(msg.prompt_ids, token_ids, logprobs, advantage, msg.temperature))
-        return out
-
-    def _guidance(self, msg: ScoredMsg, rewards: list[float]) -> list[int] | None:
-        """`failed_groups: reference`: the tokens of the task's reference answer (what the warm start trains on)
-        for a group of several completions none of which is correct, else None. It joins the group with reward 1
-        and no behavior logprobs (importance weight 1): the group then has signal, the reference a positive
-        advantage and the failed completions a negative one (off-policy guidance, as LUFFY mixes demonstrations
-        into GRPO).
-
-        "None correct" is below full marks (`CORRECT`), not all 0: with a pass/fail verifier the same thing, with
-        partial credit (json-fields: the share of fields right) a group whose best got half the fields is guided
-        too. Such a group has signal without the reference, but only towards half answers; the reference shows
-        the whole one (bench/RESULTS.md has the measurements).
-
-        Only a reference its domain's verifier scored correct guides (``reference_reward``, set by the verify
-        actor): one that fails (a wrong dataset row) or was never scored would teach a wrong answer as the right
-        one. Such a group goes on without it, counted in ``reference_unverified.<domain>`` and logged at the first
-        one per domain (the verify actor's ``reference_failed`` log says why the reference failed)."""
-        domain = domains_of(self.ctx.spec).get(msg.domain)
-        mode = getattr(domain, "failed_groups", None) or self.config.failed_groups  # the domain's, else the learner's
-        if (
-            mode != "reference"
-            or len(rewards) < 2
-            or max(rewards) >= CORRECT
-            or not msg.reference
-            or msg.origin != "domain"
-        ):
-            return None
-        if msg.reference_reward is None or msg.reference_reward < CORRECT:
-            self.ctx.counters.inc(f"reference_unverified.{msg.domain}")
-            if msg.domain not in self._unverified_logged:
-                self._unverified_logged.add(msg.domain)
-                self.ctx.log.warning(
-                    "learner.reference_unverified",
-                    domain=msg.domain,
-                    task_id=msg.task_id,
-                    reference_reward=msg.reference_reward,
-                    note="a failed group's reference was not scored correct by its verifier: not trained on "
-                    "(counted in reference_unverified.<domain>; logged once per domain)",
-                )
-            return None
-        return encode_completion(self.policy.tokenizer, msg.reference)
-
-    def _count_no_signal(self, msg: ScoredMsg) -> None:
-        """Why a group carried no signal: all full marks (`no_signal_solved.<domain>`), all zero
-        (`no_signal_failed`), or another shared reward (`no_signal_other`)."""
-        rewards = [c.reward for c in msg.completions]
-        kind = (
-            "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
-        )
-        self.ctx.counters.inc(f"no_signal_{kind}.{msg.domain}")
 
     def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
         """Ledger + audit trail for the step just taken (or for consumed groups when no step was taken)."""
@@ -847,7 +770,7 @@ class LearnerActor(Actor[LearnerConfig]):
         if self._feedback_staleness:
             feedback = self._feedback_staleness
             counters.set("feedback_staleness_mean", round(sum(feedback) / len(feedback), 3))
-        for domain, window in self._rewards.items():
+        for domain, window in self.sample_maker.rewards.items():
             reward = sum(r for r, _ in window) / len(window)
             accuracy = sum(a for _, a in window) / len(window)
             counters.set(f"reward.{domain}", round(reward, 4))
