@@ -12,34 +12,27 @@ Lifecycle:
   evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
   ``_rounds``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
   large model's round could span (every gain is measured from it).
-- ``run``: a consumer task buffers ``scored`` groups (held-out scores are accounted and acked at once, ``_rounds``;
-  stale or greedy training samples are dropped, counted and acked; a group with tokens of a version newer than the
-  learner's — weights it never published, see ``_unpublished_version`` — is dead-lettered and counted in
-  ``unpublished_version``). In ``async`` mode a group's advantages are computed as it arrives, and a group without
-  signal (every reward equal, no guidance) is consumed there and then — accounted like an applied one, never
-  buffered — so every step trains on ``batch_size`` completions that carry signal: a learner that
-  outruns its generators waits for signal instead of stepping on the few signal rows of a mostly solved batch.
-  Completions the verifier failed on (verdict ``VERIFIER_ERROR``) leave their group first: their reward 0 is not the
-  answer's (``verifier_errors_skipped.<domain>`` counts them; a group left with fewer than two is consumed). (Consumed
-  groups wait for a checkpoint to be acked; when they reach ``batch_size × checkpoint_every_steps`` the learner
-  checkpoints without waiting for those steps, so the bus's ack window never fills.) The train loop builds batches by
-  domain weight (``_batcher``), computes advantages (``_samples`` with ``_advantages``: groups, or a per-domain running
-  baseline for single samples), takes one RL step (``_trainer``) in a worker thread, and every K steps publishes weights
-  (``_publish``: no sooner than ``publish_min_interval_s`` after the previous version; while the bus is away, at the
-  first step after it is back), checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as
-  ``eval_out``). With ``ema_decay`` (the default) a round measures the weights' moving average (``_average``, updated
-  after every step): it goes out as a version of its own, and no other version is published until the round is
-  scored. On stop the current step
+- ``run``: a consumer task takes ``scored`` deliveries in: held-out scores to ``_rounds`` (accounted and acked at
+  once), training groups to ``_intake`` (buffered; duplicates, stale, greedy or foreign ones dropped or
+  dead-lettered; in ``async`` mode a group's samples made as it arrives, one without signal consumed there and then
+  — accounted like an applied one, never buffered). Consumed groups wait for a checkpoint to be acked; when they
+  reach ``batch_size × checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's
+  ack window never fills. The train loop builds batches by domain weight (``_batcher``), with each group's samples
+  (``_samples`` with ``_advantages``: groups, or a per-domain running baseline for single samples), takes one RL step
+  (``_trainer``) in a worker thread, and every K steps publishes weights (``_publish``: no sooner than
+  ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is back),
+  checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as ``eval_out``). With ``ema_decay``
+  (the default) a round measures the weights' moving average (``_average``, updated after every step): it goes out
+  as a version of its own, and no other version is published until the round is scored. On stop the current step
   finishes, a final checkpoint is taken (the average in it) and what it covers is acked; the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
 is acked without being applied; anything applied after that checkpoint was never acked and is applied again to
 the restored weights. Within a life, a message is kept alive from its delivery to its ack, and a redelivery of it
-(after ``ack_wait_s`` anyway: the process was stopped, the bus away) replaces the delivery wherever the message is —
-buffered, in the step under way, waiting for or in a checkpoint — and is never buffered again. Every applied message
-is also written to ``metrics/applied-*.parquet`` with the step and the learner's incarnation (flushed before each
-checkpoint), which is the audit trail tests use.
+(after ``ack_wait_s`` anyway: the process was stopped, the bus away) replaces the delivery wherever the message is
+(``_intake``). Every applied message is also written to ``metrics/applied-*.parquet`` with the step and the
+learner's incarnation (flushed before each checkpoint), which is the audit trail tests use.
 
 Checkpoints taken by the train loop are written in the background: the state is copied while nothing steps it
 (milliseconds for a small model), training goes on while the copy is written, and the messages it covers are acked
@@ -72,7 +65,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +74,13 @@ import anyio.to_thread
 import torch
 
 from actors.domains import Domain, domains_from_spec
-from actors.learner._advantages import AdvantageEstimator, staleness
+from actors.learner._advantages import AdvantageEstimator
 from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
 from actors.learner._config import LearnerConfig, warm_start_lr
 from actors.learner._eval import EvalTracker, eval_series
+from actors.learner._intake import Held, Intake, group_staleness
 from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import (
     MetricsWriter,
@@ -101,35 +94,12 @@ from actors.learner._samples import REWARD_WINDOW, SampleMaker
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, native_bfloat16
-from actors.protocol import VERIFIER_ERROR, LearnerStatus, ScoredMsg, domains_of, policy_of
+from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import weight_transports
 from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["LearnerActor"]
-
-_KEEPALIVE_S_MAX = 10.0  # in_progress at least this often for held messages (ack_wait / 3 when shorter)
-
-
-@dataclass
-class _Held:
-    """A training group waiting in the buffer."""
-
-    delivery: Delivery[ScoredMsg]
-    msg: ScoredMsg
-    size: int  # its completions
-    samples: list[TrainSample] | None = None  # computed on arrival (async mode), else when its batch is taken
-
-
-def out_of_vocabulary(msg: ScoredMsg, vocab_size: int) -> str | None:
-    """Why ``msg`` holds a token id the policy has no embedding for (the first one found), else None."""
-    rows = [("prompt_ids", msg.prompt_ids)]
-    rows += [(f"completions.{i}.token_ids", c.token_ids) for i, c in enumerate(msg.completions)]
-    for where, ids in rows:
-        top = max(ids, default=0)
-        if top >= vocab_size:
-            return f"token id {top} in {where} is outside the policy's vocabulary of {vocab_size}"
-    return None
 
 
 def _rate(value: float, setting: float | str) -> str:
@@ -152,9 +122,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.version = 0
         self.phase = "init"
         self._unstarted = False  # stopped during the warm start: start() returned early, run() and drain() do nothing
-        self.max_staleness = config.effective_max_staleness
         self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
-        self.ledger = AppliedLedger()
         self._restored_taken_ts: float | None = None  # when the state of the checkpoint resumed from was taken
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(domains_of(ctx.spec))
@@ -166,18 +134,14 @@ class LearnerActor(Actor[LearnerConfig]):
             for n in names
             if n in domains_of(ctx.spec)
         }
-        self.batcher: DomainBatcher[_Held] = DomainBatcher(
+        self.batcher: DomainBatcher[Held] = DomainBatcher(
             weights,
             config.batch_size,
             fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
             partial_after_s=config.partial_batch_after_s,
             buffer_size=config.buffer_size,
         )
-        self._held: dict[str, _Held] = {}  # buffered, not applied yet
-        self._stepping: dict[str, _Held] = {}  # taken by the step under way: out of the buffer, not accounted yet
-        self._unacked: dict[str, Delivery[ScoredMsg]] = {}  # applied (or consumed), waiting for a checkpoint
-        self._writing: dict[str, Delivery[ScoredMsg]] = {}  # covered by the checkpoint being written, acked after it
-        self._written: anyio.Event | None = None  # set once the checkpoint being written is on disk
+        self.intake = Intake(ctx, config, self.batcher)  # the buffer, the ledger, every message held until its ack
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: where a checkpoint is written in the background
         self._unacked_limit = config.batch_size * config.checkpoint_every_steps  # then checkpoint early (see run)
         self._staleness_last: list[int] = []
@@ -185,7 +149,6 @@ class LearnerActor(Actor[LearnerConfig]):
         self.incarnation = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self._last_checkpoint_step = -1
         self._steps_t: deque[float] = deque(maxlen=20)
-        self._arrived = anyio.Event()  # set when a group is buffered: wakes a train loop waiting for a batch
         self.average: WeightAverage | None = None  # the weights' moving average (ema_decay), what rounds measure
         self.rounds = HeldoutRounds(ctx, config)  # the held-out rounds out and their scores back
         self._restored_domains: set[str] | None = None  # the domains the checkpoint resumed from trained (None: unsaid)
@@ -229,6 +192,7 @@ class LearnerActor(Actor[LearnerConfig]):
         ema_decay = self.average.decay if self.average is not None else None  # recorded and logged: what rounds measure
         self.checkpointer = Checkpointer(ctx.state_dir / "checkpoints")
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
+        self.intake.attach(self.policy, self.sample_maker, self.metrics)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
         evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
         specs = domains_of(ctx.spec)
@@ -259,7 +223,11 @@ class LearnerActor(Actor[LearnerConfig]):
                 },
             )
             ctx.log.info(
-                "learner.resumed", checkpoint=str(latest), step=self.step, version=self.version, ledger=len(self.ledger)
+                "learner.resumed",
+                checkpoint=str(latest),
+                step=self.step,
+                version=self.version,
+                ledger=len(self.intake.ledger),
             )
             # the run's held-out figures so far: `flywheel status` and the live view measure climbs from the run's
             # first round, not from this life's first
@@ -310,7 +278,7 @@ class LearnerActor(Actor[LearnerConfig]):
             torch_threads=ctx.threads,
             mode=config.mode,
             normalize=config.normalize,
-            max_staleness=self.max_staleness,
+            max_staleness=self.intake.max_staleness,
             weight_transport=config.transport_name(ctx.spec.runtime.kind, ctx.spec),
         )
 
@@ -325,7 +293,7 @@ class LearnerActor(Actor[LearnerConfig]):
             self.trainer.optimizer,
             reference,
             meta=meta,
-            ledger=self.ledger.dumps(),
+            ledger=self.intake.ledger.dumps(),
             average=average,
         )
 
@@ -340,7 +308,7 @@ class LearnerActor(Actor[LearnerConfig]):
             group["lr"] = self.lr
         self.load_meta(str(state["extra"]["meta"]))
         self._restored_taken_ts = json.loads(str(state["extra"]["meta"])).get("taken_ts")
-        self.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
+        self.intake.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
             self.average.reset()
@@ -447,7 +415,7 @@ class LearnerActor(Actor[LearnerConfig]):
         ):
             self._tasks = tg
             tg.start_soon(self._consume, scored)
-            tg.start_soon(self._keepalive)
+            tg.start_soon(self.intake.keepalive)
             tg.start_soon(self._periodic)
             self.phase = "rl"
             await self._train_loop()
@@ -469,7 +437,7 @@ class LearnerActor(Actor[LearnerConfig]):
         if average is not None:
             extra.update(weights="average", ema_decay=average.decay)
         await anyio.to_thread.run_sync(lambda: export_safetensors(exported, self.ctx.run_dir / "export", extra=extra))
-        self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self._held))
+        self.ctx.log.info("learner.drained", step=self.step, version=self.version, held=len(self.intake.held))
 
     async def stop(self) -> None:
         metrics = getattr(self, "metrics", None)
@@ -486,8 +454,8 @@ class LearnerActor(Actor[LearnerConfig]):
             step=self.step,
             version=self.version,
             buffered=self.batcher.completions,
-            unacked=len(self._unacked) + len(self._writing),
-            **LearnerStatus(buffered_groups=len(self._held), eval_out=self.rounds.out).counters(),
+            unacked=len(self.intake.unacked) + len(self.intake.writing),
+            **LearnerStatus(buffered_groups=len(self.intake.held), eval_out=self.rounds.out).counters(),
         )
         if len(self._steps_t) >= 2:
             counters["steps_per_s"] = round(
@@ -499,119 +467,13 @@ class LearnerActor(Actor[LearnerConfig]):
     async def _consume(self, scored: Any) -> None:
         # cancelled by run() once the train loop has finished; a cancelled __anext__ loses nothing
         async for delivery in scored:
-            await self._on_delivery(delivery)
+            if delivery.payload.heldout:
+                await self.rounds.on_scored(delivery, self.version, self.step)
+            else:
+                await self.intake.on_delivery(delivery, self.version, self.step)
             while self.batcher.completions >= self.config.buffer_size and not self.ctx.stopping.is_set():
                 with anyio.move_on_after(0.05):  # the buffer is full: stop pulling until a step frees room
                     await self.ctx.stopping.wait()
-
-    async def _on_delivery(self, delivery: Delivery[ScoredMsg]) -> None:
-        counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
-        if msg.heldout:
-            await self.rounds.on_scored(delivery, self.version, self.step)
-            return
-        if mid in self._unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
-            self._unacked[mid] = delivery
-            return
-        if mid in self._writing:  # redelivered while its checkpoint is being written: that one acks the fresh one
-            self._writing[mid] = delivery
-            return
-        if mid in self.ledger:
-            counters.inc("duplicates_skipped")
-            await delivery.ack()
-            return
-        if mid in self._held:
-            self._held[mid].delivery = delivery
-            return
-        if mid in self._stepping:  # redelivered while its step runs: that step accounts (and later acks) the fresh one
-            self._stepping[mid].delivery = delivery
-            return
-        problem = out_of_vocabulary(msg, self.policy.vocab_size)
-        if problem is not None:  # from no generator of this policy: it would fail the batch it joined, every time
-            await delivery.dead_letter(problem)
-            return
-        problem = self._unpublished_version(msg)
-        if problem is not None:  # weights this learner never published: not its policy, whatever the staleness says
-            counters.inc("unpublished_version")
-            if counters.get("unpublished_version") == 1:
-                self.ctx.log.warning("learner.unpublished_version", id=mid, domain=msg.domain, reason=problem)
-            await delivery.dead_letter(problem)
-            return
-        if self.config.domains and msg.domain not in self.config.domains:
-            counters.inc("ignored_domain")
-            await delivery.ack()
-            return
-        if msg.origin == "domain" and msg.domain not in domains_of(self.ctx.spec):  # removed from the spec since
-            counters.inc(f"removed_domain.{msg.domain}")  # it was drawn: training on it would train what was removed
-            await delivery.ack()
-            return
-        if msg.temperature <= 0:  # greedy samples carry no behavior distribution to correct for
-            counters.inc("greedy_skipped")
-            await delivery.ack()
-            return
-        if self._is_stale(msg):
-            await self._drop_stale(delivery)
-            return
-        scored = [c for c in msg.completions if c.verdict != VERIFIER_ERROR]
-        if len(scored) < len(msg.completions):  # the verifier failed on these: their 0 says nothing about the answer
-            counters.inc(f"verifier_errors_skipped.{msg.domain}", len(msg.completions) - len(scored))
-            if len(scored) < min(2, len(msg.completions)):  # no group left to compare within: consumed, no signal
-                self._account([], [_Held(delivery, msg, len(msg.completions))])
-                self.ctx.report_soon()
-                return
-            msg = msg.model_copy(update={"completions": scored})
-        held = _Held(delivery, msg, len(msg.completions))
-        if self.config.mode == "async":  # sync: a batch is what one version's prompts gave, signal or not
-            held.samples = self.sample_maker.make(msg)
-            if not held.samples:  # no signal (or every row too long): nothing to wait in the buffer for
-                if held.samples is None:
-                    self.sample_maker.count_no_signal(msg)
-                self._account([], [held])
-                self.ctx.report_soon()
-                return
-        self._held[mid] = held
-        self.batcher.add(msg.domain, held, held.size if held.samples is None else len(held.samples))
-        self._arrived.set()
-        self.ctx.report_soon()  # delivered (no longer pending on the bus) and buffered: max_in_flight counts it here
-
-    def _unpublished_version(self, msg: ScoredMsg) -> str | None:
-        """Why ``msg`` holds tokens of a weight version newer than this learner's (the reason it is dead-lettered),
-        else None. A resumed learner numbers on past every version published before (``publish_weights``: the
-        newest in KV, or its checkpoint's), so such tokens come from weights it never published: an SGLang or vLLM
-        server left running by another run (it reports that run's version until the first swap), or another run on
-        the same bus and topology name. Their staleness would come out negative and pass any ``max_staleness``."""
-        newest = max((v for c in msg.completions for v in c.versions), default=0)
-        if newest <= self.version:
-            return None
-        return (
-            f"tokens of weight version {newest}, newer than any this learner has published (v{self.version}): "
-            f"weights from another run (an inference server left running, another run on this bus)"
-        )
-
-    def _group_staleness(self, msg: ScoredMsg) -> int:
-        return staleness(self.version, [v for c in msg.completions for v in c.versions])
-
-    def _is_stale(self, msg: ScoredMsg) -> bool:
-        if msg.origin != "domain":  # production: served by the gated version, rated late (feedback_max_staleness)
-            bound = self.config.feedback_max_staleness
-            return bound is not None and self._group_staleness(msg) > bound
-        return self._group_staleness(msg) > self.max_staleness
-
-    async def _drop_stale(self, delivery: Delivery[ScoredMsg]) -> None:
-        self.ctx.counters.inc(f"dropped_stale.{delivery.payload.domain}", len(delivery.payload.completions))
-        self.ctx.counters.inc("dropped_stale", len(delivery.payload.completions))
-        await delivery.ack()
-
-    async def _keepalive(self) -> None:
-        every = min(_KEEPALIVE_S_MAX, self.ctx.spec.bus.ack_wait_s / 3)
-        while True:
-            await anyio.sleep(every)
-            waiting = [*self._unacked.values(), *self._writing.values()]
-            for delivery in [h.delivery for h in [*self._held.values(), *self._stepping.values()]] + waiting:
-                try:
-                    await delivery.in_progress()
-                except Exception as exc:  # a lost keepalive means a redelivery later: handled by the ledger
-                    self.ctx.log.warning("learner.keepalive_failed", error=str(exc))
-                    break
 
     async def _periodic(self) -> None:
         last_plot = time.monotonic()
@@ -637,13 +499,13 @@ class LearnerActor(Actor[LearnerConfig]):
                 rounds.scored(0)  # (writes off prompts lost on the way: a lost round never holds RL back)
                 rounds.baseline_out = rounds.out > 0
             if rounds.baseline_out or not self.batcher.ready():
-                if len(self._unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
+                if len(self.intake.unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
                     await self.checkpoint(background=True)
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
                 # time, stop requests)
                 with anyio.move_on_after(0.05):
-                    await self._arrived.wait()
-                self._arrived = anyio.Event()
+                    await self.intake.arrived.wait()
+                self.intake.arrived = anyio.Event()
                 continue
             await self.train_once()
             self.ctx.report_soon()  # buffered_groups fell by a batch: a source steering by max_in_flight reads it
@@ -651,33 +513,34 @@ class LearnerActor(Actor[LearnerConfig]):
     async def train_once(self) -> StepStats | None:
         """Take one batch from the buffer and apply it (one RL step); None when nothing was trainable."""
         samples: list[TrainSample] = []
-        applied: list[_Held] = []
-        consumed: list[_Held] = []  # zero-signal groups: no effect on the weights, accounted like applied ones
+        applied: list[Held] = []
+        consumed: list[Held] = []  # zero-signal groups: no effect on the weights, accounted like applied ones
         self._staleness_last = []
+        intake = self.intake
         while len(samples) < self.config.batch_size:
             groups = self.batcher.take(self.config.batch_size - len(samples))
             if not groups:
                 break
             for held in groups:
-                del self._held[held.delivery.id]
-                if self._is_stale(held.msg):
-                    await self._drop_stale(held.delivery)
+                del intake.held[held.delivery.id]
+                if intake.is_stale(held.msg, self.version):
+                    await intake.drop_stale(held.delivery)
                     continue
                 group_samples = held.samples if held.samples is not None else self.sample_maker.make(held.msg)
                 if group_samples is None:
                     consumed.append(held)
-                    self._stepping[held.delivery.id] = held
+                    intake.stepping[held.delivery.id] = held
                     self.sample_maker.count_no_signal(held.msg)
                     continue
                 samples.extend(group_samples)
                 applied.append(held)
-                self._stepping[held.delivery.id] = held
+                intake.stepping[held.delivery.id] = held
                 if held.msg.origin == "domain":  # production samples' staleness is the gate's lag: reported apart
-                    self._staleness_last.append(self._group_staleness(held.msg))
+                    self._staleness_last.append(group_staleness(held.msg, self.version))
                 else:
-                    self._feedback_staleness.append(self._group_staleness(held.msg))
+                    self._feedback_staleness.append(group_staleness(held.msg, self.version))
         if not applied:
-            self._account([], consumed)
+            intake.account([], consumed, self.step)
             if consumed and self.config.mode == "sync":
                 await self.publish_weights()  # same weights, new version: the source waits for it to go on
             return None
@@ -686,7 +549,7 @@ class LearnerActor(Actor[LearnerConfig]):
         step_s = time.perf_counter() - started
         self.step += 1
         self._steps_t.append(time.monotonic())
-        self._account(applied, consumed)
+        intake.account(applied, consumed, self.step)
         self._report_step(stats, applied, step_s)
         if self._publish_due():  # a version not announced stays due: _publish_due() says so again next step
             await unless_bus_away(self.ctx, self.publish_weights, "learner.publish_deferred", step=self.step)
@@ -708,32 +571,7 @@ class LearnerActor(Actor[LearnerConfig]):
             self.average.update()
         return stats
 
-    def _account(self, applied: list[_Held], consumed: list[_Held]) -> None:
-        """Ledger + audit trail for the step just taken (or for consumed groups when no step was taken)."""
-        for held in [*applied, *consumed]:
-            self._stepping.pop(held.delivery.id, None)
-            self._unacked[held.delivery.id] = held.delivery
-        self.ledger.add(h.delivery.id for h in [*applied, *consumed])
-        now = time.time()
-        for held, how in [*((h, "applied") for h in applied), *((h, "consumed") for h in consumed)]:
-            rewards = [c.reward for c in held.msg.completions]
-            self.metrics.add(
-                "applied",
-                {
-                    "ts": now,
-                    "step": self.step,
-                    "message_id": held.delivery.id,
-                    "domain": held.msg.domain,
-                    "completions": held.size,
-                    "how": how,
-                    "reward": sum(rewards) / len(rewards),
-                    "task_id": held.msg.task_id,
-                },
-            )
-        self.ctx.counters.inc("samples_applied", sum(h.size for h in applied))
-        self.ctx.counters.inc("groups_applied", len(applied))
-
-    def _report_step(self, stats: StepStats, applied: list[_Held], step_s: float = 0.0) -> None:
+    def _report_step(self, stats: StepStats, applied: list[Held], step_s: float = 0.0) -> None:
         counters = self.ctx.counters
         for value in self._staleness_last:
             counters.inc(f"staleness.{value}")
@@ -803,15 +641,12 @@ class LearnerActor(Actor[LearnerConfig]):
         run() runs): the state is copied while nothing steps it (``checkpoint_stage_s``) and written by a task of
         run()'s own while training goes on; the messages it covers are acked once it is on disk. A checkpoint
         first waits for the one still being written, so at most one is in flight; a failed write fails run()."""
-        if self._written is not None:
-            await self._written.wait()
-        if self.step == self._last_checkpoint_step and not self._unacked:
+        await self.intake.wait_written()
+        if self.step == self._last_checkpoint_step and not self.intake.unacked:
             return
         self.metrics.flush(("applied", "step", "lifecycle"))  # the audit trail reaches disk before the snapshot
-        step, version, pending = self.step, self.version, self._unacked
-        self._unacked, self._last_checkpoint_step = {}, step
-        # from here on its write acks these (a redelivery meanwhile replaces its entry, never counts as a duplicate)
-        self._writing, self._written = pending, anyio.Event()
+        step, version, self._last_checkpoint_step = self.step, self.version, self.step
+        pending = self.intake.hand_to_checkpoint()  # from here on its write acks these
         # what the checkpoint holds is the state at this instant: its lifecycle row carries this time, so the audit
         # trail (`effective_applied`) counts what was applied after it as not covered, however long the write takes
         taken = time.time()
@@ -833,12 +668,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics.add("lifecycle", {"ts": taken, "event": "checkpoint", "step": step, "version": version})
         self.ctx.counters.set("checkpoint_s", round(time.perf_counter() - started, 3))
         self.ctx.counters.set("last_checkpoint_step", step)
-        for delivery in pending.values():  # (a redelivery that came meanwhile replaced its entry: acked here)
-            await delivery.ack()
-        self._writing = {}
-        if self._written is not None:
-            self._written.set()
-            self._written = None
+        await self.intake.ack_written(pending)
 
     async def publish_eval(self, *, baseline: bool = False) -> None:
         """Publish a held-out round (``_rounds``) labelled with the current version; with a weight average, the

@@ -15,6 +15,7 @@ import structlog
 
 from actors.learner import Checkpointer, read_metrics
 from actors.learner._actor import LearnerActor
+from actors.learner._intake import Intake
 from actors.learner._trainer import Trainer
 from actors.testing import actor_context
 from tests.actors.learner._helpers import (
@@ -333,7 +334,7 @@ async def test_heldout_prompts_out_are_reported_until_their_scores_return(
         await wait_until(lambda: actor.report()["eval_out"] == 3)
         for i in range(2):  # a batch: the first step waits for the baseline round, so it reads version 1 alone
             await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
-        await wait_until(lambda: len(actor._held) == 2)
+        await wait_until(lambda: len(actor.intake.held) == 2)
         await anyio.sleep(0.3)
         assert actor.step == 0 and actor.version == 1
         for i in range(5, 8):
@@ -478,7 +479,7 @@ async def test_training_goes_on_while_a_checkpoint_is_written_and_what_it_covers
     spec = write_spec(tmp_path, learner(2, "    max_staleness: 100\n"))
     release = hold_checkpoint(monkeypatch, 2)
     if not keepalive:
-        monkeypatch.setattr(LearnerActor, "_keepalive", lambda self: anyio.sleep_forever())
+        monkeypatch.setattr(Intake, "keepalive", lambda self: anyio.sleep_forever())
     run_dir = tmp_path / "run"
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         js = bus.nc.jetstream()
@@ -530,7 +531,7 @@ async def test_a_group_redelivered_while_its_step_runs_is_applied_once(
 
     monkeypatch.setattr(Trainer, "rl_step", held)
     if not keepalive:
-        monkeypatch.setattr(LearnerActor, "_keepalive", lambda self: anyio.sleep_forever())
+        monkeypatch.setattr(Intake, "keepalive", lambda self: anyio.sleep_forever())
     run_dir = tmp_path / "run"
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         js = bus.nc.jetstream()

@@ -59,7 +59,7 @@ async def test_groups_no_generator_could_send_are_dead_lettered_and_training_goe
                     reasons[raw["id"]] = letter.payload["reason"]
                     if len(reasons) == len(hostile):
                         break
-        assert actor.step == 1 and "good-0" in actor.ledger and "good-1" in actor.ledger
+        assert actor.step == 1 and "good-0" in actor.intake.ledger and "good-1" in actor.intake.ledger
     assert "1000000000" in reasons["hostile-past_vocab"] and "vocabulary of 101" in reasons["hostile-past_vocab"]
     assert "prompt_ids" in reasons["hostile-prompt_past_vocab"]
     assert "greater than or equal to 0" in reasons["hostile-negative"]
