@@ -91,6 +91,7 @@ from actors.learner._metrics import (
 from actors.learner._publish import WeightsOut, unless_bus_away
 from actors.learner._rounds import HeldoutRounds
 from actors.learner._samples import REWARD_WINDOW, SampleMaker
+from actors.learner._stepreport import report_step
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import warm_start
 from actors.policy import Policy, native_bfloat16
@@ -550,7 +551,18 @@ class LearnerActor(Actor[LearnerConfig]):
         self.step += 1
         self._steps_t.append(time.monotonic())
         intake.account(applied, consumed, self.step)
-        self._report_step(stats, applied, step_s)
+        report_step(
+            self.ctx,
+            self.metrics,
+            stats,
+            applied,
+            step=self.step,
+            version=self.version,
+            step_s=step_s,
+            staleness=self._staleness_last,
+            feedback_staleness=self._feedback_staleness,
+            rewards=self.sample_maker.rewards,
+        )
         if self._publish_due():  # a version not announced stays due: _publish_due() says so again next step
             await unless_bus_away(self.ctx, self.publish_weights, "learner.publish_deferred", step=self.step)
         if self.step % self.config.checkpoint_every_steps == 0:
@@ -570,53 +582,6 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.average is not None:
             self.average.update()
         return stats
-
-    def _report_step(self, stats: StepStats, applied: list[Held], step_s: float = 0.0) -> None:
-        counters = self.ctx.counters
-        for value in self._staleness_last:
-            counters.inc(f"staleness.{value}")
-        mean_staleness = sum(self._staleness_last) / max(len(self._staleness_last), 1)
-        groups = max(len(applied), 1)
-        # step_s: the optimizer step alone; generate_s / verify_s: mean per applied group (one prompt's rollout)
-        row: dict[str, Any] = {
-            "ts": time.time(),
-            "step": self.step,
-            "version": self.version,
-            "staleness_mean": mean_staleness,
-            "groups": len(applied),
-            "step_s": step_s,
-            "generate_s": sum(h.msg.generate_s or 0.0 for h in applied) / groups,
-            "verify_s": sum(h.msg.verify_s or 0.0 for h in applied) / groups,
-            # the slowest group: in sync mode a batch's groups are generated (and verified)
-            # together, so these are the batch's generate and verify times (bench/learn.py)
-            "generate_s_max": max((h.msg.generate_s or 0.0 for h in applied), default=0.0),
-            "verify_s_max": max((h.msg.verify_s or 0.0 for h in applied), default=0.0),
-            **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
-        }
-        for name in (
-            "loss",
-            "iw_mean",
-            "iw_max",
-            "iw_truncated_frac",
-            "clipped_frac",
-            "kl",
-            "grad_norm",
-            "behavior_kl",
-        ):
-            counters.set(name, round(float(getattr(stats, name)), 5))
-        counters.set("staleness_mean", round(mean_staleness, 3))
-        if self._feedback_staleness:
-            feedback = self._feedback_staleness
-            counters.set("feedback_staleness_mean", round(sum(feedback) / len(feedback), 3))
-        for domain, window in self.sample_maker.rewards.items():
-            reward = sum(r for r, _ in window) / len(window)
-            accuracy = sum(a for _, a in window) / len(window)
-            counters.set(f"reward.{domain}", round(reward, 4))
-            counters.set(f"accuracy.{domain}", round(accuracy, 4))
-            row[f"reward.{domain}"], row[f"accuracy.{domain}"] = reward, accuracy
-        for domain in {h.msg.domain for h in applied}:
-            row[f"completions.{domain}"] = sum(h.size for h in applied if h.msg.domain == domain)
-        self.metrics.add("step", row)
 
     # ------------------------------------------------------------------ weights, checkpoints, evals
     def _publish_due(self) -> bool:
