@@ -64,7 +64,6 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +72,12 @@ import anyio.abc
 import anyio.to_thread
 import torch
 
-from actors.domains import Domain, domains_from_spec
+from actors.domains import domains_from_spec
 from actors.learner._advantages import AdvantageEstimator
 from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
 from actors.learner._checkpoint import Checkpointer, learner_state, staged
-from actors.learner._config import LearnerConfig, warm_start_lr
+from actors.learner._config import LearnerConfig, lr_for_log
 from actors.learner._eval import EvalTracker, eval_series
 from actors.learner._intake import Held, Intake, group_staleness
 from actors.learner._ledger import AppliedLedger
@@ -93,7 +92,7 @@ from actors.learner._rounds import HeldoutRounds
 from actors.learner._samples import REWARD_WINDOW, SampleMaker
 from actors.learner._stepreport import report_step
 from actors.learner._trainer import StepStats, Trainer, TrainSample
-from actors.learner._warmstart import warm_start
+from actors.learner._warmstart import run_warm_start
 from actors.policy import Policy, native_bfloat16
 from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import weight_transports
@@ -101,11 +100,6 @@ from topology.bus import Delivery
 from topology.runtime import Actor, ActorContext
 
 __all__ = ["LearnerActor"]
-
-
-def _rate(value: float, setting: float | str) -> str:
-    """A learning rate for the log, marked when the spec left it to ``auto``."""
-    return f"{value:.3g}" + (" (auto)" if setting == "auto" else "")
 
 
 class LearnerActor(Actor[LearnerConfig]):
@@ -253,8 +247,11 @@ class LearnerActor(Actor[LearnerConfig]):
             )
             steps = policy_spec.warm_start_steps
             if policy_spec.checkpoint is None and steps > 0:
-                await self._warm_start(domains, steps)
-                if self._unstarted:  # stopped part-way: no checkpoint, so a resumed run warm-starts afresh
+                self.phase = "warmstart"
+                if not await run_warm_start(
+                    ctx, self.trainer, self.metrics, domains, steps, config.warm_start_log_every
+                ):
+                    self._unstarted = True  # stopped part-way: no checkpoint, so a resumed run warm-starts afresh
                     return
             if self.trainer.reference is not None:
                 self.trainer.reset_reference()  # the KL anchor is the post-warm-start policy
@@ -272,7 +269,7 @@ class LearnerActor(Actor[LearnerConfig]):
             version=self.version,
             step=self.step,
             params=params,
-            lr=_rate(self.lr, config.lr),
+            lr=lr_for_log(self.lr, config.lr),
             precision="bfloat16-mixed" if self.trainer.autocast is not None else "float32",
             ema_decay=ema_decay,
             device=str(self.policy.device),
@@ -343,56 +340,6 @@ class LearnerActor(Actor[LearnerConfig]):
                 note=f"held-out accuracy of {name} starts a new series: its earlier rounds are not compared with it",
             )
             self.rounds.due = self.config.eval_every_steps > 0
-
-    async def _warm_start(self, domains: Mapping[str, Domain], steps: int) -> None:
-        ctx, warm = self.ctx, policy_of(self.ctx.spec).warm_start
-        self.phase = "warmstart"
-        started = time.perf_counter()
-        lr = warm_start_lr(warm.lr, self.policy.num_parameters())
-        ctx.log.info("learner.warmstart_start", steps=steps, lr=_rate(lr, warm.lr))
-        ctx.counters.set("warmstart_steps", steps)  # the live view shows "warm start step 37/200", not "step 0"
-
-        def on_step(step: int, loss: float) -> None:
-            ctx.counters.set("warmstart_step", step)
-            ctx.counters.set("warmstart_loss", round(loss, 4))
-            self.metrics.add("warmstart", {"ts": time.time(), "step": step, "loss": loss})
-            if step == 1 or step % self.config.warm_start_log_every == 0 or step == steps:
-                ctx.log.info("learner.warmstart", step=step, of=steps, loss=round(loss, 4))
-
-        stopping = ctx.stopping
-        result = await anyio.to_thread.run_sync(
-            lambda: warm_start(
-                self.trainer,
-                domains,
-                steps=steps,
-                lr=lr,
-                batch_size=warm.batch_size,
-                seed=0,
-                on_step=on_step,
-                should_stop=stopping.is_set,  # Ctrl-C: a drain within a step, not a kill after the drain timeout
-            )
-        )
-        if result.stopped:
-            self._unstarted = True
-            ctx.log.info("learner.warmstart_stopped", steps_done=result.steps, of=steps)
-            return
-        if result.skipped_reason:
-            ctx.log.warning("learner.warmstart_skipped", reason=result.skipped_reason, steps_done=result.steps)
-        seconds = time.perf_counter() - started
-        last_loss = result.losses[-1] if result.losses else None
-        self.metrics.add(
-            "lifecycle",
-            {
-                "ts": time.time(),
-                "event": "warmstart",
-                "step": 0,
-                "version": 0,
-                "warmstart_steps": result.steps,
-                "warmstart_loss": last_loss,
-                "seconds": seconds,
-            },
-        )
-        ctx.log.info("learner.warmstart_done", steps=result.steps, seconds=round(seconds, 2), last_loss=last_loss)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:

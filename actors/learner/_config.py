@@ -219,6 +219,11 @@ def warm_start_lr(lr: float | str, num_parameters: int) -> float:
     return 5 * auto_lr(num_parameters) if lr == "auto" else float(lr)
 
 
+def lr_for_log(value: float, setting: float | str) -> str:
+    """A learning rate for the log, marked when the spec left it to ``auto``."""
+    return f"{value:.3g}" + (" (auto)" if setting == "auto" else "")
+
+
 def _channels(config: LearnerConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
     # held-out prompts are published by the learner itself (it knows when a version is worth evaluating)
     return ("scored",), (("prompts",) if config.eval_every_steps > 0 else ())
@@ -259,4 +264,4 @@ register_actor_kind(
     )
 )
 
-__all__ = ["LearnerConfig", "auto_lr", "warm_start_lr"]
+__all__ = ["LearnerConfig", "auto_lr", "lr_for_log", "warm_start_lr"]

@@ -12,6 +12,12 @@ then a cosine decay to ``FINAL_LR_FRACTION`` of it at the last step. With a few 
 decay is what turns a low loss into greedy answers that are exactly right (a constant rate leaves the weights
 bouncing around the minimum).
 
+The learner's phase (:func:`run_warm_start`) runs it in a worker thread and reports it: ``warmstart_steps``,
+``warmstart_step`` and ``warmstart_loss`` counters (the live view shows "warm start step 37/200", not "step 0"), a
+``warmstart`` metrics row per step, a ``learner.warmstart`` log line every ``warm_start_log_every`` steps, and a
+``warmstart`` row in the ``lifecycle`` metrics at the end. A stop request ends it within a step (a drain, not a kill
+after the drain timeout); the learner then takes no checkpoint, so a resumed run warm-starts afresh.
+
 Non-goals: epochs over a fixed dataset, evaluation (the learner publishes a held-out evaluation right after the
 warm start).
 """
@@ -20,13 +26,20 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from actors.domains import Domain, DomainSampler
-from actors.learner._trainer import Trainer, adamw
+import anyio.to_thread
 
-__all__ = ["WarmStartResult", "lr_at", "reference_pairs", "warm_start"]
+from actors.domains import Domain, DomainSampler
+from actors.learner._config import lr_for_log, warm_start_lr
+from actors.learner._metrics import MetricsWriter
+from actors.learner._trainer import Trainer, adamw
+from actors.protocol import policy_of
+from topology.runtime import ActorContext
+
+__all__ = ["WarmStartResult", "lr_at", "reference_pairs", "run_warm_start", "warm_start"]
 
 _MAX_EMPTY_DRAWS = 200  # draws without any reference before giving up on the warm start
 WARMUP_FRACTION = 0.05  # of the steps, linear warmup from ~0 to the peak rate
@@ -98,3 +111,62 @@ def warm_start(
         if on_step is not None:
             on_step(step, loss)
     return result
+
+
+async def run_warm_start(
+    ctx: ActorContext,
+    trainer: Trainer,
+    metrics: MetricsWriter,
+    domains: Mapping[str, Domain],
+    steps: int,
+    log_every: int,
+) -> bool:
+    """The learner's warm start of ``steps`` steps, reported (see the module docstring); False when a stop request
+    ended it part-way."""
+    warm = policy_of(ctx.spec).warm_start
+    started = time.perf_counter()
+    lr = warm_start_lr(warm.lr, trainer.policy.num_parameters())
+    ctx.log.info("learner.warmstart_start", steps=steps, lr=lr_for_log(lr, warm.lr))
+    ctx.counters.set("warmstart_steps", steps)  # the live view shows "warm start step 37/200", not "step 0"
+
+    def on_step(step: int, loss: float) -> None:
+        ctx.counters.set("warmstart_step", step)
+        ctx.counters.set("warmstart_loss", round(loss, 4))
+        metrics.add("warmstart", {"ts": time.time(), "step": step, "loss": loss})
+        if step == 1 or step % log_every == 0 or step == steps:
+            ctx.log.info("learner.warmstart", step=step, of=steps, loss=round(loss, 4))
+
+    stopping = ctx.stopping
+    result = await anyio.to_thread.run_sync(
+        lambda: warm_start(
+            trainer,
+            domains,
+            steps=steps,
+            lr=lr,
+            batch_size=warm.batch_size,
+            seed=0,
+            on_step=on_step,
+            should_stop=stopping.is_set,  # Ctrl-C: a drain within a step, not a kill after the drain timeout
+        )
+    )
+    if result.stopped:
+        ctx.log.info("learner.warmstart_stopped", steps_done=result.steps, of=steps)
+        return False
+    if result.skipped_reason:
+        ctx.log.warning("learner.warmstart_skipped", reason=result.skipped_reason, steps_done=result.steps)
+    seconds = time.perf_counter() - started
+    last_loss = result.losses[-1] if result.losses else None
+    metrics.add(
+        "lifecycle",
+        {
+            "ts": time.time(),
+            "event": "warmstart",
+            "step": 0,
+            "version": 0,
+            "warmstart_steps": result.steps,
+            "warmstart_loss": last_loss,
+            "seconds": seconds,
+        },
+    )
+    ctx.log.info("learner.warmstart_done", steps=result.steps, seconds=round(seconds, 2), last_loss=last_loss)
+    return True
