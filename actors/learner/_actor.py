@@ -2,29 +2,29 @@
 
 Lifecycle:
 - ``start``: build the policy from the spec; if ``state_dir`` holds a checkpoint, restore model, optimizer, step,
-  version, advantage statistics and the applied ledger from it; otherwise, when the policy has no checkpoint and
-  ``warm_start.steps > 0`` (by default only for builtin models), run the supervised warm start (``_warmstart``) and
-  checkpoint it. Then publish the weights as version ``max(checkpointed, current in KV, newest in the run's
-  lifecycle metrics) + 1`` — also after a restart, so generators drop weights the crash rolled back, and also when the
-  bus lost the KV entry (a bus brought back without its store: a version number used twice would label other
-  weights, and scored groups of the old ones would read as unpublished; versions of the last ``metrics_flush_s``
-  before a kill may still be reused then) — and, after a warm start, publish a held-out
-  evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
-  ``_rounds``): the round then reads the post-warm-start weights alone, not the first steps' too, which a
-  large model's round could span (every gain is measured from it).
-- ``run``: a consumer task takes ``scored`` deliveries in: held-out scores to ``_rounds`` (accounted and acked at
-  once), training groups to ``_intake`` (buffered; duplicates, stale, greedy or foreign ones dropped or
-  dead-lettered; in ``async`` mode a group's samples made as it arrives, one without signal consumed there and then
-  — accounted like an applied one, never buffered). Consumed groups wait for a checkpoint to be acked; when they
-  reach ``batch_size × checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's
-  ack window never fills. The train loop builds batches by domain weight (``_batcher``), with each group's samples
-  (``_samples`` with ``_advantages``: groups, or a per-domain running baseline for single samples), takes one RL step
-  (``_trainer``) in a worker thread, and every K steps publishes weights (``_publish``: no sooner than
+  version, advantage statistics and the applied ledger from it (``_resume``: its meta, and what the spec changed since);
+  otherwise, when the policy has no checkpoint and ``warm_start.steps > 0`` (by default only for builtin models), run
+  the supervised warm start (``_warmstart``) and checkpoint it. Then publish the weights (``_publish``) as version
+  ``max(checkpointed, current in KV, newest in the run's lifecycle metrics) + 1`` — also after a restart, so generators
+  drop weights the crash rolled back, and also when the bus lost the KV entry (a bus brought back without its store: a
+  version number used twice would label other weights, and scored groups of the old ones would read as unpublished;
+  versions of the last ``metrics_flush_s`` before a kill may still be reused then) — and, after a warm start, publish a
+  held-out evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
+  ``_rounds``): the round then reads the post-warm-start weights alone, not the first steps' too, which a large model's
+  round could span (every gain is measured from it).
+- ``run``: a consumer task takes ``scored`` deliveries in: held-out scores to ``_rounds`` (accounted and acked at once),
+  training groups to ``_intake`` (buffered; duplicates, stale, greedy or foreign ones dropped or dead-lettered; in
+  ``async`` mode a group's samples made as it arrives, one without signal consumed there and then — accounted like an
+  applied one, never buffered). Consumed groups wait for a checkpoint to be acked; when they reach ``batch_size ×
+  checkpoint_every_steps`` the learner checkpoints without waiting for those steps, so the bus's ack window never fills.
+  The train loop builds batches by domain weight (``_batcher``), with each group's samples (``_samples`` with
+  ``_advantages``: groups, or a per-domain running baseline for single samples), takes one RL step (``_trainer``) in a
+  worker thread, reports it (``_stepreport``), and every K steps publishes weights (``_publish``: no sooner than
   ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is back),
   checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as ``eval_out``). With ``ema_decay``
-  (the default) a round measures the weights' moving average (``_average``, updated after every step): it goes out
-  as a version of its own, and no other version is published until the round is scored. On stop the current step
-  finishes, a final checkpoint is taken (the average in it) and what it covers is acked; the export is the average.
+  (the default) a round measures the weights' moving average (``_average``, updated after every step): it goes out as a
+  version of its own, and no other version is published until the round is scored. On stop the current step finishes, a
+  final checkpoint is taken (the average in it) and what it covers is acked; the export is the average.
 
 Exactly-once (see ``_ledger``): a training message is acked only after a checkpoint containing its effect *and*
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
@@ -50,16 +50,15 @@ after every step; the source publishes one batch of prompts per version (``actor
 Weights go out through the transport named by ``weight_transport`` (``_publish``: the transports, the cadence, the
 fallback to the disk, a bus that is away).
 
-Why one file of ~650 lines: the lifecycle, consumption, training loop, publishing and checkpointing are one state
-machine over one set of fields (step, version, buffer, ledger); what is pure lives in its own module (advantages,
-batching, loss, trainer, held-out accounting, warm start, checkpoint files, metrics).
+This module is the orchestrator: the lifecycle, the train loop and the checkpoints, over the fields they share (step,
+version, phase, the policy, its optimizer and average). Each other idea lives in a module of its own, named above,
+which is handed what it needs.
 
 Non-goals: data-parallel learners.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -84,10 +83,10 @@ from actors.learner._ledger import AppliedLedger
 from actors.learner._metrics import (
     MetricsWriter,
     heldout_first_and_last,
-    heldout_series_changes,
     plot_heldout,
 )
 from actors.learner._publish import WeightsOut, unless_bus_away
+from actors.learner._resume import load_meta, meta_json, say_what_changed
 from actors.learner._rounds import HeldoutRounds
 from actors.learner._samples import REWARD_WINDOW, SampleMaker
 from actors.learner._stepreport import report_step
@@ -226,7 +225,10 @@ class LearnerActor(Actor[LearnerConfig]):
             )
             # the run's held-out figures so far: `flywheel status` and the live view measure climbs from the run's
             # first round, not from this life's first
-            await anyio.to_thread.run_sync(self._say_what_changed)
+            before, eval_every = self._restored_domains, config.eval_every_steps
+            await anyio.to_thread.run_sync(
+                lambda: say_what_changed(ctx, self.rounds, before, self.domain_names, eval_every)
+            )
             temperature = config.eval_temperatures[0]
             found = await anyio.to_thread.run_sync(heldout_first_and_last, ctx.run_dir, temperature, self.rounds.series)
             for domain, (first, last) in found.items():
@@ -284,7 +286,16 @@ class LearnerActor(Actor[LearnerConfig]):
         """What a checkpoint holds (`learner_state`); ``taken``: when (its ``taken_ts``, the ledger's cut: every
         ``applied`` row up to it is in the checkpoint, none after — both are written on the event loop)."""
         reference = self.trainer.reference.weights if self.trainer.reference is not None else None
-        meta = json.dumps({**self.meta(), "taken_ts": time.time() if taken is None else taken})
+        meta = meta_json(
+            step=self.step,
+            version=self.version,
+            phase=self.phase,
+            estimator=self.estimator,
+            domains=sorted(set(self.domain_names) & set(domains_of(self.ctx.spec))),
+            average=self.average,
+            counters=self.ctx.counters.snapshot(),
+            taken=taken,
+        )
         average = self.average.policy.weights if self.average is not None else None
         return learner_state(
             self.policy.weights,
@@ -304,42 +315,13 @@ class LearnerActor(Actor[LearnerConfig]):
         self.checkpointer.restore(path, state)
         for group in self.trainer.optimizer.param_groups:  # the spec's rate, not the one the checkpoint was run at
             group["lr"] = self.lr
-        self.load_meta(str(state["extra"]["meta"]))
-        self._restored_taken_ts = json.loads(str(state["extra"]["meta"])).get("taken_ts")
+        resumed = load_meta(str(state["extra"]["meta"]), self.estimator, self.average, self.ctx.counters)
+        self.step, self.version = resumed.step, resumed.version
+        self._restored_domains, self._restored_taken_ts = resumed.domains, resumed.taken_ts
         self.intake.ledger = AppliedLedger.loads(str(state["extra"]["ledger"]))
         self._last_checkpoint_step = self.step
         if self.average is not None and fresh_average:
             self.average.reset()
-
-    def _say_what_changed(self) -> None:
-        """Once, on a resume: the domains the spec added or removed since the checkpoint, and the held-out series the
-        spec ended (another eval set, another verifier). A new series, or a new domain, gets a round soon: its first
-        figure is then the resumed weights', not those of ``eval_every_steps`` steps later."""
-        log, before = self.ctx.log, self._restored_domains
-        now = set(self.domain_names) & set(domains_of(self.ctx.spec))
-        if before is not None:
-            for name in sorted(now - before):
-                log.info(
-                    "learner.domain_added",
-                    domain=name,
-                    note="new to this run: trained by RL alone (the warm start was before it), its held-out series "
-                    "starts at the next round",
-                )
-                self.rounds.due = self.config.eval_every_steps > 0 and name in self.rounds.series
-            for name in sorted(before - now):
-                log.info(
-                    "learner.domain_removed",
-                    domain=name,
-                    note="no longer in the spec: its groups still on the bus are dropped, counted in removed_domain",
-                )
-        for name, why in heldout_series_changes(self.ctx.run_dir, self.rounds.series).items():
-            log.info(
-                "learner.heldout_new_series",
-                domain=name,
-                changed=why,
-                note=f"held-out accuracy of {name} starts a new series: its earlier rounds are not compared with it",
-            )
-            self.rounds.due = self.config.eval_every_steps > 0
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
@@ -590,37 +572,3 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.average is not None and not baseline:  # the round measures the average (the baseline: the same)
             await self.publish_weights(average=True)
         await self.rounds.publish(self.version, baseline=baseline)
-
-    def meta(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "version": self.version,
-            "phase": self.phase,
-            "estimator": self.estimator.state_dict(),
-            "domains": sorted(set(self.domain_names) & set(domains_of(self.ctx.spec))),
-            "average_updates": self.average.updates if self.average is not None else 0,
-            "counters": {
-                k: v
-                for k, v in self.ctx.counters.snapshot().items()
-                if k.startswith(
-                    (
-                        "dropped_stale",
-                        "staleness.",
-                        "samples_applied",
-                        "groups_applied",
-                        "duplicates_skipped",
-                        "eval_rounds",
-                    )
-                )
-            },
-        }
-
-    def load_meta(self, text: str) -> None:
-        meta = json.loads(text)
-        self._restored_domains = set(meta["domains"]) if "domains" in meta else None
-        self.step, self.version = int(meta["step"]), int(meta["version"])
-        self.estimator.load_state_dict(meta["estimator"])
-        if self.average is not None:
-            self.average.updates = int(meta.get("average_updates", 0))
-        for name, value in meta.get("counters", {}).items():
-            self.ctx.counters.set(name, value)

@@ -85,7 +85,7 @@ class LearnerConfig(SpecModel):
     #   carries no signal (all 0), or add the task's reference answer as one more completion with reward 1
     #   (off-policy guidance: importance weight 1, the failed completions get a negative advantage; partial
     #   credit counts as failed) — only a reference the verify actor scored correct, one that fails its own
-    #   verifier is counted in reference_unverified.<domain> — see actors/learner/_actor.py `_guidance`; a
+    #   verifier is counted in reference_unverified.<domain> — see actors/learner/_samples.py `_guidance`; a
     #   domain's own `failed_groups` overrides this
     baseline_decay: float = Field(default=0.99, gt=0, lt=1)  # running baseline of single (non-group) samples per domain
     buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits

@@ -1,8 +1,9 @@
 """The applied ledger: which `scored` messages have changed the weights — the learner's exactly-once record.
 
-Protocol (see `actors.learner._actor`): a message is added here right after the optimizer step that applied
-it; the ledger is saved inside every checkpoint; a message is acked on the bus only after a checkpoint that
-contains it was written. After a crash the learner restores weights *and* ledger from the same checkpoint, so:
+Protocol (see `actors.learner._actor` and `actors.learner._intake`): a message is added here right after the
+optimizer step that applied it; the ledger is saved inside every checkpoint; a message is acked on the bus only
+after a checkpoint that contains it was written. After a crash the learner restores weights *and* ledger from the
+same checkpoint, so:
 
 - a redelivered message already in the restored ledger was applied to the restored weights → ack, skip;
 - a message applied after that checkpoint was never acked → redelivered → not in the ledger → applied again,
