@@ -5,10 +5,10 @@ Lifecycle:
   version, advantage statistics and the applied ledger from it (``_resume``: its meta, and what the spec changed since);
   otherwise, when the policy has no checkpoint and ``warm_start.steps > 0`` (by default only for builtin models), run
   the supervised warm start (``_warmstart``) and checkpoint it. Then publish the weights (``_publish``) as version
-  ``max(checkpointed, current in KV, newest in the run's lifecycle metrics) + 1`` — also after a restart, so generators
-  drop weights the crash rolled back, and also when the bus lost the KV entry (a bus brought back without its store: a
-  version number used twice would label other weights, and scored groups of the old ones would read as unpublished;
-  versions of the last ``metrics_flush_s`` before a kill may still be reused then) — and, after a warm start, publish a
+  ``max(checkpointed, current in KV, newest the run numbered) + 1`` — also after a restart, so generators drop weights
+  the crash rolled back, and also when the bus lost the KV entry (a bus brought back without its store: a version
+  number used twice would label other weights, and scored groups of the old ones would read as unpublished) — and,
+  after a warm start, publish a
   held-out evaluation round (the baseline). The first RL step waits until that round is scored (or written off, see
   ``_rounds``): the round then reads the post-warm-start weights alone, not the first steps' too, which a large model's
   round could span (every gain is measured from it).

@@ -10,8 +10,10 @@ Contract:
 - Cadence (:meth:`WeightsOut.due`): a version is due ``publish_every_steps`` steps and ``publish_min_interval_s``
   seconds after the previous one (``mode: sync``: after every step). A version not announced stays due.
 - Numbering: the learner numbers a version past the newest on the bus; on start past every one this run published
-  (:meth:`WeightsOut.numbered_past`: the newest of the checkpoint's, the KV's and the run's ``lifecycle`` metrics',
-  which a bus that lost its store does not take away, logged as ``learner.versions_past_the_bus``).
+  (:meth:`WeightsOut.numbered_past`: the newest of the checkpoint's, the KV's, the run's ``lifecycle`` metrics' and
+  the ``newest_version`` file in the learner's state dir, written before each version is announced — which a bus that
+  lost its store does not take away, nor a kill before the metrics' next flush; logged as
+  ``learner.versions_past_the_bus``).
 - Every version goes out with a ``publish`` row in the ``lifecycle`` metrics (which steps it holds: a sample applied
   at step s is in every version published at step >= s, and whether it is the current weights or their average), the
   ``publish_s`` counter and a ``learner.published`` log line.
@@ -25,6 +27,7 @@ ones, or the average for a held-out round), holding versions back while a round 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable
 
@@ -53,6 +56,7 @@ class WeightsOut:
         self.floor_s = 0.0 if sync else config.publish_min_interval_s
         self.step, self.at = 0, 0.0  # the last version's step and time.monotonic()
         self.publisher = WeightPublisher(ctx.bus, ctx.topology, transport)
+        self.newest_file = ctx.state_dir / "newest_version"  # the newest version numbered, before it is announced
 
     def due(self, step: int) -> bool:
         """``publish_every_steps`` steps and ``publish_min_interval_s`` seconds since the last version."""
@@ -66,7 +70,7 @@ class WeightsOut:
         """What the next version is numbered past (``version``: the checkpoint's): every one this run published, the
         newest of ``version``, the KV's and the run's lifecycle metrics' — which a bus that lost its store (the KV with
         it) does not take away."""
-        recorded = await anyio.to_thread.run_sync(newest_version, self.ctx.run_dir)
+        recorded = max(await anyio.to_thread.run_sync(newest_version, self.ctx.run_dir), self._numbered())
         announced = await self.publisher.newest()
         if recorded > announced:
             self.ctx.log.warning(
@@ -81,6 +85,7 @@ class WeightsOut:
 
     async def publish(self, version: int, state: dict[str, torch.Tensor], *, step: int, weights: str) -> None:
         """Publish ``state`` as ``version``, taken at ``step`` (``weights``: ``current`` or ``average``)."""
+        self._number(version)
         try:
             await self.publisher.publish(version, state)
         except SlotSpaceError as exc:
@@ -96,6 +101,21 @@ class WeightsOut:
         )
         self.ctx.counters.set("publish_s", round(self.publisher.last_publish_s, 4))
         self.ctx.log.info("learner.published", version=version, step=step, weights=weights)
+
+    def _numbered(self) -> int:
+        """The newest version this learner numbered (0: none, or a state dir from before the file was kept)."""
+        try:
+            return int(self.newest_file.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _number(self, version: int) -> None:
+        """Keep ``version`` as the newest numbered before any generator can see it: a later life numbers past it even
+        when a kill took the metrics' last rows and the bus its store (a rename: never a torn number)."""
+        partial = self.newest_file.with_name(".newest_version.part")
+        self.newest_file.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(str(version))
+        os.replace(partial, self.newest_file)
 
     def _through_disk(self, reason: str) -> None:
         """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a

@@ -673,3 +673,20 @@ async def test_a_learner_resumed_on_a_bus_that_lost_its_store_numbers_past_every
         async with running_learner(spec, empty.url, run_dir) as (actor, _bus):
             assert actor.version == published + 1
     assert next(e for e in logs if e["event"] == "learner.versions_past_the_bus")["run"] == published
+
+
+async def test_versions_published_since_the_metrics_last_flush_are_not_numbered_again_on_a_bus_without_its_store(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A kill within ``metrics_flush_s`` of a publish took that version's lifecycle row with it: on a bus that also
+    lost its store the next life numbered it again. The learner keeps the newest number in its state dir first."""
+    spec = write_spec(tmp_path, learner().replace("metrics_flush_s: 0.2", "metrics_flush_s: 3600"))
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir, crash=True) as (actor, _bus):
+        await actor.publish_weights()
+        await actor.publish_weights()
+        published = actor.version
+    assert read_metrics(run_dir, "lifecycle").filter(version=published).height == 0  # killed before the flush
+    with EmbeddedNats(tmp_path / "another-store") as empty:
+        async with running_learner(spec, empty.url, run_dir) as (actor, _bus):
+            assert actor.version == published + 1
