@@ -56,6 +56,12 @@ def _resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpe
     return resume_policy(path, recorded, policy)
 
 
+def _policy_as_resumed(policy: Mapping[str, Any]) -> Mapping[str, Any]:
+    from actors.policy._fingerprint import policy_as_resumed
+
+    return policy_as_resumed(policy)
+
+
 def _record_domain(path: KeyPath, domain: DomainSpec) -> dict[str, Any]:
     from actors.domains._resume import record_domain
 
@@ -90,6 +96,7 @@ register_spec_section(
         free_on_resume=tuple(f"config.{key}" for key, why in CONFIG_ON_RESUME.items() if why is None),
         record=_record_policy,  # the model dir's config.json hash: a model replaced under the same path is refused
         on_resume=_resume_policy,
+        resume_view=_policy_as_resumed,  # a preset and the sizes it stands for are one model: compared resolved
     )
 )
 register_spec_section(

@@ -202,9 +202,71 @@ def test_what_only_draws_or_uses_the_weights_may_change_on_resume_what_shapes_th
     with pytest.raises(ResumeRefused) as refused:
         resume(before, policy(preset="tiny", seed=0, block_size=256, n_layer=2))
     message = str(refused.value)
-    assert "policy.config.n_layer changed since the run last started (policy.config.n_layer: added (2))" in message
+    assert (
+        "policy.config.n_layer changed since the run last started (policy.config.n_layer: 5 → 2; as the spec writes "
+        "it: policy.config.n_layer: added (2))"
+    ) in message
     assert "the run's checkpoints hold weights of the shape it gives the model" in message
     assert set(CONFIG_ON_RESUME) == {*BUILTIN_CONFIG_KEYS, *HF_CONFIG_KEYS}
+
+
+def test_a_builtin_config_is_compared_on_resume_by_the_model_it_makes_not_by_its_keys(tmp_path: Path) -> None:
+    """A run started with no `preset` (which is `preset: tiny`), or with a preset's sizes written out, was refused
+    when the spec then wrote the same model the other way (`policy.config.preset: added`): the keys were compared, not
+    the model they make. Now the resolved config is: the same model resumes (the change is logged, as the spec
+    wrote it), another one is refused at the key whose value differs, saying what the spec changed. The spec of a run
+    recorded before any record was kept reads the same way."""
+    import actors  # noqa: F401 — registers the policy section, its keys and its view
+    from actors.policy._gpt_config import PRESETS
+    from topology.runtime._evolve import ResumeRefused, check_resumable, describe_changes
+
+    def policy(model: str = "builtin:tiny-gpt", **config: Any) -> dict[str, Any]:
+        return {"name": "t", "policy": {"model": model, **({"config": config} if config else {})}}
+
+    def resume(before: dict[str, Any], after: dict[str, Any]) -> str:
+        return describe_changes(check_resumable(tmp_path, "t", before, spec_path=None, name="t", after=after))
+
+    tiny = PRESETS["tiny"]
+    assert resume(policy(), policy(preset="tiny")) == "policy.config: added"  # logged as the spec wrote it
+    assert resume(policy(seed=0), policy(seed=0, preset="tiny")) == 'policy.config.preset: added ("tiny")'
+    assert resume(policy(preset="tiny"), policy(**tiny, dtype="float32")) == (
+        'policy.config.preset: removed (was "tiny"); policy.config.n_layer: added (5); policy.config.n_head: added '
+        '(4); policy.config.n_embd: added (128); policy.config.dtype: added ("float32")'
+    )
+    assert resume(policy(**tiny), policy(preset="small", **tiny)) == 'policy.config.preset: added ("small")'
+    assert resume(policy("hf:./m"), policy("hf:./m", dtype="float32")) == "policy.config: added"
+    with pytest.raises(ResumeRefused) as refused:
+        resume(policy(preset="tiny"), policy(preset="small"))
+    assert (
+        "policy.config.n_layer changed since the run last started (policy.config.n_layer: 5 → 6; "
+        'as the spec writes it: policy.config.preset: "tiny" → "small")'
+    ) in str(refused.value)
+    with pytest.raises(ResumeRefused, match=r"policy\.config\.n_embd: 128 → 64"):
+        resume(policy(), policy(preset="tiny", n_embd=64))
+    with pytest.raises(ResumeRefused, match=r"policy\.config\.dtype: \"float32\" → \"bfloat16\""):
+        resume(policy(preset="tiny"), policy(dtype="bfloat16"))
+
+
+def test_a_builtin_config_that_resolves_to_other_weights_than_recorded_is_refused(tmp_path: Path) -> None:
+    """The run records what its builtin config resolved to when it started: a spec that reads the same but stands for
+    other weights now (a preset or default redefined by another flywheel) is refused at the key, before the learner
+    would crash-loop restoring its checkpoint; the same weights resume, and so does a run recorded without one."""
+    import actors  # noqa: F401 — registers the policy section and its record
+    from topology import load_spec
+    from topology.runtime._evolve import ResumeRefused, check_records, section_records
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC.replace("MODE", "async"))
+    spec = load_spec(spec_path)
+    records = section_records(spec)
+    assert records["policy"]["builtin_config"] == {
+        "vocab_size": 101, "block_size": 512, "n_layer": 1, "n_head": 2, "n_embd": 32, "rope_theta": 10000.0,
+        "dtype": "float32",
+    }  # fmt: skip
+    assert check_records(tmp_path, records, spec) == [] and check_records(tmp_path, {"policy": {}}, spec) == []
+    records["policy"]["builtin_config"]["n_layer"] = 2
+    with pytest.raises(ResumeRefused, match=r"policy\.config\.n_layer is 1 as the spec resolves now, 2 when the run"):
+        check_records(tmp_path, records, spec)
 
 
 @pytest.mark.timeout(120)

@@ -131,6 +131,10 @@ SectionRecord = Callable[["KeyPath", Any], Mapping[str, Any]]
 # On `flywheel up --resume`: (key path, what the section's record hook wrote when the run last started, the validated
 # model now) → warnings, one line each, logged before anything starts; raising ResumeConflict refuses the resume.
 ResumeHook = Callable[["KeyPath", Mapping[str, Any], Any], Sequence[str]]
+# What a section's value (of one entry, when keyed), as run.json's spec holds it, means to a resumed run → the value
+# its `fixed_on_resume` keys are compared in, on both sides: two spellings of one thing read the same (a builtin
+# model's preset and the sizes it stands for). Pure and total: a value it cannot read is given back as it is.
+ResumeView = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 # A kind's check of one of its actors: (checker, key path of the actor block, the actor, the whole validated spec) →
 # the config to keep (for instance with relative paths made absolute). Errors are reported through the checker.
@@ -156,6 +160,7 @@ class SpecSection:
     free_on_resume: tuple[str, ...] = ()
     record: SectionRecord | None = None  # what a run writes down of it at every start (see SectionRecord)
     on_resume: ResumeHook | None = None  # what a resume makes of that record and the section now (see ResumeHook)
+    resume_view: ResumeView | None = None  # what its keys mean, for the fixed keys' comparison (see ResumeView)
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,7 @@ __all__ = [
     "PluginError",
     "ResumeConflict",
     "ResumeHook",
+    "ResumeView",
     "SectionCheck",
     "SectionHook",
     "SectionRecord",

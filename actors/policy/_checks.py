@@ -26,6 +26,7 @@ from typing import Any
 
 from actors.policy._gpt_config import (
     BUILTIN_CONFIG_KEYS,
+    DEFAULT_PRESET,
     DTYPE_NAMES,
     HF_CONFIG_KEYS,
     PRESETS,
@@ -187,7 +188,7 @@ def _check_config_values(check: SectionCheck, path: KeyPath, config: dict[str, A
     seed = config.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         check.error((*at, "seed"), f"expected an integer, got {show(seed)}")
-    preset = config.get("preset", "tiny")
+    preset = config.get("preset", DEFAULT_PRESET)
     sizes: dict[str, Any] = dict(PRESETS.get(preset, {})) if isinstance(preset, str) else {}
     sizes.update({key: value for key, value in config.items() if key in GPTConfig.field_names()})
     for field, message in config_problems(sizes):

@@ -4,22 +4,27 @@ torch, so that the spec check can say which keys a model takes without loading o
 Contract: `GPTConfig` validates itself when built (one-line ``ValueError`` naming ``policy.config.<field>``);
 `BUILTIN_CONFIG_KEYS` and `HF_CONFIG_KEYS` are every key `Policy.from_spec` accepts in ``policy.config`` for a builtin
 and for an ``hf:`` model — the spec check and the loader read these same tuples; `CONFIG_ON_RESUME` says of each
-whether a resumed run may change it.
+whether a resumed run may change it; `resolved_config` is what a builtin's ``policy.config`` makes of its weights (its
+preset merged in, `DEFAULT_PRESET` when it names none, and its dtype), which a resume compares rather than the keys.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 __all__ = [
     "BUILTIN_CONFIG_KEYS",
     "CONFIG_ON_RESUME",
+    "DEFAULT_DTYPE",
+    "DEFAULT_PRESET",
     "DTYPE_NAMES",
     "HF_CONFIG_KEYS",
     "PRESETS",
     "GPTConfig",
     "config_problems",
+    "resolved_config",
 ]
 
 
@@ -52,12 +57,14 @@ PRESETS: dict[str, dict[str, int]] = {
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384},  # ≈ 10.7M
     "medium": {"n_layer": 14, "n_head": 12, "n_embd": 768},  # ≈ 99M
 }
+DEFAULT_PRESET = "tiny"  # the preset of a builtin model whose policy.config names none
 
 
 # policy.config of builtin:tiny-gpt: GPTConfig's fields, a preset to start from, the init seed and the weights' dtype
 BUILTIN_CONFIG_KEYS = (*GPTConfig.field_names(), "preset", "seed", "dtype")
 HF_CONFIG_KEYS = ("dtype", "native_forward")  # policy.config of an hf: model
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # policy.config.dtype of either kind of model
+DEFAULT_DTYPE = "float32"  # policy.config.dtype when it is not given
 
 _SHAPE = "the run's checkpoints hold weights of the shape it gives the model"
 # What a resumed run (`flywheel up --resume`) makes of a changed key of policy.config, for every key of either kind
@@ -96,3 +103,14 @@ def config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     elif (embd // heads) % 2:
         problems.append(("", f"head size n_embd/n_head = {embd // heads} must be even for RoPE"))
     return problems
+
+
+def resolved_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a builtin model's ``policy.config`` makes of the model: `GPTConfig`'s fields (its preset's sizes —
+    `DEFAULT_PRESET`'s when it names none — under its own keys, the rest GPTConfig's defaults) and ``dtype``
+    (`DEFAULT_DTYPE` when not given). ``ValueError`` (naming the key) when they make no model."""
+    preset = config.get("preset", DEFAULT_PRESET)
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"policy.config.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    sizes = {key: value for key, value in config.items() if key in GPTConfig.field_names()}
+    return {**GPTConfig(**{**PRESETS[preset], **sizes}).as_dict(), "dtype": config.get("dtype", DEFAULT_DTYPE)}

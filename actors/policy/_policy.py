@@ -27,7 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from actors.policy._gpt_config import BUILTIN_CONFIG_KEYS, DTYPE_NAMES, HF_CONFIG_KEYS, PRESETS, GPTConfig
+from actors.policy._gpt_config import (
+    BUILTIN_CONFIG_KEYS,
+    DEFAULT_DTYPE,
+    DEFAULT_PRESET,
+    DTYPE_NAMES,
+    HF_CONFIG_KEYS,
+    PRESETS,
+    GPTConfig,
+)
 from actors.policy._shapes import shape_mismatch
 from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
 from actors.policy._tokenizer import CharTokenizer, HFTokenizer, spec_field
@@ -65,7 +73,7 @@ class Policy:
     # ----------------------------------------------------------------- construction
     @classmethod
     def tiny_gpt(cls, config: GPTConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
-        config = config or GPTConfig(**PRESETS["tiny"])
+        config = config or GPTConfig(**PRESETS[DEFAULT_PRESET])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = TinyGPT(config)
@@ -114,7 +122,7 @@ class Policy:
         config = dict(spec_field(spec, "config", None) or {})
         checkpoint = spec_field(spec, "checkpoint", None)
         tokenizer_path = spec_field(spec, "tokenizer", None)
-        config_dtype = config.pop("dtype", "float32")
+        config_dtype = config.pop("dtype", DEFAULT_DTYPE)
         torch_dtype = _dtype(dtype if dtype is not None else config_dtype)
         if model == "builtin:tiny-gpt":
             if tokenizer_path:
@@ -125,7 +133,7 @@ class Policy:
             if unknown:
                 allowed = ", ".join(BUILTIN_CONFIG_KEYS)
                 raise ValueError(f"policy.config: unknown key {unknown[0]!r} for builtin:tiny-gpt (allowed: {allowed})")
-            preset = config.pop("preset", "tiny")
+            preset = config.pop("preset", DEFAULT_PRESET)
             if preset not in PRESETS:
                 raise ValueError(f"policy.config.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
             seed = config.pop("seed", 0)

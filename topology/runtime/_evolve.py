@@ -7,7 +7,10 @@ resumes with, key path by key path (a mapping entry added or removed whole is on
 cannot follow and what to do — when a change touches a key an application section declared fixed for the life of
 a run (`SpecSection.fixed_on_resume`, e.g. the policy's model: the run's checkpoints hold its weights; a dotted key
 inside another gives the reason for its own changes; less the paths the section leaves free, `free_on_resume`), or
-the topology's name (the run's channels, consumers and buckets are named after it).
+the topology's name (the run's channels, consumers and buckets are named after it). A section with a
+`SpecSection.resume_view` has its fixed keys compared in that view of both specs — what the keys mean, not how they
+are spelled (a builtin model's ``preset: tiny`` or the three sizes it stands for: one model) — and a refusal then
+also says how the spec wrote the change; the changes returned (and logged) are the spec's text's.
 
 :func:`section_records` is what the sections' ``record`` hooks write down of a spec (``run.json``'s ``records``:
 facts its text does not hold, such as a model directory's config hash); :func:`check_records` hands each section's
@@ -27,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from topology._registry import ResumeConflict, spec_sections
+from topology._registry import ResumeConflict, SpecSection, spec_sections
 from topology._spec import Spec
 from topology.runtime._rundir import RunNotFound
 
@@ -115,18 +118,42 @@ def check_resumable(
         return []
     before, after = _plain(before), _plain(after)
     for section in spec_sections().values():
-        refused: dict[str, list[SpecChange]] = {}
-        for change in _leaf_changes(before.get(section.name) or {}, after.get(section.name) or {}):
-            key = _fixed_key(section.fixed_on_resume, section.free_on_resume, ".".join(change[0]))
-            if key is not None:
-                refused.setdefault(key, []).append(change)
+        old, new = before.get(section.name) or {}, after.get(section.name) or {}
+        refused = _fixed_changes(section, _viewed(section, old), _viewed(section, new))
         for key, inside in refused.items():
+            said = describe_changes(inside, section.name)
+            written = describe_changes(_flat(_fixed_changes(section, old, new)), section.name)
+            if section.resume_view is not None and written != describe_changes(_flat(refused), section.name):
+                said += f"; as the spec writes it: {written or 'unchanged'}"  # what the view's keys came from
             raise ResumeRefused(
-                f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started "
-                f"({describe_changes(inside, section.name)}); {section.fixed_on_resume[key]}. Put it back to continue "
-                f"this run, or start a new run: {fresh}"
+                f"cannot resume {run_dir}: {section.name}.{key} changed since the run last started ({said}); "
+                f"{section.fixed_on_resume[key]}. Put it back to continue this run, or start a new run: {fresh}"
             )
     return spec_changes(before, after)
+
+
+def _viewed(section: SpecSection, value: Any) -> Any:
+    """``value`` (the section's, from a plain spec) as its ``resume_view`` reads it, entry by entry when keyed."""
+    view = section.resume_view
+    if view is None or not isinstance(value, dict):
+        return value
+    if section.keyed:
+        return {name: _plain(view(entry)) if isinstance(entry, dict) else entry for name, entry in value.items()}
+    return _plain(view(value))
+
+
+def _fixed_changes(section: SpecSection, before: Any, after: Any) -> dict[str, list[SpecChange]]:
+    """The changes from ``before`` to ``after`` (the section's values) that a fixed key refuses, by that key."""
+    refused: dict[str, list[SpecChange]] = {}
+    for change in _leaf_changes(before if isinstance(before, dict) else {}, after if isinstance(after, dict) else {}):
+        key = _fixed_key(section.fixed_on_resume, section.free_on_resume, ".".join(change[0]))
+        if key is not None:
+            refused.setdefault(key, []).append(change)
+    return refused
+
+
+def _flat(changes: Mapping[str, list[SpecChange]]) -> list[SpecChange]:
+    return [change for inside in changes.values() for change in inside]
 
 
 def _fresh(spec_path: Path | None) -> str:
