@@ -94,7 +94,7 @@ register_spec_section(
             **{f"config.{key}": why for key, why in CONFIG_ON_RESUME.items() if why is not None},
         },
         free_on_resume=tuple(f"config.{key}" for key, why in CONFIG_ON_RESUME.items() if why is None),
-        record=_record_policy,  # the model dir's config.json hash: a model replaced under the same path is refused
+        record=_record_policy,  # config.json and vocabulary hashes: a model or tokenizer replaced in place is refused
         on_resume=_resume_policy,
         resume_view=_policy_as_resumed,  # a preset and the sizes it stands for are one model: compared resolved
     )

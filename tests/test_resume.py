@@ -305,3 +305,54 @@ def test_a_model_directory_replaced_under_the_same_path_is_refused_on_resume(tmp
     write_tiny_hf_model(tmp_path / "hf", n_embd=32)
     error = refused_resume(spec_path, run_dir)
     assert f"policy.model is another model than the run started with: the config.json in {tmp_path / 'hf'}" in error
+
+
+@pytest.mark.timeout(120)
+def test_a_tokenizer_replaced_under_the_same_path_is_refused_on_resume(tmp_path: Path) -> None:
+    """Another tokenizer's files put in the model's directory (or in `policy.tokenizer`'s) left the spec and the
+    config.json as they were: the resume went on, and the checkpoint's weights trained on other token ids. The run
+    records a hash of the tokenizer's vocabulary at every start; a resume whose token ids or special tokens differ is
+    refused, naming the key and the directory. The same tokenizer saved again resumes."""
+    from actors.policy import write_tiny_hf_model
+    from topology import load_spec
+    from topology.runtime._evolve import ResumeRefused, check_records, section_records
+    from topology.runtime._rundir import RunInfo, create_run_dir, write_run_info
+
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json")
+    write_tiny_hf_model(tmp_path / "hf", n_embd=64)
+    write_tiny_hf_model(tmp_path / "other", n_embd=64, bos=True)  # a <bos> token: every other id moves by one
+    (tmp_path / "tok").mkdir()
+    for name in tokenizer_files:
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "tok" / name)
+    model = "model: builtin:tiny-gpt\n  config: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
+    spec_path, separate_path = tmp_path / "spec.yaml", tmp_path / "separate.yaml"
+    spec_path.write_text(SPEC.replace("MODE", "async").replace(model, "model: hf:./hf"))
+    separate_path.write_text(SPEC.replace("MODE", "async").replace(model, "model: hf:./hf\n  tokenizer: ./tok"))
+    spec, separate = load_spec(spec_path), load_spec(separate_path)
+    records, separate_records = section_records(spec), section_records(separate)
+    assert records["policy"]["tokenizer_dir"] == str(tmp_path / "hf")
+    assert separate_records["policy"]["tokenizer_dir"] == str(tmp_path / "tok")
+    config = tmp_path / "hf" / "tokenizer_config.json"
+    kept = config.read_text()
+    config.write_text(kept.replace('"eos_token": "<eos>"', '"eos_token": "<pad>"'))  # another eos id, same vocabulary
+    with pytest.raises(ResumeRefused, match=r"policy\.model has another tokenizer than the run started with"):
+        check_records(tmp_path, records, spec)
+    config.write_text(kept)
+    for name in tokenizer_files:
+        shutil.copy(tmp_path / "other" / name, tmp_path / "tok" / name)
+    with pytest.raises(ResumeRefused) as refused:
+        check_records(tmp_path, separate_records, separate)
+    assert (
+        f"policy.tokenizer has another tokenizer than the run started with: the vocabulary in {tmp_path / 'tok'}"
+        in (str(refused.value))
+    )
+    assert check_records(tmp_path, records, spec) == []  # the model's own tokenizer is the one it started with
+    run_dir = create_run_dir(tmp_path / "runs", "loop-test")
+    assert spec.data is not None
+    info = RunInfo("loop-test", "nats://127.0.0.1:1", 1, str(spec_path), 0.0, 1.0, spec=dict(spec.data), exit="ok")
+    info.records = records
+    write_run_info(run_dir, info)
+    for name in tokenizer_files:
+        shutil.copy(tmp_path / "other" / name, tmp_path / "hf" / name)
+    error = refused_resume(spec_path, run_dir)
+    assert f"policy.model has another tokenizer than the run started with: the vocabulary in {tmp_path / 'hf'}" in error

@@ -10,11 +10,14 @@ the spec a run recorded before records were kept the same way.
 :func:`record_policy` is the policy section's record (``run.json``'s ``records.policy``): for a builtin model, its
 resolved config (``builtin_config``); for an ``hf:`` model found on this machine (a directory, or a hub id in the
 local cache), the directory and a hash of its ``config.json``'s content (keys sorted; the ``transformers_version`` and
-``_``-prefixed keys a re-save rewrites left out) — cheap, the weights are not read. :func:`resume_policy` refuses a
-resume whose model's ``config.json`` hash is not the recorded one (a model directory replaced under the same path:
-the learner would restore its checkpoint into another shape at every restart), naming ``policy.model`` and the
-directory; and one whose builtin config resolves to other weights than the recorded ones though the spec reads the
-same (flywheel's presets or defaults changed since the run started).
+``_``-prefixed keys a re-save rewrites left out), and the tokenizer's directory (``policy.tokenizer``, else the
+model's) and a hash of its vocabulary (`vocabulary_hash`: each id's token and the special tokens' ids, not what a
+re-save rewrites) — cheap, the weights are not read. :func:`resume_policy` refuses a resume whose model's
+``config.json`` hash is not the recorded one (a model directory replaced under the same path: the learner would
+restore its checkpoint into another shape at every restart), naming ``policy.model`` and the directory; one whose
+tokenizer's vocabulary is not the recorded one (the checkpoint's weights would go on training on other token ids),
+naming ``policy.tokenizer`` or ``policy.model`` and the directory; and one whose builtin config resolves to other
+weights than the recorded ones though the spec reads the same (flywheel's presets or defaults changed since).
 
 Non-goals: telling apart two models with the same ``config.json`` (their weights fit the run's checkpoints shape for
 shape, and the learner restores its own); a model not found here (served only by an HTTP engine elsewhere): nothing
@@ -26,10 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from actors.policy._gpt_config import CONFIG_ON_RESUME, DEFAULT_DTYPE, resolved_config
 from actors.policy._hub import model_directory
+from actors.policy._vocabulary import vocabulary_hash
 from actors.protocol import PolicySpec
 from topology import KeyPath, ResumeConflict
 
@@ -66,15 +71,26 @@ def record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
             return {}
     if not policy.model.startswith("hf:"):
         return {}
+    record: dict[str, Any] = {}
+    directory: Path | None = None
     try:
         directory = model_directory(policy.model[3:])
         config = json.loads((directory / "config.json").read_bytes())
     except (ValueError, OSError):
-        return {}
-    if isinstance(config, dict):  # what says the model, not which tool wrote the file last
-        config = {key: value for key, value in config.items() if key not in _BOOKKEEPING and not key.startswith("_")}
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-    return {"model_dir": str(directory), "model_config": digest}
+        pass
+    else:
+        if isinstance(config, dict):  # what says the model, not which tool wrote the file last
+            config = {k: v for k, v in config.items() if k not in _BOOKKEEPING and not k.startswith("_")}
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        record.update(model_dir=str(directory), model_config=digest)
+    try:
+        tokenizer = model_directory(policy.tokenizer, "policy.tokenizer") if policy.tokenizer else directory
+    except ValueError:
+        tokenizer = None
+    vocabulary = vocabulary_hash(tokenizer) if tokenizer is not None else None
+    if vocabulary is not None:
+        record.update(tokenizer_dir=str(tokenizer), tokenizer_vocab=vocabulary)
+    return record
 
 
 def resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpec) -> Sequence[str]:
@@ -83,14 +99,23 @@ def resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpec
     now = record_policy(path, policy)
     _same_builtin_weights(path, recorded.get("builtin_config"), now.get("builtin_config"))
     before = recorded.get("model_config")
-    if before is None or now.get("model_config") in (None, before):
-        return []
-    key = ".".join(str(part) for part in (*path, "model"))
-    raise ResumeConflict(
-        f"{key} is another model than the run started with: the config.json in {now['model_dir']} changed since then "
-        f"(hash {before} → {now['model_config']}; the run started with {recorded.get('model_dir', '?')}); the run's "
-        "checkpoints hold the weights of the model it started with"
-    )
+    if before is not None and now.get("model_config") not in (None, before):
+        key = ".".join(str(part) for part in (*path, "model"))
+        raise ResumeConflict(
+            f"{key} is another model than the run started with: the config.json in {now['model_dir']} changed since "
+            f"then (hash {before} → {now['model_config']}; the run started with {recorded.get('model_dir', '?')}); "
+            "the run's checkpoints hold the weights of the model it started with"
+        )
+    before = recorded.get("tokenizer_vocab")
+    if before is not None and now.get("tokenizer_vocab") not in (None, before):
+        key = ".".join(str(part) for part in (*path, "tokenizer" if policy.tokenizer else "model"))
+        raise ResumeConflict(
+            f"{key} has another tokenizer than the run started with: the vocabulary in {now['tokenizer_dir']} (its "
+            f"tokens' ids or its special tokens) changed since then (hash {before} → {now['tokenizer_vocab']}; the run "
+            f"started with {recorded.get('tokenizer_dir', '?')}); the run's checkpoints hold weights trained on the "
+            "token ids of the tokenizer it started with"
+        )
+    return []
 
 
 def _same_builtin_weights(path: KeyPath, before: Any, now: Any) -> None:
