@@ -65,8 +65,6 @@ def wait_learner(run_dir: Path, ok: Any, timeout_s: float = 150) -> dict[str, An
     raise AssertionError(f"timed out waiting for the learner in {run_dir}")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
 def refused_resume(spec: Path, run_dir: Path) -> str:
     """`flywheel up SPEC --resume RUN_DIR` refused before anything started: its one error line (which says how to
     start a new run instead), no traceback, no replica started."""
@@ -84,6 +82,8 @@ def refused_resume(spec: Path, run_dir: Path) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_sigkill_of_the_whole_loop_then_resume_applies_nothing_twice_and_versions_continue(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("MODE", "async"))
