@@ -107,7 +107,7 @@ def say_what_changed(
                 note="new to this run: trained by RL alone (the warm start was before it), its held-out series "
                 "starts at the next round",
             )
-            rounds.due = eval_every_steps > 0 and name in rounds.series
+            rounds.due = rounds.due or (eval_every_steps > 0 and name in rounds.series)
         for name in sorted(before - now):
             log.info(
                 "learner.domain_removed",

@@ -73,3 +73,19 @@ async def test_a_removed_domains_groups_are_dropped_and_an_added_one_is_named(
     assert "heldout_acc.extract" not in counters
     events = {(e["event"], e.get("domain")) for e in logs}
     assert {("learner.domain_removed", "extract"), ("learner.domain_added", "pyexpr")} <= events
+
+
+async def test_a_round_comes_due_for_an_added_domain_whatever_domains_are_added_with_it(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Two domains added on a resume, the first (by name) with a held-out set, the second without: the second's
+    "no round" overwrote the first's "round due", so the new domain's series waited for the next scheduled round."""
+    spec = write_spec(tmp_path, LEARNER, domains=ARITHMETIC)
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
+        await actor.checkpoint()
+    learner = LEARNER.replace("eval_every_steps: 0", "eval_every_steps: 1000")
+    domains = ARITHMETIC + EXTRACT + PYEXPR.replace("heldout: 8", "heldout: 0")
+    spec = write_spec(tmp_path, learner, domains=domains, name=spec.name)
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
+        assert actor.rounds.due or (actor.ctx.counters.get("eval_rounds") or 0) >= 1
