@@ -49,7 +49,7 @@ def vocabulary_hash(directory: Path) -> str | None:
         for token, id_ in _json(directory / "added_tokens.json").items():
             ids[int(id_)] = str(token)
         named = {**config, **_json(directory / "special_tokens_map.json")}
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, LookupError):  # files it cannot read: nothing recorded
         return None
     by_token: dict[str, int] = {}
     for id_ in sorted(ids):

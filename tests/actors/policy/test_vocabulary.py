@@ -83,3 +83,15 @@ def test_a_slow_tokenizers_vocabulary_reads_as_the_fast_one_made_from_it(tmp_pat
     for directory in (slow, fast):
         (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
     assert vocabulary_hash(slow) == vocabulary_hash(fast) is not None
+
+
+def test_tokenizer_files_it_cannot_read_give_no_hash_rather_than_an_error(tmp_path: Path) -> None:
+    """The hash is taken at every `flywheel up`: a tokenizer.json of a shape it does not know (an added token without
+    its id, an empty Unigram entry) left the start with a KeyError or an IndexError instead of recording nothing."""
+    for name, data in {
+        "no-id": {"model": {"vocab": {"a": 0}}, "added_tokens": [{"content": "<eos>"}]},
+        "unigram": {"model": {"vocab": [["a", 0.0], []]}},
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(data))
+        assert vocabulary_hash(tmp_path / name) is None
