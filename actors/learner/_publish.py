@@ -113,9 +113,13 @@ class WeightsOut:
         """Keep ``version`` as the newest numbered before any generator can see it: a later life numbers past it even
         when a kill took the metrics' last rows and the bus its store (a rename: never a torn number)."""
         partial = self.newest_file.with_name(".newest_version.part")
-        self.newest_file.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(str(version))
-        os.replace(partial, self.newest_file)
+        try:
+            self.newest_file.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(str(version))
+            os.replace(partial, self.newest_file)
+        except OSError as exc:  # a full disk, say: publishing goes on, the bus's key and the metrics still number
+            self.ctx.counters.inc("newest_version_errors")
+            self.ctx.log.warning("learner.newest_version_not_kept", version=version, error=str(exc))
 
     def _through_disk(self, reason: str) -> None:
         """``weight_transport: auto`` chose the shared-memory slots and the tmpfs has no room for one more (a

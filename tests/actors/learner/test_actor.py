@@ -690,3 +690,20 @@ async def test_versions_published_since_the_metrics_last_flush_are_not_numbered_
     with EmbeddedNats(tmp_path / "another-store") as empty:
         async with running_learner(spec, empty.url, run_dir) as (actor, _bus):
             assert actor.version == published + 1
+
+
+async def test_a_learner_that_cannot_keep_its_newest_version_number_still_publishes(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The number is written before each publish; a state dir that cannot take it (a full disk, here a directory in
+    its place) crashed the train loop's publish. It is counted and logged, and the version goes out."""
+    spec = write_spec(tmp_path, learner())
+    run_dir = tmp_path / "run"
+    (run_dir / "state" / "learner" / "0" / "newest_version").mkdir(parents=True)
+    with structlog.testing.capture_logs() as logs:
+        async with running_learner(spec, embedded_nats.url, run_dir) as (actor, _bus):
+            before = actor.version
+            await actor.publish_weights()
+            assert actor.version == before + 1 and await actor.weights_out.newest() == actor.version
+            assert (actor.ctx.counters.get("newest_version_errors") or 0) >= 2
+    assert any(e["event"] == "learner.newest_version_not_kept" for e in logs)
