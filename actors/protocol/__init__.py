@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from actors.protocol._ratings import FirstRatings as FirstRatings
     from actors.protocol._ratings import rating_digest as rating_digest
     from actors.protocol._recordings import CHANNEL_MODELS as CHANNEL_MODELS
+    from actors.protocol._recordings import channel_dir as channel_dir
     from actors.protocol._recordings import frame as frame
     from actors.protocol._recordings import one_copy_per_seq as one_copy_per_seq
     from actors.protocol._recordings import partition_end as partition_end
@@ -76,6 +77,7 @@ _EXPORTS = {
     "FirstRatings": "_ratings",
     "rating_digest": "_ratings",
     "CHANNEL_MODELS": "_recordings",
+    "channel_dir": "_recordings",
     "frame": "_recordings",
     "one_copy_per_seq": "_recordings",
     "partition_end": "_recordings",
@@ -117,6 +119,7 @@ __all__ = [
     "TrafficMsg",
     "WarmStartSpec",
     "cancel_subject",
+    "channel_dir",
     "count_removed_domain",
     "cuda_missing_here",
     "domains_of",

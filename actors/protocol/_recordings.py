@@ -19,9 +19,9 @@ prompt_ids, verifier_fields (JSON text), heldout, temperature, origin, generator
 completion_index, text, token_ids, logprobs, versions, finish_reason, reward, verdict, detail, version (the
 newest weight version among the completion's tokens; -1 when it has none).
 
-:func:`partitions` lists a channel's partition folders oldest first, :func:`partition_end` says when one is over;
-``read_recordings(..., partitions=…)`` reads only those folders — a reader that wants the newest rows or those of
-the last hours need not read weeks of files.
+:func:`channel_dir` is where a channel's files are, :func:`partitions` lists its partition folders oldest first,
+:func:`partition_end` says when one is over; ``read_recordings(..., partitions=…)`` reads only those folders — a
+reader that wants the newest rows or those of the last hours need not read weeks of files.
 
 Non-goals: schema evolution beyond adding columns (a reader selecting columns that an old file lacks gets
 nulls via ``read_recordings``' diagonal concat), other channels (a channel without a schema is refused).
@@ -43,6 +43,7 @@ from actors.protocol._messages import FeedbackMsg, ScoredMsg, TrafficMsg
 
 __all__ = [
     "CHANNEL_MODELS",
+    "channel_dir",
     "frame",
     "one_copy_per_seq",
     "partition_end",
@@ -198,12 +199,12 @@ def partition_end(partition: str) -> float | None:
         return None
 
 
-def _root(path: str | Path, channel: str) -> Path:
-    """The recordings root of ``path``: itself, or its ``recordings`` folder when ``path`` is a run dir."""
+def channel_dir(path: str | Path, channel: str) -> Path:
+    """``channel``'s folder under ``path``: a recordings root, or a run dir (its ``recordings`` folder)."""
     root = Path(path)
     if (root / "recordings").is_dir() and not (root / channel).is_dir():
-        return root / "recordings"
-    return root
+        root = root / "recordings"
+    return root / channel
 
 
 def read_recordings(path: str | Path, channel: str, *, partitions: Sequence[str] | None = None) -> pl.DataFrame:
@@ -216,7 +217,7 @@ def read_recordings(path: str | Path, channel: str, *, partitions: Sequence[str]
     deleted between listing and reading (an original whose merged file has landed) makes the whole read start
     over, so that the merged file is listed.
     """
-    directory = _root(path, channel) / channel
+    directory = channel_dir(path, channel)
     folders = [directory] if partitions is None else [directory / name for name in partitions]
     for _attempt in range(_READ_ATTEMPTS):
         files = sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("part-*.parquet"))

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import orjson
 import polars as pl
 
-from actors.protocol import one_copy_per_seq, partition_end, partitions, read_recordings, schema
+from actors.protocol import channel_dir, one_copy_per_seq, partition_end, partitions, read_recordings, schema
 
 __all__ = ["RecordingsTail", "ReplayItem", "items_from_scored", "items_from_traffic", "load_items"]
 
@@ -77,7 +77,12 @@ def load_items(
         items += items_from_scored(scored)
     if source != "scored":
         traffic, read = _newest_rows(recordings, "traffic", horizon, limit, _requests)
-        later = [name for name in partitions(_channel_dir(recordings, "feedback")) if not read or name >= read[0]]
+        oldest = partition_end(read[0]) if read else None  # feedback is in the same partition as its answer or later
+        later = [
+            name
+            for name in partitions(channel_dir(recordings, "feedback"))
+            if oldest is None or (partition_end(name) or math.inf) >= oldest
+        ]
         if traffic.height:
             items += items_from_traffic(traffic, read_recordings(recordings, "feedback", partitions=later))
     if horizon is not None:
@@ -96,20 +101,13 @@ def _requests(frame: pl.DataFrame) -> int:
     return frame["request_id"].n_unique()
 
 
-def _channel_dir(recordings: str | Path, channel: str) -> Path:
-    root = Path(recordings)
-    if (root / "recordings").is_dir() and not (root / channel).is_dir():
-        root = root / "recordings"
-    return root / channel
-
-
 def _newest_rows(
     recordings: str | Path, channel: str, horizon: float | None, limit: int | None, count: Callable[[pl.DataFrame], int]
 ) -> tuple[pl.DataFrame, list[str]]:
     """``channel``'s rows in the partitions not over before ``horizon``; with ``limit``, only the newest of them
     until ``count`` of their rows reaches it. Returns the rows (``_seq`` order) and the partitions read, oldest
     first."""
-    names = partitions(_channel_dir(recordings, channel))
+    names = partitions(channel_dir(recordings, channel))
     if horizon is not None:
         names = [name for name in names if (partition_end(name) or math.inf) > horizon]
     if limit is None:
@@ -213,10 +211,7 @@ class RecordingsTail:
     when it changes again, files are told apart by whether their sequence range is already returned."""
 
     def __init__(self, recordings: str | Path, channel: str) -> None:
-        root = Path(recordings)
-        if (root / "recordings").is_dir() and not (root / channel).is_dir():
-            root = root / "recordings"
-        self.folder = root / channel
+        self.folder = channel_dir(recordings, channel)
         self.channel = channel
         self.returned = SeqRanges()
         self._seen: dict[Path, int] = {}  # folder -> mtime_ns at the last look

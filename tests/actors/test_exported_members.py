@@ -9,8 +9,8 @@ import pytest
 SURFACES: dict[str, set[str]] = {
     "actors.protocol": {
         "BUILTIN_MODELS", "cancel_subject", "CHANNEL_MODELS", "CompletionRecord", "CORRECT", "CURRENT", "domains_of",
-        "count_removed_domain", "DomainSpec", "failed_groups_of", "FEEDBACK_LABELS", "FeedbackMsg", "frame",
-        "join_bucket", "LearnerPace", "LearnerStatus", "LearningRate", "ping_subject", "one_copy_per_seq",
+        "channel_dir", "count_removed_domain", "DomainSpec", "failed_groups_of", "FEEDBACK_LABELS", "FeedbackMsg",
+        "frame", "join_bucket", "LearnerPace", "LearnerStatus", "LearningRate", "ping_subject", "one_copy_per_seq",
         "partition_end", "partitions", "only_torch_engines", "policy_of", "PolicySpec", "PromptMsg", "read_recordings",
         "RECORDED_CHANNELS",
         "REVIEW_SOURCE", "RolloutMsg", "VERIFIER_ERROR",
