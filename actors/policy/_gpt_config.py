@@ -23,6 +23,7 @@ __all__ = [
     "HF_CONFIG_KEYS",
     "PRESETS",
     "GPTConfig",
+    "builtin_gpt_config",
     "config_problems",
     "resolved_config",
 ]
@@ -109,8 +110,14 @@ def resolved_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """What a builtin model's ``policy.config`` makes of the model: `GPTConfig`'s fields (its preset's sizes —
     `DEFAULT_PRESET`'s when it names none — under its own keys, the rest GPTConfig's defaults) and ``dtype``
     (`DEFAULT_DTYPE` when not given). ``ValueError`` (naming the key) when they make no model."""
+    return {**builtin_gpt_config(config).as_dict(), "dtype": config.get("dtype", DEFAULT_DTYPE)}
+
+
+def builtin_gpt_config(config: Mapping[str, Any]) -> GPTConfig:
+    """The `GPTConfig` a builtin model's ``policy.config`` builds: its preset's sizes (`DEFAULT_PRESET`'s when it
+    names none) under its own; keys that are not GPTConfig's fields are ignored. ``ValueError`` naming the key."""
     preset = config.get("preset", DEFAULT_PRESET)
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"policy.config.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
     sizes = {key: value for key, value in config.items() if key in GPTConfig.field_names()}
-    return {**GPTConfig(**{**PRESETS[preset], **sizes}).as_dict(), "dtype": config.get("dtype", DEFAULT_DTYPE)}
+    return GPTConfig(**{**PRESETS[preset], **sizes})

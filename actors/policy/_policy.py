@@ -35,6 +35,7 @@ from actors.policy._gpt_config import (
     HF_CONFIG_KEYS,
     PRESETS,
     GPTConfig,
+    builtin_gpt_config,
 )
 from actors.policy._shapes import shape_mismatch
 from actors.policy._tiny_gpt import KVCache, TinyGPT, positions_from_mask
@@ -133,11 +134,8 @@ class Policy:
             if unknown:
                 allowed = ", ".join(BUILTIN_CONFIG_KEYS)
                 raise ValueError(f"policy.config: unknown key {unknown[0]!r} for builtin:tiny-gpt (allowed: {allowed})")
-            preset = config.pop("preset", DEFAULT_PRESET)
-            if preset not in PRESETS:
-                raise ValueError(f"policy.config.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
             seed = config.pop("seed", 0)
-            policy = cls.tiny_gpt(GPTConfig(**{**PRESETS[preset], **config}), seed=int(seed), dtype=torch_dtype)
+            policy = cls.tiny_gpt(builtin_gpt_config(config), seed=int(seed), dtype=torch_dtype)
         elif isinstance(model, str) and model.startswith("hf:"):
             native_forward = config.pop("native_forward", True)
             if not isinstance(native_forward, bool):
