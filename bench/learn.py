@@ -34,7 +34,11 @@ other; ``--decodings spec`` keeps the spec's alone). Per variant and domain the 
 round and, per decoding, the spread of consecutive rounds once past the first minute (the largest and the mean
 change between neighbours): a served model's quality should not swing from one version to the next. For sampled
 rounds it also prints what sampling alone moves two rounds by (two standard deviations of the difference, from each
-round's completions) and how many pairs moved by more: the part of a swing that is the policy's. ``--learner
+round's completions) and how many pairs moved by more: the part of a swing that is the policy's. Beside it, the
+largest fall of the training rollouts' accuracy after the first minute (``rollout_fall``: the learner's running
+accuracy averaged over ``FALL_WINDOW_STEPS`` steps, from its peak since the minute to its trough, and when): rounds
+come every ``eval_every_steps`` and may measure the weights' average, the rollouts follow the policy that trains
+step by step, so a regression of that policy shows in both and a round's noise in the rounds alone. ``--learner
 KEY=VALUE`` overrides a learner setting in every variant (e.g. ``--learner lr=5e-5``), so a setting can be measured
 without editing the spec.
 
@@ -45,9 +49,9 @@ without editing the spec.
     .venv/bin/python bench/learn.py --spec /tmp/hf-task/spec.yaml --variants async --learner lr=5e-5
 
 Writes bench/results/learn.json (per variant: ``decodings`` with each decoding's curves, post-warm-start, last-3 and
-best accuracy and ``spread``; ``curves``/``baseline``/``final``/``best`` repeat the spec's own decoding) and
-bench/results/learn.png (accuracy per domain vs wall-clock, one line style per variant) and prints markdown
-tables. Runs go to runs/ (``runs/latest`` is the last one).
+best accuracy and ``spread``; ``curves``/``baseline``/``final``/``best`` repeat the spec's own decoding;
+``rollout_fall`` per domain) and bench/results/learn.png (accuracy per domain vs wall-clock, one line style per
+variant) and prints markdown tables. Runs go to runs/ (``runs/latest`` is the last one).
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ def runtime_overhead(results: dict[str, dict[str, Any]], variant: str) -> dict[s
 
 DRIFT_WINDOW_S = 100.0  # the learner-drift table's windows of step time
 SETTLED_S = 60.0  # changes into rounds before this (seconds since the post-warm-start round) do not count in the spread
+FALL_WINDOW_STEPS = 50  # step rows averaged before `rollout_fall` looks for the rollouts' largest fall
 
 
 def spread(
@@ -218,6 +223,7 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
     steps = read_metrics(run_dir, "step")
     applied = read_metrics(run_dir, "applied")
     out: dict[str, Any] = {"run_dir": str(run_dir), "curves": {}, "baseline": {}, "final": {}, "decodings": {}}
+    t0: float | None = None  # seconds of RL count from the post-warm-start round (without rounds: the first step)
     if len(evals):
         from actors.learner._metrics import eval_mode
 
@@ -288,6 +294,7 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
             out["staleness_mean"] = statistics.fmean(float(v) for v in steps["staleness_mean"])
         out["rollout"] = rollout_accuracy(steps, applied)
         out["drift"] = drift(steps)
+        out["rollout_fall"] = rollout_fall(steps, t0)
     if len(applied) and "how" in applied.columns:
         # shares of a domain's groups: [trained, no signal, no signal with full marks, no signal with all zero]
         groups: dict[str, list[int]] = {}
@@ -365,6 +372,53 @@ def rollout_accuracy(steps: Any, applied: Any) -> dict[str, dict[str, float]]:
             end = float(value)
         if start is not None and end is not None:
             out[domain] = {"start": start, "end": end}
+    return out
+
+
+def rollout_fall(
+    steps: Any, t0: float | None = None, settled_s: float = SETTLED_S, window: int = FALL_WINDOW_STEPS
+) -> dict[str, dict[str, float]]:
+    """Per domain, the largest fall of the training rollouts' accuracy once past ``settled_s`` (seconds since ``t0``,
+    the post-warm-start round; default the first step row): the learner's running accuracy (each step row's
+    ``accuracy.<domain>``) averaged over the domain's last ``window`` rows, and the largest drop of that mean below
+    the highest one before it (peak to trough, accuracy in [0, 1]), with the peak, the trough and their times
+    (``peak_t_s``, ``trough_t_s``; s since ``t0``) and ``window_steps``. A series that never falls gives 0 at its
+    first mean.
+
+    Only rows from ``settled_s`` on count, and only full windows: the first mean is of the first ``window`` rows past
+    the mark, so the first minute's peak (the policy just out of its warm start) is not one to fall from, as in the
+    held-out rounds' ``spread``. A row without the domain's value (before its first group) is skipped; a domain with
+    fewer than ``window`` rows past the mark is left out.
+
+    The held-out rounds come every ``eval_every_steps`` and may measure the weights' average; this follows the policy
+    that trains, step by step, so a fall of the rounds it does not show is the rounds' noise, one it shows is the
+    policy's."""
+    if not len(steps):
+        return {}
+    steps = steps.sort("ts")
+    origin = float(steps["ts"].min()) if t0 is None else t0
+    times = [float(t) - origin for t in steps["ts"]]
+    out: dict[str, dict[str, float]] = {}
+    for column in sorted(c for c in steps.columns if c.startswith("accuracy.")):
+        rows = [(t, float(v)) for t, v in zip(times, steps[column], strict=True) if v is not None and t >= settled_s]
+        if len(rows) < window:
+            continue
+        values = [v for _, v in rows]
+        means = [(rows[i - 1][0], statistics.fmean(values[i - window : i])) for i in range(window, len(rows) + 1)]
+        peak = trough = best_peak = means[0]
+        for point in means[1:]:
+            if point[1] > peak[1]:
+                peak = point
+            elif peak[1] - point[1] > best_peak[1] - trough[1]:
+                best_peak, trough = peak, point
+        out[column.removeprefix("accuracy.")] = {
+            "fall": best_peak[1] - trough[1],
+            "peak": best_peak[1],
+            "peak_t_s": round(best_peak[0], 2),
+            "trough": trough[1],
+            "trough_t_s": round(trough[0], 2),
+            "window_steps": window,
+        }
     return out
 
 
@@ -542,6 +596,7 @@ def main() -> None:
     )
     print_cpu(results)
     print_decodings(results)
+    print_rollout_fall(results)
     print_drift(results)
     summary: dict[str, Any] = {}
     if "sync" in results and "async" in results:
@@ -715,6 +770,34 @@ def print_decodings(results: dict[str, dict[str, Any]]) -> None:
         print(
             "sampling noise: two standard deviations of the change between two rounds of a policy that did not move "
             "(binomial, from each round's completions); greedy rounds have none"
+        )
+
+
+def print_rollout_fall(results: dict[str, dict[str, Any]]) -> None:
+    """Per variant and domain: the largest fall of the training rollouts' accuracy after the first minute
+    (``rollout_fall``), beside the held-out rounds' spread."""
+    rows = [
+        [
+            variant,
+            domain,
+            _pct(fall["peak"]),
+            round(fall["peak_t_s"]),
+            _pct(fall["trough"]),
+            round(fall["trough_t_s"]),
+            _pct(fall["fall"]),
+        ]
+        for variant, res in results.items()
+        for domain, fall in sorted(res.get("rollout_fall", {}).items())
+    ]
+    if rows:
+        print(f"\nlargest fall of the training rollouts' accuracy after the first {SETTLED_S:.0f} s (points)")
+        print(markdown_table(["variant", "domain", "peak %", "at s", "trough %", "at s", "largest fall"], rows))
+        print(
+            f"rollouts: the learner's running accuracy (each step's, over a domain's last {ROLLOUT_WINDOW} groups) "
+            f"averaged over {FALL_WINDOW_STEPS} steps; the fall is from the highest such mean since the "
+            f"{SETTLED_S:.0f}-s mark (the first minute's peak does not count, as in the rounds' spread) to the lowest "
+            "after it; s since the post-warm-start round. A fall of the rounds the rollouts do not show is the rounds' "
+            "noise; one they show is the policy's"
         )
 
 

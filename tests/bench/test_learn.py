@@ -1,4 +1,5 @@
-"""bench/learn.py: the spread of consecutive held-out rounds and the learner overrides given on the command line."""
+"""bench/learn.py: the spread of consecutive held-out rounds, the training rollouts' largest fall and the learner
+overrides given on the command line."""
 
 from __future__ import annotations
 
@@ -90,3 +91,56 @@ def test_analyse_reports_the_learning_rate_the_learner_resolved(tmp_path: Path) 
     out = analyse(tmp_path)
     assert (out["lr"], out["params"]) == (2.65e-5, 10_700_544)
     assert "lr" not in analyse(tmp_path / "elsewhere")  # a run without lifecycle rows: nothing made up
+
+
+def test_rollout_fall_is_the_largest_drop_of_the_rollouts_mean_after_the_first_minute() -> None:
+    import polars as pl
+
+    from bench.learn import rollout_fall
+
+    # seconds since the post-warm-start round; a perfect first minute would be the highest mean of all if it counted
+    seconds = [0, 30, *range(60, 72)]
+    dip = [1.0, 1.0, 0.5, 0.5, 0.5, 0.6, 0.6, 0.6, 0.3, 0.3, 0.3, 0.7, 0.7, 0.7]
+    rising = [0.0, 0.0, *(0.1 * i for i in range(12))]
+    # a domain whose first group comes late: no value before it; a domain with too few rows for one window
+    late = [None, None, None, None, None, None, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2]
+    short = [0.9] * 4 + [None] * 10
+    steps = pl.DataFrame(
+        {
+            "ts": [1000.0 + s for s in seconds],
+            "accuracy.dip": dip,
+            "accuracy.rising": rising,
+            "accuracy.late": late,
+            "accuracy.short": short,
+            "reward.dip": dip,
+        }
+    ).sample(fraction=1.0, shuffle=True, seed=1)  # rows come from several files: order is the function's job
+    falls = rollout_fall(steps, t0=1000.0, window=3)
+    assert set(falls) == {"dip", "rising", "late"}
+    dipped = falls["dip"]
+    assert dipped["fall"] == pytest.approx(0.3) and dipped["window_steps"] == 3
+    assert (dipped["peak"], dipped["trough"]) == (pytest.approx(0.6), pytest.approx(0.3))
+    assert (dipped["peak_t_s"], dipped["trough_t_s"]) == (65, 68)  # a mean's time is its window's last row's
+    assert falls["rising"]["fall"] == 0.0
+    assert falls["rising"]["trough_t_s"] == 62  # no fall: the first mean
+    assert falls["late"]["fall"] == 0.0 and falls["late"]["peak_t_s"] == 66  # its rows from 64 s: the first mean
+    # without t0 seconds count from the first step row; a domain with fewer rows than the window is left out
+    assert rollout_fall(steps, window=3)["dip"]["trough_t_s"] == 68
+    assert rollout_fall(steps, t0=990.0, window=3)["dip"]["trough_t_s"] == 78
+    assert rollout_fall(steps, t0=1000.0) == {}  # fewer rows past the minute than the default window
+    assert rollout_fall(steps.clear()) == {}
+
+
+def test_analyse_reports_the_rollouts_fall_on_the_rounds_clock(tmp_path: Path) -> None:
+    from actors.learner import MetricsWriter
+    from bench.learn import FALL_WINDOW_STEPS, analyse
+
+    writer = MetricsWriter(tmp_path, "life-1")
+    writer.add("eval", {"ts": 1000.0, "domain": "addition", "version": 0, "accuracy": 0.5, "n": 64})
+    for i in range(2 * FALL_WINDOW_STEPS):  # 10 a second from 61 s after the round, the last 50 lower
+        accuracy = 0.8 if i < FALL_WINDOW_STEPS else 0.6
+        writer.add("step", {"ts": 1061.0 + i / 10, "step": i + 1, "samples": 64, "accuracy.addition": accuracy})
+    writer.flush()
+    fall = analyse(tmp_path)["rollout_fall"]["addition"]
+    assert fall["fall"] == pytest.approx(0.2) and fall["window_steps"] == FALL_WINDOW_STEPS
+    assert fall["trough_t_s"] == pytest.approx(61 + (2 * FALL_WINDOW_STEPS - 1) / 10, abs=0.01)
