@@ -1,7 +1,8 @@
 """The recorded schema: one parquet table per channel, and how a bus message becomes rows.
 
 Every file of channel ``C`` lives at ``<root>/C/date=YYYY-MM-DD/hour=HH/part-<first>-<last>.parquet``
-(``hour=HH`` is absent with ``partition: day``); the partition is the UTC hour of the envelope timestamp
+(``hour=HH`` is absent with ``partition: day``; a day recorded partly with each setting has both: files directly
+under ``date=…`` and hour folders beside them); the partition is the UTC hour (or day) of the envelope timestamp
 (when the event was published). Columns common to every channel:
 
 - ``_seq`` (UInt64): the JetStream stream sequence of the message — the recorder's exactly-once key;
@@ -177,13 +178,25 @@ def frame(channel: str, rows: list[dict[str, Any]]) -> pl.DataFrame:
 
 
 def partitions(directory: Path) -> list[str]:
-    """The partition folders (``date=…`` or ``date=…/hour=…``) under one channel's directory, oldest first."""
+    """The partition folders under one channel's directory, oldest first (by :func:`partition_end`): each
+    ``date=…/hour=…`` folder, and ``date=…`` itself for a day without hour folders or one that holds part files of
+    its own beside them — a recorder whose ``partition`` setting changed that day (the spec edited, then
+    ``flywheel up --resume``) writes both. Such a day's own files are listed after its hours: they may be as new
+    as its end. :func:`read_recordings` reads only a listed folder's own files, never its hour folders'."""
     if not directory.is_dir():
         return []
     found: list[str] = []
     for day in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("date=")):
-        hours = sorted(p.name for p in day.iterdir() if p.is_dir() and p.name.startswith("hour="))
-        found += [f"{day.name}/{hour}" for hour in hours] if hours else [day.name]
+        hours: list[str] = []
+        own_files = False
+        for entry in day.iterdir():
+            if entry.name.startswith("hour=") and entry.is_dir():
+                hours.append(entry.name)
+            elif entry.name.startswith("part-") and entry.name.endswith(".parquet"):
+                own_files = True
+        found += [f"{day.name}/{hour}" for hour in sorted(hours)]
+        if own_files or not hours:
+            found.append(day.name)
     return found
 
 
@@ -218,9 +231,12 @@ def read_recordings(path: str | Path, channel: str, *, partitions: Sequence[str]
     over, so that the merged file is listed.
     """
     directory = channel_dir(path, channel)
-    folders = [directory] if partitions is None else [directory / name for name in partitions]
     for _attempt in range(_READ_ATTEMPTS):
-        files = sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("part-*.parquet"))
+        if partitions is None:
+            files = sorted(directory.rglob("part-*.parquet")) if directory.is_dir() else []
+        else:  # a day's own files only, not its hours' (those are partitions of their own)
+            folders = [directory / name for name in partitions]
+            files = sorted(p for folder in folders if folder.is_dir() for p in folder.glob("part-*.parquet"))
         if not files:
             return pl.DataFrame(schema=schema(channel))
         try:

@@ -68,22 +68,21 @@ def load_items(
     Only the partitions that can hold them are read: with ``since_s``, none over before the horizon; with ``limit``,
     each channel's newest partitions until they hold ``limit`` samples (a partition is an hour or a day of one
     channel, and ``scored`` keeps a week of every training sample by default: reading it all for the newest few
-    hundred would take minutes and gigabytes). Feedback is read from the oldest traffic partition read on (feedback
-    comes after the answer it rates)."""
+    hundred would take minutes and gigabytes). Feedback is read from the partitions not over before the oldest
+    request read (feedback comes after the answer it rates)."""
     horizon = None if since_s is None else (time.time() if now is None else now) - since_s
     items: list[ReplayItem] = []
     if source != "traffic":
-        scored, _ = _newest_rows(recordings, "scored", horizon, limit, _domain_rows)
-        items += items_from_scored(scored)
+        items += items_from_scored(_newest_rows(recordings, "scored", horizon, limit, _domain_rows))
     if source != "scored":
-        traffic, read = _newest_rows(recordings, "traffic", horizon, limit, _requests)
-        oldest = partition_end(read[0]) if read else None  # feedback is in the same partition as its answer or later
-        later = [
-            name
-            for name in partitions(channel_dir(recordings, "feedback"))
-            if oldest is None or (partition_end(name) or math.inf) >= oldest
-        ]
+        traffic = _newest_rows(recordings, "traffic", horizon, limit, _requests)
         if traffic.height:
+            oldest = float(traffic["_ts"].min())  # type: ignore[arg-type]
+            later = [  # feedback comes after the answer it rates: none in a partition over before the oldest read
+                name
+                for name in partitions(channel_dir(recordings, "feedback"))
+                if (partition_end(name) or math.inf) > oldest
+            ]
             items += items_from_traffic(traffic, read_recordings(recordings, "feedback", partitions=later))
     if horizon is not None:
         items = [item for item in items if item.ts >= horizon]
@@ -103,28 +102,29 @@ def _requests(frame: pl.DataFrame) -> int:
 
 def _newest_rows(
     recordings: str | Path, channel: str, horizon: float | None, limit: int | None, count: Callable[[pl.DataFrame], int]
-) -> tuple[pl.DataFrame, list[str]]:
-    """``channel``'s rows in the partitions not over before ``horizon``; with ``limit``, only the newest of them
-    until ``count`` of their rows reaches it. Returns the rows (``_seq`` order) and the partitions read, oldest
-    first."""
-    names = partitions(channel_dir(recordings, channel))
+) -> pl.DataFrame:
+    """``channel``'s rows (``_seq`` order) in the partitions not over before ``horizon``; with ``limit``, only those
+    of the newest partitions, read newest first until ``count`` of the rows newer than every partition not read
+    reaches it (a day's own files end with the day, so rows read there count once the partitions left are older)."""
+    names = partitions(channel_dir(recordings, channel))  # ordered by their ends
     if horizon is not None:
         names = [name for name in names if (partition_end(name) or math.inf) > horizon]
     if limit is None:
-        return read_recordings(recordings, channel, partitions=names), names
+        return read_recordings(recordings, channel, partitions=names)
+    if limit <= 0:
+        return pl.DataFrame(schema=schema(channel))
+    ceiling = [-math.inf]  # ceiling[i]: no row of names[:i] is as new as this
+    for name in names:
+        ceiling.append(max(ceiling[-1], partition_end(name) or math.inf))
     frames: list[pl.DataFrame] = []
-    read: list[str] = []
-    found = 0
-    for name in reversed(names):
-        if found >= limit:
+    for i in reversed(range(len(names))):
+        frames.append(read_recordings(recordings, channel, partitions=[names[i]]))
+        newer = [frame.filter(pl.col("_ts") >= ceiling[i]) for frame in frames]
+        if sum(count(frame) for frame in newer if frame.height) >= limit:
             break
-        frame = read_recordings(recordings, channel, partitions=[name])
-        frames.append(frame)
-        read.insert(0, name)
-        found += count(frame) if frame.height else 0
     if not frames:
-        return pl.DataFrame(schema=schema(channel)), read
-    return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True), read
+        return pl.DataFrame(schema=schema(channel))
+    return pl.concat(frames, how="diagonal_relaxed").sort("_seq", maintain_order=True)
 
 
 def items_from_scored(frame: pl.DataFrame) -> list[ReplayItem]:

@@ -123,6 +123,25 @@ def test_retention_deletes_whole_partitions_past_their_age(tmp_path: Path) -> No
     assert_once(tmp_path, range(4, 6))
 
 
+def test_a_day_recorded_partly_daily_and_partly_hourly_is_merged_and_expired_whole(tmp_path: Path) -> None:
+    """The ``partition`` setting changed from day to hour mid-day and the recorder restarted: the day's own files
+    beside its hour folders are merged once the day is over and deleted with it."""
+    daily = ChannelWriter(tmp_path, "feedback", partition="day")
+    write_one_file_each(daily, range(1, 6))  # 10:01, daily
+    hourly = ChannelWriter(tmp_path, "feedback")
+    hourly.recover(ack_floor=0)
+    write_one_file_each(hourly, range(6, 9), ts=HOUR + 3600 + 60)  # 11:01, hourly
+    day = tmp_path / "feedback" / "date=2024-05-01"
+    keeper = upkeep(hourly, retain_s=7 * 86_400)
+    hourly.adopt(keeper.merge_closed(HOUR + 86_400)[1])
+    keeper.expire_and_delete(HOUR + 86_400 + SUPERSEDED_GRACE_S)
+    assert len(list(day.glob("part-*.parquet"))) == 1 and len(list(day.glob("hour=*/part-*.parquet"))) == 1
+    assert_once(tmp_path, range(1, 9))
+    report = keeper.expire_and_delete(HOUR + 8 * 86_400)
+    assert report.expired.partitions == ["date=2024-05-01/hour=11", "date=2024-05-01"]
+    assert not day.exists()
+
+
 def test_the_tail_returns_each_row_once_while_files_it_read_are_merged(tmp_path: Path) -> None:
     writer = ChannelWriter(tmp_path, "feedback")
     tail = RecordingsTail(tmp_path, "feedback")

@@ -7,7 +7,7 @@ import calendar
 from pathlib import Path
 
 from actors.recorder import ChannelWriter
-from actors.replay import load_items
+from actors.replay import RecordingsTail, ReplayItem, load_items
 
 HOUR = calendar.timegm((2024, 5, 1, 0, 0, 0, 0, 0, 0))
 HOURS = 6  # traffic and scored samples, 5 a partition, one partition an hour
@@ -66,3 +66,51 @@ def test_samples_of_the_last_hours_are_read_from_their_partitions_alone(tmp_path
     assert sorted(item.key.split(".")[0] for item in recent) == sorted(
         [f"r{h}-{i}" for h in (4, 5) for i in range(5)] + [f"t{h}-{i}" for h in (4, 5) for i in range(5)]
     )
+
+
+def record_switching(root: Path) -> list[int]:
+    """Two days of 3 requests an hour, each rated 20 minutes later, by a recorder whose ``partition`` setting changed
+    at 06:00 each day (daily, then hourly on the first day; hourly, then daily on the second), the way a restart with
+    an edited spec does it: new writers on the same directory, recovering what is there. Returns the hours' starts."""
+    hours = [HOUR + day * 86_400 + hour * 3600 for day in (0, 1) for hour in range(12)]
+    events: list[tuple[float, str, dict[str, object]]] = []
+    for start in hours:
+        for i in range(3):
+            ts, rid = start + 600 * (i + 1), f"r{int(start)}-{i}"
+            events.append((ts, "traffic", {"request_id": rid, "ts": ts, "prompt": rid, "text": "x"}))
+            events.append((ts + 1200, "feedback", {"request_id": rid, "score": i / 2, "ts": ts + 1200}))
+    events.sort(key=lambda event: event[0])
+    setting, writers, seqs = "", {}, {"traffic": 0, "feedback": 0}
+    for ts, channel, row in events:
+        since = ts - HOUR
+        wanted = "day" if since < 6 * 3600 or since >= 86_400 + 6 * 3600 else "hour"
+        if wanted != setting:
+            setting = wanted
+            writers = {name: ChannelWriter(root, name, partition=wanted) for name in seqs}  # type: ignore[arg-type]
+            for writer in writers.values():
+                writer.recover(0)
+        seqs[channel] += 1
+        seq = seqs[channel]
+        writers[channel].write({seq: (ts, [{"_seq": seq, "_id": f"{channel}{seq}", "_ts": ts, "_source": "x", **row}])})
+    return hours
+
+
+def test_a_day_recorded_partly_daily_and_partly_hourly_is_read_whole(tmp_path: Path) -> None:
+    hours = record_switching(tmp_path)
+    for day in ("2024-05-01", "2024-05-02"):  # the layout this is about: a day's own files beside its hours
+        folder = tmp_path / "traffic" / f"date={day}"
+        assert any(folder.glob("part-*.parquet")) and any(folder.glob("hour=*/part-*.parquet"))
+    everything = load_items(tmp_path, source="traffic")
+    assert len(everything) == 3 * len(hours) and all(item.recorded_reward is not None for item in everything)
+
+    def seen(items: list[ReplayItem]) -> list[tuple[str, float, float | None]]:
+        return [(item.key, item.ts, item.recorded_reward) for item in items]
+
+    for limit in (1, 3, 10, 17, 18, 19, 30, 40, 53, 54, 55, 71, 72, 100):
+        assert seen(load_items(tmp_path, limit=limit, source="traffic")) == seen(everything[-limit:]), limit
+    end = hours[-1] + 3600
+    for since_h in (1, 5, 6, 7, 12, 17, 18, 19, 30, 36):
+        recent = load_items(tmp_path, since_s=since_h * 3600, now=end, source="traffic")
+        assert seen(recent) == seen([i for i in everything if i.ts >= end - since_h * 3600]), since_h
+    tail = RecordingsTail(tmp_path, "traffic")  # the gate's reader
+    assert sorted(tail.new_rows()["_seq"].to_list()) == list(range(1, 3 * len(hours) + 1))
