@@ -105,7 +105,8 @@ def _newest_rows(
 ) -> pl.DataFrame:
     """``channel``'s rows (``_seq`` order) in the partitions not over before ``horizon``; with ``limit``, only those
     of the newest partitions, read newest first until ``count`` of the rows newer than every partition not read
-    reaches it (a day's own files end with the day, so rows read there count once the partitions left are older)."""
+    reaches it (a day's own files end with the day, so rows read there count once the partitions left are older;
+    ``count`` sees all those rows at once, so a request recorded in two partitions is counted once)."""
     names = partitions(channel_dir(recordings, channel))  # ordered by their ends
     if horizon is not None:
         names = [name for name in names if (partition_end(name) or math.inf) > horizon]
@@ -119,8 +120,8 @@ def _newest_rows(
     frames: list[pl.DataFrame] = []
     for i in reversed(range(len(names))):
         frames.append(read_recordings(recordings, channel, partitions=[names[i]]))
-        newer = [frame.filter(pl.col("_ts") >= ceiling[i]) for frame in frames]
-        if sum(count(frame) for frame in newer if frame.height) >= limit:
+        newer = pl.concat([frame.filter(pl.col("_ts") >= ceiling[i]) for frame in frames], how="diagonal_relaxed")
+        if newer.height and count(newer) >= limit:  # counted together: a request in two partitions is one
             break
     if not frames:
         return pl.DataFrame(schema=schema(channel))
@@ -154,21 +155,23 @@ def items_from_scored(frame: pl.DataFrame) -> list[ReplayItem]:
 
 
 def items_from_traffic(traffic: pl.DataFrame, feedback: pl.DataFrame) -> list[ReplayItem]:
-    """Items of recorded ``traffic`` rows (the first row of each request id), with the first feedback score in
-    ``feedback`` as the recorded reward."""
+    """Items of recorded ``traffic`` rows, one per request id (in the order of its first row), with the first
+    feedback score in ``feedback`` as the recorded reward. A request recorded twice (published again once the
+    bus's dedupe window was over) is taken from its newest row: a reader of the newest partitions only, which
+    holds some copy of a request newer than what it left unread, holds that row too."""
     if traffic.height == 0:
         return []
     first_score: dict[str, float] = {}
     for row in feedback.sort("_seq").iter_rows(named=True):
         if row["score"] is not None:
             first_score.setdefault(row["request_id"], float(row["score"]))
-    out: list[ReplayItem] = []
-    seen: set[str] = set()
+    newest: dict[str, dict[str, Any]] = {}
     for row in traffic.iter_rows(named=True):
-        rid = row["request_id"]
-        if rid in seen:
-            continue
-        seen.add(rid)
+        kept = newest.get(row["request_id"])
+        if kept is None or (row["_ts"], row["_seq"]) > (kept["_ts"], kept["_seq"]):
+            newest[row["request_id"]] = row
+    out: list[ReplayItem] = []
+    for rid, row in newest.items():
         out.append(
             ReplayItem(
                 key=rid,

@@ -68,6 +68,10 @@ def test_samples_of_the_last_hours_are_read_from_their_partitions_alone(tmp_path
     )
 
 
+def seen(items: list[ReplayItem]) -> list[tuple[str, float, float | None]]:
+    return [(item.key, item.ts, item.recorded_reward) for item in items]
+
+
 def record_switching(root: Path) -> list[int]:
     """Two days of 3 requests an hour, each rated 20 minutes later, by a recorder whose ``partition`` setting changed
     at 06:00 each day (daily, then hourly on the first day; hourly, then daily on the second), the way a restart with
@@ -103,9 +107,6 @@ def test_a_day_recorded_partly_daily_and_partly_hourly_is_read_whole(tmp_path: P
     everything = load_items(tmp_path, source="traffic")
     assert len(everything) == 3 * len(hours) and all(item.recorded_reward is not None for item in everything)
 
-    def seen(items: list[ReplayItem]) -> list[tuple[str, float, float | None]]:
-        return [(item.key, item.ts, item.recorded_reward) for item in items]
-
     for limit in (1, 3, 10, 17, 18, 19, 30, 40, 53, 54, 55, 71, 72, 100):
         assert seen(load_items(tmp_path, limit=limit, source="traffic")) == seen(everything[-limit:]), limit
     end = hours[-1] + 3600
@@ -114,3 +115,23 @@ def test_a_day_recorded_partly_daily_and_partly_hourly_is_read_whole(tmp_path: P
         assert seen(recent) == seen([i for i in everything if i.ts >= end - since_h * 3600]), since_h
     tail = RecordingsTail(tmp_path, "traffic")  # the gate's reader
     assert sorted(tail.new_rows()["_seq"].to_list()) == list(range(1, 3 * len(hours) + 1))
+
+
+def test_a_request_recorded_twice_counts_once_towards_the_limit(tmp_path: Path) -> None:
+    """Each hour's first row re-records the previous hour's last request (published again once the bus's dedupe
+    window was over: a new sequence and publish time, in the next partition). The newest N are N distinct
+    requests, the same as reading everything and keeping the newest N."""
+    writer = ChannelWriter(tmp_path, "traffic")
+    seq = 0
+    for hour in range(HOURS):
+        start = HOUR + hour * 3600
+        requests = [(start + 60 * (i + 1), f"r{hour}-{i}") for i in range(5)]
+        again = [(start + 30, f"r{hour - 1}-4")] if hour else []
+        for at, rid in again + requests:
+            seq += 1
+            row = {"_seq": seq, "_id": rid, "_ts": at, "_source": "x", "request_id": rid, "prompt": rid, "text": "x"}
+            writer.write({seq: (at, [row])})
+    everything = load_items(tmp_path, source="traffic")
+    assert len(everything) == 5 * HOURS
+    for limit in range(1, 5 * HOURS + 2):
+        assert seen(load_items(tmp_path, limit=limit, source="traffic")) == seen(everything[-limit:]), limit
