@@ -59,7 +59,15 @@ def _run_dir_of(recordings: Path) -> Path | None:
     show_default=True,
     help="What to replay: users' requests (traffic), the task domains' training samples (scored), or both.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the newest N samples (of --from).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help=(
+        "Replay only the newest N samples (of --from). Default: every recorded sample — a service records every "
+        "training sample (scored), a week of them unless the recorder's retain_days.scored says otherwise."
+    ),
+)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
