@@ -60,12 +60,13 @@ class LearnerConfig(SpecModel):
     # every gain); null: eval_samples, at least 4, when sampled, 1 when greedy (greedy completions are all the same)
     eval_baseline_samples: int | None = Field(default=None, ge=1)
     # held-out rounds measure an exponential moving average of the weights (this decay per step, ramped in from the
-    #   start: ~1/(1 - decay) steps averaged) and the export at stop is that average: it damps the step-to-step noise
-    #   that made consecutive rounds swing (actors/learner/_average.py). The generators hold the average while they
-    #   decode a round (training samples of those seconds come from it, importance-weighted like any stale sample):
-    #   the learner publishes no other version until the round is scored or written off (a round due meanwhile waits
-    #   for it). null: rounds and export are the current weights, as always in sync mode
-    ema_decay: float | None = Field(default=0.98, gt=0, lt=1)
+    #   start: about the last tenth of the steps so far averaged, at most ~1/(1 - decay)) and the export at stop is
+    #   that average: it damps the step-to-step noise that made consecutive rounds swing (actors/learner/_average.py).
+    #   The generators hold the average while they decode a round (training samples of those seconds come from it,
+    #   importance-weighted like any stale sample): the learner publishes no other version until the round is scored
+    #   or written off (a round due meanwhile waits for it). null: rounds and export are the current weights, as
+    #   always in sync mode
+    ema_decay: float | None = Field(default=0.99, gt=0, lt=1)
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = Field(default=0.28, gt=0)  # PPO clip above ("clip-higher"): ratio <= 1 + clip_high
     iw_cap: float = Field(default=3.0, ge=1)  # truncation C of the importance weight proximal/behavior
