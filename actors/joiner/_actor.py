@@ -7,10 +7,12 @@ Contract:
   record comes. Both sides re-check the other after writing their own key, so a race between a request and
   its feedback cannot strand either.
 - Feedback is applied at most once per request: the first applied wins; repeats (a retried POST, a second
-  opinion) are counted (``feedback.repeat``) and acked. Feedback whose timestamp is more than ``window_s``
-  after its request's is counted as ``feedback.expired`` and not trained on. Feedback that waited ``window_s`` for a
-  request that never came (an id the gateway never served) stops waiting: it is removed and counted as
-  ``feedback.unmatched`` (by replica 0, a few seconds after its window).
+  opinion) are counted (``feedback.repeat``) and acked. Two replicas that join one request at the same moment (one
+  took the request, the other its feedback) publish one sample (same id) and count one join: the "applied" mark is
+  created, never overwritten, and only the replica that created it counts and scores the join.
+- Feedback whose timestamp is more than ``window_s`` after its request's is counted as ``feedback.expired`` and not
+  trained on. Feedback that waited ``window_s`` for a request that never came (an id the gateway never served) stops
+  waiting: it is removed and counted as ``feedback.unmatched`` (by replica 0, a few seconds after its window).
 - The joined sample is off-policy data: the completion's token ids, behavior logprobs and versions are the
   served ones; ``origin`` is ``review`` for labels from ``flywheel review``, else ``feedback``; the reward
   is the feedback's score (labels were mapped to scores by whoever published them, see
@@ -227,7 +229,10 @@ class JoinerActor(Actor[JoinerConfig]):
         reward = sample.completions[0].reward
         # the reward and domain let a restarted joiner refill its score windows (`_restore_scores`)
         applied = {"feedback": feedback.model_dump(mode="json"), "source": source, "reward": reward}
-        await self.state.put("feedback_applied", rid, orjson.dumps({**applied, "domain": sample.domain}))
+        if not await self.state.create("feedback_applied", rid, orjson.dumps({**applied, "domain": sample.domain})):
+            # another replica joined this request at the same moment (each found it unjoined): the sample went out
+            # once (same id), and the join is that replica's to count and score
+            return
         self.ctx.counters.inc("feedback.joined")
         self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
         self._score(reward, sample.domain)

@@ -14,7 +14,7 @@ import pytest
 from actors.joiner import selected_for_review
 from actors.joiner._actor import JoinerActor
 from actors.joiner._state import JoinState
-from actors.protocol import ScoredMsg, TrafficMsg
+from actors.protocol import FeedbackMsg, ScoredMsg, TrafficMsg
 from actors.testing import running_actor
 from tests.actors.recorder._support import feedback, traffic
 from topology import BusSpec, Spec, load_spec
@@ -39,12 +39,12 @@ def joiner_spec(tmp_path: Path, fields: str = "{}", name: str | None = None) -> 
 
 @asynccontextmanager
 async def running_joiner(
-    spec: Spec, server: EmbeddedNats, run_dir: Path, replica: int = 0
+    spec: Spec, server: EmbeddedNats, run_dir: Path, replica: int = 0, *, run: bool = True
 ) -> AsyncIterator[JoinerActor]:
     settings = BusSpec(ack_wait_s=2.0, max_deliver=10)
     async with (
         await Bus.connect(server.url, topology=spec.name, name=f"joiner-{replica}", settings=settings) as bus,
-        running_actor(JoinerActor, spec, "joiner", bus, run_dir, replica=replica) as actor,
+        running_actor(JoinerActor, spec, "joiner", bus, run_dir, replica=replica, run=run) as actor,
     ):
         yield actor
 
@@ -183,6 +183,29 @@ async def test_restarted_joiner_replicas_count_each_stored_request_and_join_once
                     if now["feedback.joined"] == 3 and now["traffic.stored"] == 4:
                         break
                     await anyio.sleep(0.05)
+
+
+async def test_two_replicas_joining_one_request_at_once_count_one_join(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """With ``replicas: 2``, one replica took a request while the other took its feedback, and each found it not
+    joined yet: both joined it. The sample went out once (same id), but both counted and scored the join, so the
+    summed ``feedback.joined`` read it twice. The replica whose "applied" mark came second counts nothing."""
+    spec = joiner_spec(tmp_path, "{replicas: 2}")
+    request = TrafficMsg.model_validate(traffic("r0"))
+    rating = FeedbackMsg.model_validate(feedback("r0", score=1.0))
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path, replica=0, run=False) as first,
+        running_joiner(spec, embedded_nats, tmp_path, replica=1, run=False) as second,
+    ):
+        for joiner in (first, second):  # each past its checks before the other marked the request applied
+            await joiner._join(request, rating, "user")
+        assert [j.ctx.counters.get("feedback.joined") for j in (first, second)] == [1, 0]
+        assert "feedback_score" not in second.ctx.counters.snapshot()
+        assert await first.state.count("feedback_applied") == 1
+        [sample] = await scored_messages(gw, 1)
+        assert sample.task_id == "r0"
 
 
 async def test_a_restarted_joiner_resumes_the_users_score_where_it_was(
