@@ -28,9 +28,11 @@ Contract:
 - The joined sample carries the verifier fields of its domain's task when the request asked one (its prompt, or a
   chat request's last user message, is a task of the domain: ``DomainSource.find``), so the recorded production
   rows can be re-scored by replay and the gate; ``{}`` otherwise.
-- Counters: ``feedback.joined`` / ``.early`` / ``.repeat`` / ``.expired``, ``traffic.stored`` (replica 0's start from
-  what the buckets hold: a restart counts on from the window's joins and requests; the other replicas' from 0, so
-  their sum counts each once), ``review.queued``,
+- Counters: ``traffic.stored`` and ``feedback.joined``: the requests stored and the feedback joined by every replica
+  in every life of the run, reported by replica 0 alone (the live view and status sum the replicas): the writes its
+  ``traffic`` and ``feedback_applied`` buckets ever took (``JoinState.written``), read at start, after each write of
+  its own and every few seconds for the other replicas'; ``feedback.early`` / ``.repeat`` / ``.expired``,
+  ``review.queued``,
   ``feedback_score`` and ``feedback_score.<domain>`` (mean score of the last 200 joined feedback events: the served
   answers' quality as users rate it; a restart refills them from the newest "applied" marks, which record each
   join's reward and domain — a domain with fewer than one join in ``_SCORE_SCAN`` resumes with a shorter window),
@@ -70,7 +72,7 @@ def selected_for_review(request_id: str, fraction: float) -> bool:
 
 _SCORE_WINDOW = 200  # joined feedback events in the running mean score
 _SCORE_SCAN = 4  # a restart refills the score windows from the newest _SCORE_SCAN × _SCORE_WINDOW joins
-_WAITING_EVERY_S = 5.0  # how often feedback_waiting is counted
+_COUNT_EVERY_S = 2.0  # how often replica 0 reads the buckets' totals (and ends the waits of unmatched feedback)
 
 
 def asked_texts(traffic: TrafficMsg) -> tuple[str, ...]:
@@ -125,15 +127,10 @@ class JoinerActor(Actor[JoinerConfig]):
 
     async def start(self) -> None:
         await self.state.open()
-        # a restarted (or resumed) joiner counts on from what its buckets hold — the join window's requests and
-        # joins — rather than from 0, which the live view read as "no feedback joined". The buckets are shared by
-        # all replicas and the live view sums the replicas' counters, so replica 0 alone takes the buckets' totals
-        # (the others count only what they store and join from now on): the sum is each entry once, not once per
-        # replica
+        # a restarted (or resumed) joiner counts on from what its buckets took rather than from 0, which the live
+        # view read as "no feedback joined"
         if self.ctx.replica == 0:
-            self.ctx.counters.set("feedback.joined", await self.state.count("feedback_applied"))
-            self.ctx.counters.set("traffic.stored", await self.state.count("traffic"))
-            self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
+            await self._count_buckets()
         await self._restore_scores()
         self._domains = await anyio.to_thread.run_sync(domains_from_spec, self.ctx.spec)
         self.ctx.log.info("joiner.ready", window_s=self.config.window_s, review_fraction=self.config.review_fraction)
@@ -169,8 +166,9 @@ class JoinerActor(Actor[JoinerConfig]):
     async def _on_traffic(self, delivery: Delivery[TrafficMsg]) -> None:
         traffic = delivery.payload
         rid = traffic.request_id
-        await self.state.put("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
-        self.ctx.counters.inc("traffic.stored")
+        self._written(
+            "traffic.stored", await self.state.put("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
+        )
         if selected_for_review(rid, self.config.review_fraction):
             await self.ctx.bus.publish(
                 self._review, "review", traffic.model_dump(mode="json"), id=f"review.{rid}", source=self._who()
@@ -229,11 +227,12 @@ class JoinerActor(Actor[JoinerConfig]):
         reward = sample.completions[0].reward
         # the reward and domain let a restarted joiner refill its score windows (`_restore_scores`)
         applied = {"feedback": feedback.model_dump(mode="json"), "source": source, "reward": reward}
-        if not await self.state.create("feedback_applied", rid, orjson.dumps({**applied, "domain": sample.domain})):
+        mark = await self.state.create("feedback_applied", rid, orjson.dumps({**applied, "domain": sample.domain}))
+        if mark is None:
             # another replica joined this request at the same moment (each found it unjoined): the sample went out
-            # once (same id), and the join is that replica's to count and score
+            # once (same id), and the join is that replica's to score
             return
-        self.ctx.counters.inc("feedback.joined")
+        self._written("feedback.joined", mark)
         self.ctx.counters.set("last_join_lag_s", round(max(0.0, feedback.ts - traffic.ts), 3))
         self._score(reward, sample.domain)
 
@@ -260,19 +259,33 @@ class JoinerActor(Actor[JoinerConfig]):
             except (ValueError, KeyError, TypeError):  # not a mark this joiner wrote: it says nothing about a score
                 continue
 
+    async def _count_buckets(self) -> None:
+        """Replica 0's counters of the buckets all replicas share (the live view sums the replicas, so one reports
+        them): the requests stored and the feedback joined by every replica in every life (the buckets' write
+        counts, kept by the server), the feedback waiting (a bucket's size) and the unmatched (a total written before
+        each removal it counts). None is this life's own count, so each is counted once whichever replicas restart,
+        crash or run meanwhile."""
+        for counter, bucket in (("traffic.stored", "traffic"), ("feedback.joined", "feedback_applied")):
+            self._written(counter, await self.state.written(bucket))
+        self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
+        self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
+
+    def _written(self, counter: str, seq: int) -> None:
+        """Replica 0 counts the bucket's writes up to ``seq``, every replica's (see :meth:`_count_buckets`)."""
+        if self.ctx.replica == 0:  # max: a read of the totals may land after a newer write of this replica
+            self.ctx.counters.set(counter, max(self.ctx.counters.get(counter), seq))
+
     async def _count_waiting(self) -> None:
-        """End the waits of unmatched feedback and count the rest (replica 0 alone, so each is counted once)."""
+        """End the waits of unmatched feedback and count the buckets (replica 0 alone, so each is counted once)."""
         while not self.ctx.stopping.is_set():
             try:
                 if self.ctx.replica == 0:
                     for request_id in await self.state.expire_unmatched():
                         self.ctx.log.info("joiner.unmatched", request_id=request_id, waited_s=self.config.window_s)
-                    self.ctx.counters.set("feedback.unmatched", self.state.unmatched)
-                    # the shared bucket's size, so one replica reports it (the live view sums the replicas)
-                    self.ctx.counters.set("feedback_waiting", await self.state.count("feedback_pending"))
+                    await self._count_buckets()
             except Exception:  # the bus is away: look next time
                 pass
-            with anyio.move_on_after(min(_WAITING_EVERY_S, self.config.window_s / 2)):  # before the TTL does
+            with anyio.move_on_after(min(_COUNT_EVERY_S, self.config.window_s / 2)):  # before the TTL does
                 await self.ctx.stopping.wait()
 
     def _who(self) -> str:

@@ -15,6 +15,10 @@ a joiner that was away for a whole window left behind:
 
 Keys are the request ids when they are valid KV keys, else ``h_<sha256 prefix>`` of them.
 
+``traffic`` and ``feedback_applied`` are written to and evicted from, never deleted from, so the writes each took —
+its stream's last sequence number, :meth:`JoinState.written` — are the requests stored and the joins made, by every
+replica in every life of the joiner, counted once by the server itself.
+
 Each bucket holds at most ``max_pending`` entries. A write that finds its bucket full evicts the oldest entry
 first — one whose window has not closed yet: feedback for an evicted request can no longer join (it waits, then
 expires), an evicted "applied" mark lets a repeat through — so every eviction is counted (``evicted[what]`` and the
@@ -32,6 +36,7 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import nats.js.errors as js_errors
 import orjson
@@ -49,6 +54,8 @@ _MAKE_ROOM_TRIES = 8  # evictions one write may need (other writers may take the
 _MARKER = "KV-Operation"  # header of a delete / purge marker (not an entry)
 _EXPIRE_PER_CALL = 1000  # unmatched feedback one call of expire_unmatched removes at most (the next call goes on)
 _UNMATCHED = "feedback_unmatched"  # the key of the unmatched total in the totals bucket
+
+T = TypeVar("T")
 
 
 def kv_key(request_id: str) -> str:
@@ -102,17 +109,16 @@ class JoinState:
             config.duplicate_window = min(config.duplicate_window or ttl_s, ttl_s)  # the server's rule
             await self._js.update_stream(config)
 
-    async def _with_room(self, what: str, write: Callable[[KeyValue], Awaitable[object]]) -> None:
-        """``write`` to the bucket, evicting its oldest entries while it is full."""
+    async def _with_room(self, what: str, write: Callable[[KeyValue], Awaitable[T]]) -> T:
+        """``write`` to the bucket (its result), evicting the bucket's oldest entries while it is full."""
         for _ in range(_MAKE_ROOM_TRIES):
             try:
-                await write(self._kv[what])
-                return
+                return await write(self._kv[what])
             except js_errors.APIError as exc:
                 if getattr(exc, "err_code", None) != _FULL:
                     raise
             await self._evict_oldest(what)
-        await write(self._kv[what])  # still full: let the error out (the caller naks and retries later)
+        return await write(self._kv[what])  # still full: let the error out (the caller naks and retries later)
 
     async def _evict_oldest(self, what: str) -> None:
         stream = f"KV_{self.names[what]}"
@@ -161,6 +167,15 @@ class JoinState:
         info = await self._bus.nc.jetstream().stream_info(f"KV_{self.names[what]}")
         return int(info.state.messages)
 
+    async def written(self, what: str) -> int:
+        """Writes one bucket ever took, by every replica in every life of the joiner: its stream's last sequence
+        number. Each :meth:`put` or :meth:`create` takes the next one, which stays taken when the entry is replaced,
+        expires or is evicted; a refused write (the bucket full, or a :meth:`create` that found a value) and
+        :meth:`delete` (a purge, not a marker) take none. The server keeps it, so no crash between a write and its
+        count can lose or double one."""
+        info = await self._js.stream_info(f"KV_{self.names[what]}")
+        return int(info.state.last_seq or 0)
+
     async def newest(self, what: str, limit: int) -> list[bytes]:
         """The values of up to ``limit`` of the bucket's newest entries, newest first (in the order they were
         written; delete markers skipped). Reads one entry at a time, back from the newest, and looks at no more
@@ -187,22 +202,23 @@ class JoinState:
             return None
         return entry.value
 
-    async def put(self, what: str, request_id: str, value: bytes) -> None:
+    async def put(self, what: str, request_id: str, value: bytes) -> int:
+        """Write the key; returns the write's sequence number in the bucket (see :meth:`written`)."""
         key = kv_key(request_id)
-        await self._with_room(what, lambda kv: kv.put(key, value))
+        return await self._with_room(what, lambda kv: kv.put(key, value))
 
-    async def create(self, what: str, request_id: str, value: bytes) -> bool:
-        """Put only if absent (or deleted); False when a value is there already."""
+    async def create(self, what: str, request_id: str, value: bytes) -> int | None:
+        """Put only if absent (or deleted): the write's sequence number in the bucket (see :meth:`written`); None
+        when a value is there already."""
         key = kv_key(request_id)
         try:
-            await self._with_room(what, lambda kv: kv.create(key, value))
+            return await self._with_room(what, lambda kv: kv.create(key, value))
         except js_errors.KeyWrongLastSequenceError:
-            return False
+            return None
         except js_errors.BadRequestError as exc:
             if "wrong last sequence" in str(exc).lower():
-                return False
+                return None
             raise
-        return True
 
     async def delete(self, what: str, request_id: str) -> None:
         """Remove the key and its history without a delete marker: a KV delete leaves a marker message that stays in

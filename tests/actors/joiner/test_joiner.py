@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import TaskStatus
 
 from actors.joiner import selected_for_review
 from actors.joiner._actor import JoinerActor
@@ -208,6 +209,87 @@ async def test_two_replicas_joining_one_request_at_once_count_one_join(
         assert sample.task_id == "r0"
 
 
+async def test_joiner_replicas_restarted_one_at_a_time_count_each_stored_request_and_join_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """With ``replicas: 2``, replica 0 restarted alone took the buckets' totals again, and those held what replica 1
+    had stored and joined in its current life, which replica 1's counters held too: the summed figures read those
+    twice until replica 1 restarted as well; replica 1 restarted alone dropped what it had counted. Whichever replica
+    restarts, alone or with the other, the sum counts each stored request and each join once."""
+    spec = joiner_spec(tmp_path, "{replicas: 2}")
+    counted = ("traffic.stored", "feedback.joined", "feedback_waiting")
+    lives: dict[int, tuple[JoinerActor, anyio.Event, anyio.Event]] = {}  # replica → (actor, stop it, it stopped)
+    served = 0  # requests served, each rated once
+
+    async def life(replica: int, *, task_status: TaskStatus[JoinerActor]) -> None:
+        stop, stopped = anyio.Event(), anyio.Event()
+        try:
+            async with running_joiner(spec, embedded_nats, tmp_path, replica) as joiner:
+                lives[replica] = (joiner, stop, stopped)
+                task_status.started(joiner)
+                await stop.wait()
+        finally:
+            stopped.set()
+
+    async def stop(replica: int) -> None:
+        _, stop, stopped = lives.pop(replica)
+        stop.set()
+        await stopped.wait()
+
+    async def served_and_rated(n: int) -> None:
+        """``n`` more requests, each rated; returns when the buckets hold them all (whichever replica took them)."""
+        nonlocal served
+        for i in range(served, served + n):
+            await gw.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
+            await gw.publish("feedback", "feedback", feedback(f"r{i}", score=1.0), id=f"f{i}")
+        served += n
+        state = next(iter(lives.values()))[0].state
+        with anyio.fail_after(10):
+            for _ in iter(int, 1):  # the buckets, polled: which replica takes what is the bus's choice
+                if await state.count("traffic") >= served and await state.count("feedback_applied") >= served:
+                    break
+                await anyio.sleep(0.05)
+
+    async def summed_settles() -> None:
+        """The replicas' counters summed, as the live view does, reach the true figures (both replicas running)."""
+        want = {"traffic.stored": served, "feedback.joined": served, "feedback_waiting": 1}
+        now: dict[str, float] = {}
+        with anyio.move_on_after(10):  # replica 0 reads the buckets' totals every few seconds
+            while now != want:
+                now = {name: sum(j.ctx.counters.get(name) for j, _, _ in lives.values()) for name in counted}
+                await anyio.sleep(0.05)
+        assert now == want
+
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        anyio.create_task_group() as tg,
+    ):
+        await gw.publish("feedback", "feedback", feedback("never-served", score=1.0), id="f-never")  # waits
+        for replica in (0, 1):
+            await tg.start(life, replica)
+        await served_and_rated(3)
+        await summed_settles()
+        await stop(0)  # replica 0 alone: replica 1 stores and joins meanwhile, then both
+        await served_and_rated(2)
+        await tg.start(life, 0)
+        await served_and_rated(2)
+        await summed_settles()
+        await stop(1)  # replica 1 alone
+        await served_and_rated(2)
+        await tg.start(life, 1)
+        await served_and_rated(2)
+        await summed_settles()
+        for replica in (0, 1):  # both, as `up --resume` does
+            await stop(replica)
+        for replica in (1, 0):
+            await tg.start(life, replica)
+        await summed_settles()
+        await served_and_rated(2)
+        await summed_settles()
+        for replica in (0, 1):
+            await stop(replica)
+
+
 async def test_a_restarted_joiner_resumes_the_users_score_where_it_was(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
@@ -327,6 +409,7 @@ async def test_a_full_bucket_evicts_its_oldest_and_counts_it(embedded_nats: Embe
             await producer.publish("traffic", "traffic", traffic(f"r{i}"), id=f"t{i}")
         await until(actor, "traffic.stored", 8)
         assert actor.ctx.counters.get("traffic.evicted") == 3 and actor.report()["traffic.evicted"] == 3
+        assert actor.ctx.counters.get("traffic.stored") == 8  # the writes the full bucket refused count no request
         assert [await actor.state.get("traffic", f"r{i}") is None for i in range(8)] == [True] * 3 + [False] * 5
         await producer.publish("feedback", "feedback", feedback("r7", score=1.0), id="f7")
         await until(actor, "feedback.joined", 1)
