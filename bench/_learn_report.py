@@ -201,9 +201,10 @@ def print_rollout_fall(results: dict[str, dict[str, Any]], *, settled_s: float, 
             f"rollouts: the learner's running accuracy (each step's, over a domain's last {ROLLOUT_WINDOW} groups) "
             f"averaged over {window_steps} steps; the fall is from the highest such mean since the "
             f"{settled_s:.0f}-s mark (the first minute's peak does not count, as in the rounds' spread) to the lowest "
-            "after it; s since the post-warm-start round. A fall the rounds show too is the policy's. The running "
-            "accuracy can also swing on its own (by 10-20 points within seconds on the embedded default's three "
-            "domains, the rounds climbing meanwhile): read it beside the rounds, not alone"
+            "after it; s since the post-warm-start round. A fall the rounds show too is the policy's. Chance moves it "
+            f"too: a group is mostly all right or all wrong, so {ROLLOUT_WINDOW} groups are few, and where a domain "
+            "has few groups a step (the embedded default's three domains) chance alone makes falls of 10-20 points: "
+            "read it beside the rounds, not alone"
         )
 
 

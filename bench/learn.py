@@ -38,8 +38,8 @@ round's completions) and how many pairs moved by more: the part of a swing that 
 largest fall of the training rollouts' accuracy after the first minute (``rollout_fall``: the learner's running
 accuracy averaged over ``FALL_WINDOW_STEPS`` steps, from its peak since the minute to its trough, and when): rounds
 come every ``eval_every_steps`` and may measure the weights' average, the rollouts follow the policy that trains
-step by step, so a regression of that policy shows in both (the running accuracy also swings on its own where a
-domain's groups reach the learner unevenly, as on the embedded default's three domains). ``--learner
+step by step, so a regression of that policy shows in both (chance moves the running accuracy too, by 10-20 points
+where a domain has few groups a step, as on the embedded default's three domains). ``--learner
 KEY=VALUE`` overrides a learner setting in every variant (e.g. ``--learner lr=5e-5``), so a setting can be measured
 without editing the spec.
 
@@ -399,8 +399,9 @@ def rollout_fall(
     fewer than ``window`` rows past the mark is left out.
 
     The held-out rounds come every ``eval_every_steps`` and may measure the weights' average; this follows the policy
-    that trains, step by step, so a fall the rounds show too is the policy's. The running accuracy can also swing on
-    its own where a domain's groups reach the learner unevenly (the embedded default's three domains)."""
+    that trains, step by step, so a fall the rounds show too is the policy's. Chance moves it too: a group is mostly
+    all right or all wrong, and where a domain has few groups a step (the embedded default's three domains) a
+    window of them is few groups."""
     if not len(steps):
         return {}
     steps = steps.sort("ts")
