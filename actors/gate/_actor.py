@@ -2,14 +2,14 @@
 serving version whose live feedback drops.
 
 Contract:
-- Watches the weights bucket's ``current`` key. For the newest version not yet decided, the gate first takes its
-  own copy of it (``hold``: the learner's stores may prune ``vN`` at any time, never the gate's copy), then: with
-  nothing serving yet it is promoted unconditionally; otherwise the newest ``max_samples`` scorable samples
-  recorded within ``recent_window_s`` (``replay_from``: users' requests, scored by their domain's verifier, and/or
-  the domains' training samples) are replayed (the same :class:`~actors.replay.Replayer` as ``flywheel replay``,
-  same seed for every side) with the candidate, the serving version and the best version served so far, and
-  ``actors.replay.decide`` promotes, rejects (a drop beyond ``threshold`` against either) or holds (without enough
-  evidence).
+- Watches the weights bucket's ``current`` key. For the newest version not yet decided, the gate first takes its own
+  copy of it (``hold``: the learner's stores may prune ``vN`` at any time, never the gate's copy), then: with nothing
+  serving yet it is promoted unconditionally; otherwise the newest ``max_samples`` scorable samples recorded within
+  ``recent_window_s`` (``replay_from``: users' requests, scored by their domain's verifier, and/or the domains'
+  training samples; a request recorded twice counts once) are replayed (the same :class:`~actors.replay.Replayer` as
+  ``flywheel replay``, same seed for every side) with the candidate, the serving version and the best version served
+  so far, and ``actors.replay.decide`` promotes, rejects (a drop beyond ``threshold`` against either) or holds
+  (without enough evidence).
 - The best version served so far (the champion) is the first promoted version, then any promoted version whose
   replayed mean reward was at least the champion's on the same samples; it stays pinned. So the serving version
   is always within ``threshold`` of it, and it never goes down: a chain of slightly worse versions cannot
@@ -368,7 +368,7 @@ class GateActor(Actor[GateConfig]):
         """The newest ``max_samples`` scorable samples recorded within ``recent_window_s`` (see ``replay_from``)."""
         await self.refresh()
         horizon = time.time() - self.config.recent_window_s
-        fresh = {name: [i for i in pool if i.ts >= horizon] for name, pool in self._items.items()}
+        fresh = {name: _newest_each([i for i in pool if i.ts >= horizon]) for name, pool in self._items.items()}
         wanted = self.config.max_samples
         if self.config.replay_from == "traffic":
             chosen = fresh["traffic"][-wanted:]
@@ -482,6 +482,14 @@ class GateActor(Actor[GateConfig]):
         counters.set("last_decision_ts", round(float(entry.get("ts", time.time())), 3))
         if not quiet:
             self.ctx.log.info("gate.decided", action=entry["action"], version=entry["version"], reason=entry["reason"])
+
+
+def _newest_each(items: list[ReplayItem]) -> list[ReplayItem]:
+    """One item per key, the one added last, in the order they were added. A request published again once the bus's
+    dedupe window was over is recorded twice, and a later refresh reads its second row: replayed twice, it would
+    weigh twice in a decision (the replay keeps a request's newest row too, ``items_from_traffic``)."""
+    last = {item.key: n for n, item in enumerate(items)}
+    return [item for n, item in enumerate(items) if last[item.key] == n]
 
 
 def _at_least(value: float | None, other: float | None) -> bool:

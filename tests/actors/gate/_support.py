@@ -57,13 +57,19 @@ async def expected_answers(spec: Spec) -> dict[str, str]:
 
 
 def record_traffic(
-    run_dir: Path, requests: Sequence[tuple[str, int, float | None]], *, first_seq: int = 1, domain: str = "users"
+    run_dir: Path,
+    requests: Sequence[tuple[str, int, float | None]],
+    *,
+    first_seq: int = 1,
+    domain: str = "users",
+    ids: Sequence[str] | None = None,
 ) -> None:
-    """Traffic rows (prompt, served version, feedback score or None) as the recorder writes them, with feedback."""
+    """Traffic rows (prompt, served version, feedback score or None) as the recorder writes them, with feedback;
+    ``ids``: the requests' ids (default: new ones)."""
     now = time.time()
     traffic, feedback = {}, {}
     for seq, (prompt, version, score) in enumerate(requests, start=first_seq):
-        rid = f"fw-{uuid.uuid4().hex}"
+        rid = f"fw-{uuid.uuid4().hex}" if ids is None else ids[seq - first_seq]
         payload = {
             "request_id": rid,
             "ts": now,

@@ -79,3 +79,22 @@ async def test_a_restarted_gate_keeps_its_champion(embedded_nats: EmbeddedNats, 
         assert rig.gate.best is not None and rig.gate.best.version == 2 and rig.gate.decided == 3
         again = await rig.gate.consider(await rig.publish(4, bad))
         assert again is not None and again["action"] == "reject" and "best served v2" in again["reason"]
+
+
+async def test_a_request_recorded_again_after_a_refresh_is_replayed_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    spec = gate_spec(tmp_path, "{min_samples: 8, greedy: true, replay_from: traffic}")
+    run_dir = tmp_path / "run"
+    ids = [f"fw-again-{i}" for i in range(len(PROMPTS))]
+    record_traffic(run_dir, [(p, 1, None) for p in PROMPTS], ids=ids)
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        first = await rig.gate.recent_items()
+        assert sorted(item.key for item in first) == sorted(ids)
+        # the gateway published one request again once the bus's dedupe window was over: the recorder wrote it a
+        # second time, and the gate reads that row in a later refresh
+        record_traffic(run_dir, [(PROMPTS[0], 1, None)], ids=ids[:1], first_seq=len(PROMPTS) + 1)
+        again = await rig.gate.recent_items()
+    assert sorted(item.key for item in again) == sorted(ids)  # each request once: it would weigh twice in a decision
+    newest = next(item for item in again if item.key == ids[0])
+    assert newest.ts == max(item.ts for item in again)  # the newer row is the one kept, as the replay keeps it
