@@ -193,7 +193,7 @@ class JoinerActor(Actor[JoinerConfig]):
         stored = await self.state.get("traffic", rid)
         if stored is None:
             record = orjson.dumps({"feedback": feedback.model_dump(mode="json"), "source": source})
-            if not await self.state.create("feedback_pending", rid, record):
+            if await self.state.create("feedback_pending", rid, record) is None:
                 self.ctx.counters.inc("feedback.repeat")
                 await delivery.ack()
                 return
