@@ -166,9 +166,11 @@ class JoinerActor(Actor[JoinerConfig]):
     async def _on_traffic(self, delivery: Delivery[TrafficMsg]) -> None:
         traffic = delivery.payload
         rid = traffic.request_id
-        self._written(
-            "traffic.stored", await self.state.put("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
-        )
+        # create, not put: a request stored already (this delivery again after a write whose ack was lost, or the
+        # gateway's record published again) takes no second write, so the bucket's write count holds it once
+        stored = await self.state.create("traffic", rid, orjson.dumps(traffic.model_dump(mode="json")))
+        if stored is not None:
+            self._written("traffic.stored", stored)
         if selected_for_review(rid, self.config.review_fraction):
             await self.ctx.bus.publish(
                 self._review, "review", traffic.model_dump(mode="json"), id=f"review.{rid}", source=self._who()

@@ -15,7 +15,8 @@ a joiner that was away for a whole window left behind:
 
 Keys are the request ids when they are valid KV keys, else ``h_<sha256 prefix>`` of them.
 
-``traffic`` and ``feedback_applied`` are written to and evicted from, never deleted from, so the writes each took —
+``traffic`` and ``feedback_applied`` are written to (by ``create``: a request or a join written again, a redelivery
+after a write whose ack was lost, takes no second write) and evicted from, never deleted from, so the writes each took —
 its stream's last sequence number, :meth:`JoinState.written` — are the requests stored and the joins made, by every
 replica in every life of the joiner, counted once by the server itself.
 

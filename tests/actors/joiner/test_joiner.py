@@ -334,6 +334,33 @@ async def test_the_newest_entries_of_a_bucket_read_back_newest_first_past_gaps(
         assert await state.newest("feedback_applied", 100) == [b"v5", b"v3", b"v2", b"v1", b"v0"]
 
 
+async def test_a_request_delivered_again_is_stored_and_counted_once(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The same request twice (new bus ids: the gateway's record published again after the dedupe window, or the
+    joiner's own redelivery after a KV write whose ack was lost): one write in the bucket, ``traffic.stored`` counts it
+    once, the first record kept."""
+    spec = joiner_spec(tmp_path)
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path) as joiner,
+    ):
+        await gw.publish("traffic", "traffic", traffic("r", text="42"), id="t-a")
+        await gw.publish("traffic", "traffic", traffic("r", text="43"), id="t-b")
+        await gw.publish("traffic", "traffic", traffic("s"), id="t-s")
+        js = gw.nc.jetstream()
+        with anyio.fail_after(10):  # every delivery handled and acked (they are handled one at a time, in order)
+            while True:
+                info = await js.consumer_info(gw.stream("traffic"), "joiner")
+                if info.delivered.stream_seq == 3 and not info.num_ack_pending and not info.num_pending:
+                    break
+                await anyio.sleep(0.02)
+        assert joiner.ctx.counters.get("traffic.stored") == 2
+        assert await joiner.state.written("traffic") == 2
+        stored = await joiner.state.get("traffic", "r")
+        assert stored is not None and TrafficMsg.model_validate_json(stored).completion.text == "42"
+
+
 async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
