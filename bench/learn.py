@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from actors.learner import LearnerConfig  # noqa: E402
 from actors.learner._samples import REWARD_WINDOW as ROLLOUT_WINDOW  # noqa: E402  # the learner's accuracy window
 from actors.protocol import policy_of  # noqa: E402
 from bench._common import RESULTS_DIR, percentile, write_results  # noqa: E402
@@ -512,7 +513,10 @@ def main() -> None:
     # --quick shortens a warm start the spec would run; it never adds one (an hf: model starts as given)
     quick = _merge(_QUICK, {"policy": {"warm_start": {"steps": min(60, policy_of(base).warm_start_steps)}}})
     common = {"actors": {"learner": learner_overrides(args.learner)}} if args.learner else {}
-    spec_temperatures = base.actors["learner"].config.eval_temperatures if "learner" in base.actors else (0.0,)
+    learner = base.actors.get("learner")
+    spec_temperatures = (
+        learner.config.eval_temperatures if learner and isinstance(learner.config, LearnerConfig) else (0.0,)
+    )
     headline = spec_temperatures[0]
     if args.decodings == "both":
         both = (*spec_temperatures, *(t for t in (0.0, 1.0) if t not in spec_temperatures))
