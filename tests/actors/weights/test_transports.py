@@ -224,26 +224,40 @@ async def test_a_subscriber_slower_than_the_publisher_skips_to_the_newest_versio
     assert subscriber.rejected == 0, subscriber.last_error
 
 
-async def test_reading_an_object_deleted_mid_read_fails_instead_of_hanging(bus: Bus) -> None:
+async def test_reading_an_object_deleted_mid_read_fails_instead_of_hanging(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """nats-py waits forever for the remaining chunks of an object deleted while it is read; the bus gives up once
-    no chunk has come for ``stall_s`` (a lagging generator reading a version the learner just pruned)."""
+    no chunk has come for ``stall_s`` (a lagging generator reading a version the learner just pruned).
+
+    The delete lands after the read's first pull of chunks and before its second, by construction: deleting after a
+    fixed sleep raced the read, since on a quiet machine the server sends the whole 48 MiB in less time than the
+    sleep, and a read that got every chunk before the delete rightly returns the object."""
+    from nats.js.client import JetStreamContext
+
     from topology.bus import BusError
 
-    blob = bytes(range(256)) * (48 * 4096)  # 48 MiB: 48 chunks, a read that lasts well past the delete
+    blob = bytes(range(256)) * (48 * 4096)  # 48 MiB: 48 chunks, pulled 16 at a time
     await bus.object_put("weights_pruned", "v1", blob)
     outcome: list[object] = []
+    pulls: list[int] = []
+    fetch = JetStreamContext.PullSubscription.fetch
 
-    async def read() -> None:
+    async def fetch_then_delete(self: JetStreamContext.PullSubscription, *args: object, **kwargs: object) -> object:
+        messages = await fetch(self, *args, **kwargs)  # type: ignore[arg-type]
+        pulls.append(len(messages))
+        if len(pulls) == 1:  # the first chunks are in: the learner prunes the version now
+            await bus.object_delete("weights_pruned", "v1")
+        return messages
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", fetch_then_delete)
+
+    with anyio.fail_after(20):
         try:
             outcome.append(len(await bus.object_get("weights_pruned", "v1", stall_s=1.0)))
         except BusError as exc:
             outcome.append(exc)
-
-    with anyio.fail_after(20):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            await anyio.sleep(0.05)  # the read has started
-            await bus.object_delete("weights_pruned", "v1")
+    assert pulls[0] == 16, pulls  # the delete came with 32 chunks still on the server
     assert len(outcome) == 1
     assert isinstance(outcome[0], BusError), outcome  # not the whole object, and not a hang
     assert "stalled" in str(outcome[0]) or "not found" in str(outcome[0]), outcome
