@@ -27,7 +27,9 @@ Limits: a group per version costs one TCPStore plus one gloo/NCCL communicator s
 on a LAN, up to seconds for NCCL) — publish every few seconds or slower. ``join_by`` compares wall clocks
 across machines (keep them NTP-synced). SGLang/vLLM generators are not members: their servers join a
 trainer's group through their own HTTP API (``DistributedWeights`` in ``actors.generator``). A member that
-dies mid-broadcast fails that version for everyone. The free port is picked by binding port 0 then closing
+dies mid-broadcast fails that version for everyone; the learner sees it at once, but a surviving member can stay in
+that version's group until its ``join_by``, so the next version (which waits for it) may take up to
+``join_timeout_s`` longer. The free port is picked by binding port 0 then closing
 it (a race with another process is possible and shows as one failed version).
 """
 

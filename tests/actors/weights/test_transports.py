@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -231,8 +232,8 @@ async def test_reading_an_object_deleted_mid_read_fails_instead_of_hanging(
     no chunk has come for ``stall_s`` (a lagging generator reading a version the learner just pruned).
 
     The delete lands after the read's first pull of chunks and before its second, by construction: deleting after a
-    fixed sleep raced the read, since on a quiet machine the server sends the whole 48 MiB in less time than the
-    sleep, and a read that got every chunk before the delete rightly returns the object."""
+    fixed sleep raced the read (the delete could reach the server after the read's last pull had been served), and a
+    read that got every chunk before the delete rightly returns the object."""
     from nats.js.client import JetStreamContext
 
     from topology.bus import BusError
@@ -243,8 +244,8 @@ async def test_reading_an_object_deleted_mid_read_fails_instead_of_hanging(
     pulls: list[int] = []
     fetch = JetStreamContext.PullSubscription.fetch
 
-    async def fetch_then_delete(self: JetStreamContext.PullSubscription, *args: object, **kwargs: object) -> object:
-        messages = await fetch(self, *args, **kwargs)  # type: ignore[arg-type]
+    async def fetch_then_delete(self: JetStreamContext.PullSubscription, *args: Any, **kwargs: Any) -> Any:
+        messages = await fetch(self, *args, **kwargs)
         pulls.append(len(messages))
         if len(pulls) == 1:  # the first chunks are in: the learner prunes the version now
             await bus.object_delete("weights_pruned", "v1")
