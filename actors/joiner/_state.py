@@ -170,10 +170,9 @@ class JoinState:
 
     async def written(self, what: str) -> int:
         """Writes one bucket ever took, by every replica in every life of the joiner: its stream's last sequence
-        number. Each :meth:`put` or :meth:`create` takes the next one, which stays taken when the entry is replaced,
-        expires or is evicted; a refused write (the bucket full, or a :meth:`create` that found a value) and
-        :meth:`delete` (a purge, not a marker) take none. The server keeps it, so no crash between a write and its
-        count can lose or double one."""
+        number. Each :meth:`create` takes the next one, which stays taken when the entry expires or is evicted; a
+        refused write (the bucket full, or a value there already) and :meth:`delete` (a purge, not a marker) take
+        none. The server keeps it, so no crash between a write and its count can lose or double one."""
         info = await self._js.stream_info(f"KV_{self.names[what]}")
         return int(info.state.last_seq or 0)
 
@@ -202,11 +201,6 @@ class JoinState:
         except (js_errors.KeyNotFoundError, js_errors.KeyDeletedError):
             return None
         return entry.value
-
-    async def put(self, what: str, request_id: str, value: bytes) -> int:
-        """Write the key; returns the write's sequence number in the bucket (see :meth:`written`)."""
-        key = kv_key(request_id)
-        return await self._with_room(what, lambda kv: kv.put(key, value))
 
     async def create(self, what: str, request_id: str, value: bytes) -> int | None:
         """Put only if absent (or deleted): the write's sequence number in the bucket (see :meth:`written`); None

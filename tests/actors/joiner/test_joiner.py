@@ -328,7 +328,7 @@ async def test_the_newest_entries_of_a_bucket_read_back_newest_first_past_gaps(
         state = JoinState(bus, spec.name, window_s=DAY, max_pending=100)
         await state.open()
         for i in range(6):
-            await state.put("feedback_applied", f"r{i}", f"v{i}".encode())
+            await state.create("feedback_applied", f"r{i}", f"v{i}".encode())
         await state.delete("feedback_applied", "r4")  # a gap among the newest
         assert await state.newest("feedback_applied", 3) == [b"v5", b"v3", b"v2"]
         assert await state.newest("feedback_applied", 100) == [b"v5", b"v3", b"v2", b"v1", b"v0"]
