@@ -79,6 +79,11 @@ def advertise_address(bus_url: str) -> str:
         return str(probe.getsockname()[0])
 
 
+def join_timeout_s() -> float:
+    """How long a version's group waits for its members (``FLYWHEEL_WEIGHTS_JOIN_TIMEOUT_S``, default 30 s)."""
+    return float(os.environ.get("FLYWHEEL_WEIGHTS_JOIN_TIMEOUT_S", "30"))
+
+
 def _free_port(address: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
@@ -103,7 +108,7 @@ class DistributedTransport:
 
     @classmethod
     def for_context(cls, ctx: ActorContext) -> DistributedTransport:
-        return cls(ctx, join_timeout_s=float(os.environ.get("FLYWHEEL_WEIGHTS_JOIN_TIMEOUT_S", "30")))
+        return cls(ctx, join_timeout_s=join_timeout_s())
 
     # ------------------------------------------------------------------ sender (the learner, rank 0)
     async def put(self, version: int, state_dict: StateDict) -> WeightManifest:
