@@ -120,7 +120,12 @@ class Intake:
         self.policy, self.sample_maker, self.metrics = policy, sample_maker, metrics
 
     async def on_delivery(self, delivery: Delivery[ScoredMsg], version: int, step: int) -> None:
-        """Take in one training group (``version``, ``step``: the learner's now)."""
+        """Take in one training group (``version``, ``step``: the learner's now), then report the groups' outcomes
+        to the sources when a report is due (after the group is wherever it goes: the report may yield)."""
+        await self.take(delivery, version, step)
+        await self.sample_maker.outcomes.flush_due()
+
+    async def take(self, delivery: Delivery[ScoredMsg], version: int, step: int) -> None:
         counters, msg, mid = self.ctx.counters, delivery.payload, delivery.id
         if mid in self.unacked:  # redelivered while waiting for its checkpoint: keep the fresh delivery
             self.unacked[mid] = delivery

@@ -12,6 +12,7 @@ Contract (:meth:`SampleMaker.make`):
   ``no_signal_other`` per domain).
 - A row with no tokens, or that with its prompt does not fit the policy's context, is left out
   (``too_long_skipped``): the group's other rows still train.
+- Every domain group's outcome (signal or not) is noted in ``outcomes`` (``_outcomes``) for the sources that drew it.
 
 Non-goals: which groups reach it (staleness, verifier errors, duplicates: the intake), the loss (``_loss``).
 """
@@ -22,6 +23,7 @@ from collections import deque
 
 from actors.learner._advantages import AdvantageEstimator
 from actors.learner._config import LearnerConfig
+from actors.learner._outcomes import OutcomeReporter
 from actors.learner._trainer import TrainSample
 from actors.policy import Policy, encode_completion
 from actors.protocol import CORRECT, ScoredMsg, domains_of
@@ -39,6 +41,7 @@ class SampleMaker:
         self.ctx, self.config, self.policy, self.estimator = ctx, config, policy, estimator
         self.rewards: dict[str, deque[tuple[float, float]]] = {}  # (mean reward, accuracy) of a domain's last groups
         self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
+        self.outcomes = OutcomeReporter(ctx)
 
     def make(self, msg: ScoredMsg) -> list[TrainSample] | None:
         """The group's samples (empty when every row is too long); None when it has no signal."""
@@ -55,6 +58,7 @@ class SampleMaker:
         else:
             advantages = self.estimator.group(msg.domain, rewards)
         self.ctx.counters.set("groups_skipped", self.estimator.groups_skipped)
+        self.outcomes.add(msg.task_id, msg.origin, settled=advantages is None)
         if advantages is None:
             return None
         if guide is not None:

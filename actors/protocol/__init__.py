@@ -56,8 +56,10 @@ from actors.protocol._spec import count_removed_domain as count_removed_domain
 from actors.protocol._spec import domains_of as domains_of
 from actors.protocol._spec import failed_groups_of as failed_groups_of
 from actors.protocol._spec import policy_of as policy_of
+from actors.protocol._status import TASK_OUTCOMES as TASK_OUTCOMES
 from actors.protocol._status import LearnerPace as LearnerPace
 from actors.protocol._status import LearnerStatus as LearnerStatus
+from actors.protocol._status import TaskOutcomes as TaskOutcomes
 from topology import lazy_exports
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ __all__ = [
     "SERVE_PROTOCOL_VERSION",
     "SERVE_QUEUE",
     "SERVING",
+    "TASK_OUTCOMES",
     "VERIFIER_ERROR",
     "CompletionRecord",
     "DomainSpec",
@@ -116,6 +119,7 @@ __all__ = [
     "ScoredMsg",
     "ServesUsers",
     "SyncsWeights",
+    "TaskOutcomes",
     "TrafficMsg",
     "WarmStartSpec",
     "cancel_subject",

@@ -11,6 +11,12 @@ A source with ``max_in_flight`` bounds the training groups anywhere between itse
   cadence, staleness limit, sync or async mode). A learner kind's config model satisfies it; a feeder checks
   ``isinstance(config, LearnerPace)`` instead of reading fields by name.
 
+A third steers what a source draws rather than how much: `TaskOutcomes`, published by a learner on the core NATS
+subject `TASK_OUTCOMES` (``fw.<topology>.eph.<TASK_OUTCOMES>``), says which training tasks' latest groups carried
+signal and which were settled (every completion the same reward: solved, or failed, by all). A source passes over
+settled tasks now and then (its ``skip_no_signal``): a group that teaches nothing costs as much to generate and
+verify as one that does. It is a hint: a report lost while the bus is away only costs generation.
+
 Non-goals: anything a feeder does not steer by (the learner's other counters are for people and dashboards).
 """
 
@@ -21,7 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["LearnerPace", "LearnerStatus"]
+__all__ = ["TASK_OUTCOMES", "LearnerPace", "LearnerStatus", "TaskOutcomes"]
+
+TASK_OUTCOMES = "learner.task_outcomes"  # the ephemeral subject suffix `TaskOutcomes` travel on
 
 
 class LearnerStatus(BaseModel):
@@ -53,3 +61,14 @@ class LearnerPace(Protocol):
     publish_every_steps: int  # steps between weight versions
     max_staleness: int  # versions a sample may lag before the learner drops it
     mode: str  # "async", or "sync": one batch per version
+
+
+class TaskOutcomes(BaseModel):
+    """Training tasks whose latest group a learner took in, by whether it carried signal (ids as the source drew
+    them: `PromptMsg.task_id`); a task in both lists had groups of both kinds since the previous report, and the
+    later one decides (``signal`` wins: the learner does not order them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    settled: list[str] = []  # every completion of the group got the same reward (no failed-group reference trained)
+    signal: list[str] = []  # rewards differed within the group (or a failed group's reference was trained)

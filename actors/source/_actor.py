@@ -24,6 +24,12 @@ Contract:
   learner is slower than its generators from sampling groups that would only go stale: they are simply never
   drawn.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
+- Settled tasks (`skip_no_signal`, 0.5 by default): the actor listens to the learners' `TaskOutcomes` (core NATS,
+  `TASK_OUTCOMES`) and passes over a drawn task whose latest groups carried no signal as `_settled` decides, drawing
+  another task of the same domain instead (so the domains' weights hold), at most `_REDRAWS` times per prompt (then
+  the last one drawn goes). Passed-over draws are counted in ``passed_over.<domain>``; a report that is not a
+  `TaskOutcomes` is counted in ``task_outcomes_malformed`` and ignored. Without reports (no learner yet, the bus
+  away) every draw goes as the domain's source made it.
 
 - Sync mode: when the topology's learner has `mode: sync`, the source does not run ahead of the learner: it
   publishes exactly `batch_size / group_size` prompts (rounded up) per weights version — once when a new
@@ -50,10 +56,22 @@ from typing import Any
 import anyio
 import nats.js.errors as js_errors
 import orjson
+import pydantic
+from nats.aio.msg import Msg
 
-from actors.domains import DomainSampler, domains_from_spec
-from actors.protocol import LearnerPace, LearnerStatus, PromptMsg, served_key, weights_bucket
+from actors.domains import Domain, DomainSampler, Task, domains_from_spec
+from actors.protocol import (
+    TASK_OUTCOMES,
+    LearnerPace,
+    LearnerStatus,
+    PromptMsg,
+    TaskOutcomes,
+    served_key,
+    weights_bucket,
+)
 from actors.source._config import SourceConfig
+from actors.source._settled import SettledTasks
+from topology import ephemeral_subject
 from topology.bus import BUS_AWAY, new_id
 from topology.runtime import Actor
 
@@ -66,6 +84,7 @@ _POLL_S = 0.05  # how often a blocked source looks downstream again (each look c
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
 _BUS_RETRY_S = 0.5  # how often a source whose bus is away looks again
+_REDRAWS = 8  # most tasks passed over for one prompt (a domain whose every task is settled still gets prompts)
 
 
 class SourceActor(Actor[SourceConfig]):
@@ -80,6 +99,9 @@ class SourceActor(Actor[SourceConfig]):
         self.sampler = DomainSampler(
             domains_from_spec(ctx.spec, self.config.domains), random.Random(self.config.seed + ctx.replica)
         )
+        self.settled = SettledTasks(self.config.skip_no_signal, self.sampler.rng)
+        if self.config.skip_no_signal:
+            await ctx.bus.nc.subscribe(ephemeral_subject(ctx.topology, TASK_OUTCOMES), cb=self.on_outcomes)
         self.channel = ctx.output_channel("prompts")
         self._js = ctx.bus.nc.jetstream()
         self._stream = ctx.bus.stream(self.channel)
@@ -93,8 +115,28 @@ class SourceActor(Actor[SourceConfig]):
             domains={name: d.source.source for name, d in self.sampler.domains.items()},
             max_pending=self.config.max_pending,
             max_in_flight=self.max_in_flight,
+            skip_no_signal=self.config.skip_no_signal,
             pipeline=[f"{channel}→{group}" for channel, group, _ in self._pipeline],
         )
+
+    async def on_outcomes(self, msg: Msg) -> None:
+        """One `TaskOutcomes` report from a learner (see the module docstring)."""
+        try:
+            report = TaskOutcomes.model_validate_json(msg.data)
+        except pydantic.ValidationError:
+            self.ctx.counters.inc("task_outcomes_malformed")
+            return
+        self.settled.update(report)
+
+    def draw(self) -> tuple[Domain, Task]:
+        """The next task to publish: the sampler's, less settled ones passed over (see the module docstring)."""
+        domain, task = self.sampler.next()
+        for _ in range(_REDRAWS):
+            if not self.settled.passes_over(task.id):
+                break
+            self.ctx.counters.inc(f"passed_over.{domain.name}")
+            task = domain.source.sample(self.sampler.rng)
+        return domain, task
 
     async def consumer_groups(self) -> dict[str, Any]:
         """This channel's consumer groups by name (their JetStream consumer infos), in one request."""
@@ -319,7 +361,7 @@ class SourceActor(Actor[SourceConfig]):
     async def publish_batch(self, n: int) -> None:
         items: list[tuple[str, dict[str, Any], str | None]] = []
         for _ in range(n):
-            domain, task = self.sampler.next()
+            domain, task = self.draw()
             payload = PromptMsg.model_validate(task.payload(group_size=domain.group_size)).model_dump()
             items.append(("prompt", payload, new_id()))
             self.ctx.counters.inc(f"published.{domain.name}")

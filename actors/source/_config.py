@@ -25,6 +25,11 @@ class SourceConfig(SpecModel):
     # `resolve_max_in_flight`); null: only max_pending applies.
     max_in_flight: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
     prompts_per_s: float | None = Field(default=None, gt=0)  # optional rate limit; null: as fast as backpressure allows
+    # pass over a task whose latest group carried no signal (every completion the same reward: solved, or failed, by
+    #   all; the learners report each group's outcome) with this probability, compounded per such group in a row up
+    #   to three (0.5: one in two, three in four, seven in eight), and draw another of its domain instead: such a
+    #   group costs generation and verification and teaches nothing. 0: draw as the domains' sources do
+    skip_no_signal: float = Field(default=0.5, ge=0, lt=1)
     seed: int = 0  # seed of the domain/task sampler (replica i uses seed + i)
 
     @field_validator("max_in_flight", mode="before")

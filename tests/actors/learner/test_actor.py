@@ -17,6 +17,7 @@ from actors.learner import Checkpointer, read_metrics
 from actors.learner._actor import LearnerActor
 from actors.learner._intake import Intake
 from actors.learner._trainer import Trainer
+from actors.protocol import TASK_OUTCOMES, TaskOutcomes
 from actors.testing import actor_context
 from tests.actors.learner._helpers import (
     effective_applied,
@@ -421,6 +422,37 @@ async def test_groups_without_signal_are_consumed_on_arrival_and_a_step_waits_fo
         ("solved1", "consumed"),
         ("solved2", "consumed"),
     ]
+
+
+async def test_the_learner_reports_which_tasks_groups_carried_signal_to_the_sources(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Each domain group's outcome goes out as a `TaskOutcomes` hint on the core subject sources listen to: solved
+    and failed groups settled, a mixed one with signal; a production group (no source drew it) is not reported. A
+    report goes out with a delivery at least half a second after the previous one, whatever that delivery was."""
+    spec = write_spec(tmp_path, learner(8, "    max_staleness: 100\n"))
+    async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+        reports = await bus.subscribe_ephemeral(TASK_OUTCOMES)
+        groups = {"s0": [1.0] * 4, "s1": [1.0] * 4, "f0": [0.0] * 4, "m0": [0.0, 1.0, 1.0, 0.0]}
+        for task, rewards in groups.items():
+            await bus.publish("scored", "scored", {**scored("arithmetic", rewards), "task_id": task}, id=task)
+        production = {**scored("arithmetic", [0.0, 1.0]), "task_id": "p0", "origin": "feedback"}
+        await bus.publish("scored", "scored", production, id="p0")
+        await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 2)
+        await anyio.sleep(0.6)
+        await bus.publish("scored", "scored", scored("arithmetic", [1.0, 0.0], temperature=0.0), id="greedy")
+        settled: set[str] = set()
+        signal: set[str] = set()
+        with anyio.fail_after(10):
+            async for message in reports:
+                report = TaskOutcomes.model_validate(message.payload)
+                settled |= set(report.settled)
+                signal |= set(report.signal)
+                if len(settled) + len(signal) >= 4:
+                    break
+        await reports.aclose()
+        assert (settled, signal) == ({"s0", "s1", "f0"}, {"m0"})
+        assert actor.ctx.counters.get("task_outcomes_sent") == 4
 
 
 async def test_consumed_groups_that_fill_the_ack_window_are_checkpointed_without_a_step(

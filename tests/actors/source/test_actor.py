@@ -14,12 +14,12 @@ import anyio
 import pytest
 
 from actors.domains import DomainSampler, SourceError, domains_from_spec
-from actors.protocol import PromptMsg
+from actors.protocol import TASK_OUTCOMES, PromptMsg, TaskOutcomes
 from actors.source._actor import SourceActor
 from actors.source._config import SourceConfig
 from actors.testing import actor_context, running_actor
 from tests.actors.source._helpers import drawn_task_ids, wait_for
-from topology import Spec, load_spec
+from topology import Spec, ephemeral_subject, load_spec
 from topology.bus import Bus, EmbeddedNats
 from topology.runtime._status import ReplicaStatus, put_status
 
@@ -291,3 +291,66 @@ async def test_a_nats_server_restart_is_ridden_out(tmp_path: Path) -> None:
 
 async def _at_least(bus: Bus, n: int) -> bool:
     return await stream_messages(bus) >= n
+
+
+async def test_settled_tasks_are_passed_over_until_a_group_of_theirs_has_signal_again(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The learners' `TaskOutcomes` on the bus steer the draw: tasks reported settled three times in a row go out
+    about one time in eight as often as the others, never not at all; a report with signal makes them ordinary again;
+    a report that is not a `TaskOutcomes` is counted and changes nothing."""
+    rows = "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(10))
+    (tmp_path / "mine.jsonl").write_text(rows)
+    spec = write_spec(
+        tmp_path,
+        actor="{max_pending: 16, seed: 5}",
+        domains="domains:\n  mine: {source: jsonl:mine.jsonl, verifier: math, heldout: 0}",
+    )
+    source = domains_from_spec(spec)["mine"].source
+    settled = {found.id for i in range(5) if (found := source.find(f"{i}+1=")) is not None}
+    assert len(settled) == 5
+    subject = ephemeral_subject(spec.name, TASK_OUTCOMES)
+
+    async def share_of_settled(actor: SourceActor, bus: Bus, draws: int) -> float:
+        await drawn_task_ids(bus, int(actor.report()["published"]), batch=16)  # drawn before the reports arrived
+        got = await drawn_task_ids(bus, draws, batch=16)
+        return sum(t in settled for t in got) / draws
+
+    async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
+        await bus.nc.publish(subject, b'{"settled": "not a list"}')
+        for _ in range(3):
+            await bus.nc.publish(subject, TaskOutcomes(settled=sorted(settled)).model_dump_json().encode())
+
+        async def reported() -> bool:
+            return actor.settled.runs == dict.fromkeys(settled, 3)
+
+        await wait_for(reported)
+        assert actor.report()["task_outcomes_malformed"] == 1
+        passed_before = actor.report().get("passed_over.mine", 0)
+        share = await share_of_settled(actor, bus, 400)
+        # without the reports half the draws; with them 1/8 survive each draw of one: (1/16) / (1/16 + 1/2) = 1/9,
+        # and a redraw only lowers it
+        assert 0 < share < 0.2, share
+        assert actor.report()["passed_over.mine"] - passed_before > 100
+
+        await bus.nc.publish(subject, TaskOutcomes(signal=sorted(settled)).model_dump_json().encode())
+
+        async def cleared() -> bool:
+            return not actor.settled.runs
+
+        await wait_for(cleared)
+        assert 0.35 < await share_of_settled(actor, bus, 400) < 0.65
+
+
+async def test_with_skip_no_signal_zero_reports_change_nothing(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, actor="{max_pending: 12, seed: 41, skip_no_signal: 0}")
+    sampler = DomainSampler(domains_from_spec(spec), random.Random(41))  # replica 0 draws with seed + 0
+    every = [sampler.next()[1].id for _ in range(400)]
+    async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
+        report = TaskOutcomes(settled=every).model_dump_json().encode()
+        for _ in range(3):
+            await bus.nc.publish(ephemeral_subject(spec.name, TASK_OUTCOMES), report)
+        await bus.nc.flush()
+        got = await drawn_task_ids(bus, 60, batch=12)
+        assert not actor.settled.runs and "passed_over.arithmetic" not in actor.report()
+    assert got == every[:60]
