@@ -23,13 +23,35 @@ def test_runs_count_settled_reports_in_a_row_up_to_the_cap_and_signal_clears_the
 def test_a_task_is_passed_over_at_one_minus_the_chance_to_keep_it_per_settled_group(
     run: int, skip: float, expected: float
 ) -> None:
-    tasks = SettledTasks(skip, random.Random(1))
-    for _ in range(run):
-        tasks.update(TaskOutcomes(settled=["a"]))
+    rng = random.Random(1)
+    passed = 0
     draws = 20_000
-    share = sum(tasks.passes_over("a") for _ in range(draws)) / draws
-    assert share == pytest.approx(expected, abs=0.015)  # 4 standard deviations at worst (p = 1/2)
+    for _ in range(draws):
+        tasks = SettledTasks(skip, rng)
+        for _ in range(run):
+            tasks.update(TaskOutcomes(settled=["a"]))
+        passed += tasks.passes_over("a")
+    assert passed / draws == pytest.approx(expected, abs=0.015)  # 4 standard deviations at worst (p = 1/2)
     assert not any(tasks.passes_over("unknown") for _ in range(100))
+
+
+def test_each_pass_uses_up_one_of_the_run_so_a_settled_task_is_drawn_again_within_its_run() -> None:
+    """Whatever the draws, a task with a run of k is passed over at most k times before it is drawn; then it is
+    ordinary until its next settled group is reported."""
+    for seed in range(200):
+        tasks = SettledTasks(0.5, random.Random(seed))
+        for _ in range(MAX_RUN + 1):
+            tasks.update(TaskOutcomes(settled=["a"]))
+        passes = 0
+        while tasks.passes_over("a"):
+            passes += 1
+        assert passes <= MAX_RUN
+        assert tasks.runs.get("a", 0) == MAX_RUN - passes
+    tasks = SettledTasks(0.5, random.Random(0))
+    tasks.update(TaskOutcomes(settled=["a"]))
+    while "a" in tasks.runs:
+        tasks.passes_over("a")
+    assert not any(tasks.passes_over("a") for _ in range(100))
 
 
 def test_past_max_tasks_the_longest_unreported_are_forgotten() -> None:
