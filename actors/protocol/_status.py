@@ -13,9 +13,9 @@ A source with ``max_in_flight`` bounds the training groups anywhere between itse
 
 A third steers what a source draws rather than how much: `TaskOutcomes`, published by a learner on the core NATS
 subject `TASK_OUTCOMES` (``fw.<topology>.eph.<TASK_OUTCOMES>``), says which training tasks' latest groups carried
-signal and which were settled (every completion the same reward: solved, or failed, by all). A source passes over
-settled tasks now and then (its ``skip_no_signal``): a group that teaches nothing costs as much to generate and
-verify as one that does. It is a hint: a report lost while the bus is away only costs generation.
+signal and which were settled (every completion the same reward: solved, or failed, by all). A source whose
+``skip_no_signal`` is set passes over settled tasks now and then: a group that teaches nothing costs as much to
+generate and verify as one that does. It is a hint: a report lost while the bus is away only costs generation.
 
 Non-goals: anything a feeder does not steer by (the learner's other counters are for people and dashboards).
 """

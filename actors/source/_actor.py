@@ -24,7 +24,7 @@ Contract:
   learner is slower than its generators from sampling groups that would only go stale: they are simply never
   drawn.
 - `prompts_per_s` (optional) caps the rate with a token bucket (burst: one second's worth, at least one prompt).
-- Settled tasks (`skip_no_signal`, 0.5 by default): the actor listens to the learners' `TaskOutcomes` (core NATS,
+- Settled tasks (`skip_no_signal` > 0; off by default): the actor listens to the learners' `TaskOutcomes` (core NATS,
   `TASK_OUTCOMES`) and passes over a drawn task whose latest groups carried no signal as `_settled` decides, drawing
   another task of the same domain instead (so the domains' weights hold), at most `_REDRAWS` times per prompt (then
   the last one drawn goes). Passed-over draws are counted in ``passed_over.<domain>``; a report that is not a

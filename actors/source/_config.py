@@ -28,9 +28,10 @@ class SourceConfig(SpecModel):
     # pass over a task whose latest group carried no signal (every completion the same reward: solved, or failed, by
     #   all; the learners report each group's outcome) with this probability, compounded per such group in a row up
     #   to three (0.5: one in two, three in four, seven in eight), and draw another of its domain instead: such a
-    #   group costs generation and verification and teaches nothing. A task is passed over at most as many times in a
-    #   row as it had such groups, so one that comes unsettled is seen again soon. 0: draw as the domains' sources do
-    skip_no_signal: float = Field(default=0.5, ge=0, lt=1)
+    #   group costs generation and verification and teaches nothing, but the tasks trained on narrow to the unsolved
+    #   ones. A task is passed over at most as many times in a row as it had such groups, so one that comes unsettled
+    #   is seen again soon. 0 (the default): draw as the domains' sources do
+    skip_no_signal: float = Field(default=0.0, ge=0, lt=1)
     seed: int = 0  # seed of the domain/task sampler (replica i uses seed + i)
 
     @field_validator("max_in_flight", mode="before")

@@ -304,7 +304,7 @@ async def test_the_learners_reports_reach_the_draw_and_a_signal_report_ends_a_ru
     (tmp_path / "mine.jsonl").write_text(rows)
     spec = write_spec(
         tmp_path,
-        actor="{max_pending: 16, seed: 5}",
+        actor="{max_pending: 16, seed: 5, skip_no_signal: 0.5}",
         domains="domains:\n  mine: {source: jsonl:mine.jsonl, verifier: math, heldout: 0}",
     )
     source = domains_from_spec(spec)["mine"].source
@@ -331,8 +331,8 @@ async def test_the_learners_reports_reach_the_draw_and_a_signal_report_ends_a_ru
     assert set(settled[:3]) <= set(got[16:])  # each went out again once its run was used up (or not passed)
 
 
-async def test_with_skip_no_signal_zero_reports_change_nothing(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, actor="{max_pending: 12, seed: 41, skip_no_signal: 0}")
+async def test_by_default_reports_change_nothing(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, actor="{max_pending: 12, seed: 41}")  # skip_no_signal: 0
     sampler = DomainSampler(domains_from_spec(spec), random.Random(41))  # replica 0 draws with seed + 0
     every = [sampler.next()[1].id for _ in range(400)]
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
