@@ -65,8 +65,8 @@ class LearnerPace(Protocol):
 
 class TaskOutcomes(BaseModel):
     """Training tasks whose latest group a learner took in, by whether it carried signal (ids as the source drew
-    them: `PromptMsg.task_id`); a task in both lists had groups of both kinds since the previous report, and the
-    later one decides (``signal`` wins: the learner does not order them)."""
+    them: `PromptMsg.task_id`). A task in both lists had groups of both kinds since the previous report; it counts as
+    having signal (the report does not say which came later)."""
 
     model_config = ConfigDict(frozen=True)
 
