@@ -3,7 +3,8 @@
 Contract:
 - :meth:`OutcomeReporter.add` notes a domain group's outcome as :class:`~actors.learner._samples.SampleMaker` decided
   it: settled (no signal: every completion the same reward and no failed-group reference trained) or with signal.
-  Groups without a task id (production traffic) are not noted: no source draws them.
+  Groups without a task id (production traffic) are not noted: no source draws them. Nothing is noted, nor
+  published, unless an actor of the spec listens (`task_outcomes_wanted`: a source with ``skip_no_signal``).
 - :meth:`OutcomeReporter.flush_due` publishes what was noted as one `TaskOutcomes` on the core NATS subject
   `TASK_OUTCOMES` once ``every_s`` has passed since the previous report, or sooner when ``most`` tasks wait. A report
   the bus refuses (away, reconnecting) is dropped and counted in ``task_outcomes_lost``: it is a hint, and the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from actors.protocol import TASK_OUTCOMES, TaskOutcomes
+from actors.protocol import TASK_OUTCOMES, TaskOutcomes, task_outcomes_wanted
 from topology.bus import BUS_AWAY
 from topology.runtime import ActorContext
 
@@ -28,12 +29,13 @@ class OutcomeReporter:
 
     def __init__(self, ctx: ActorContext, *, every_s: float = 0.5, most: int = 512) -> None:
         self.ctx, self.every_s, self.most = ctx, every_s, most
+        self.wanted = task_outcomes_wanted(ctx.spec)
         self.settled: list[str] = []
         self.signal: list[str] = []
         self.last = time.monotonic()
 
     def add(self, task_id: str, origin: str, *, settled: bool) -> None:
-        if origin != "domain" or not task_id:
+        if not self.wanted or origin != "domain" or not task_id:
             return
         (self.settled if settled else self.signal).append(task_id)
 

@@ -60,6 +60,7 @@ from actors.protocol._status import TASK_OUTCOMES as TASK_OUTCOMES
 from actors.protocol._status import LearnerPace as LearnerPace
 from actors.protocol._status import LearnerStatus as LearnerStatus
 from actors.protocol._status import TaskOutcomes as TaskOutcomes
+from actors.protocol._status import task_outcomes_wanted as task_outcomes_wanted
 from topology import lazy_exports
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ __all__ = [
     "serve_subject",
     "served_key",
     "serving_replicas",
+    "task_outcomes_wanted",
     "weight_receivers",
     "weights_bucket",
 ]

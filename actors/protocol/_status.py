@@ -15,7 +15,8 @@ A third steers what a source draws rather than how much: `TaskOutcomes`, publish
 subject `TASK_OUTCOMES` (``fw.<topology>.eph.<TASK_OUTCOMES>``), says which training tasks' latest groups carried
 signal and which were settled (every completion the same reward: solved, or failed, by all). A source whose
 ``skip_no_signal`` is set passes over settled tasks now and then: a group that teaches nothing costs as much to
-generate and verify as one that does. It is a hint: a report lost while the bus is away only costs generation.
+generate and verify as one that does. It is a hint: a report lost while the bus is away only costs generation. A
+learner reports only where `task_outcomes_wanted` says some actor of the spec listens.
 
 Non-goals: anything a feeder does not steer by (the learner's other counters are for people and dashboards).
 """
@@ -23,11 +24,14 @@ Non-goals: anything a feeder does not steer by (the learner's other counters are
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["TASK_OUTCOMES", "LearnerPace", "LearnerStatus", "TaskOutcomes"]
+if TYPE_CHECKING:
+    from topology import Spec
+
+__all__ = ["TASK_OUTCOMES", "LearnerPace", "LearnerStatus", "TaskOutcomes", "task_outcomes_wanted"]
 
 TASK_OUTCOMES = "learner.task_outcomes"  # the ephemeral subject suffix `TaskOutcomes` travel on
 
@@ -72,3 +76,8 @@ class TaskOutcomes(BaseModel):
 
     settled: list[str] = []  # every completion of the group got the same reward (no failed-group reference trained)
     signal: list[str] = []  # rewards differed within the group (or a failed group's reference was trained)
+
+
+def task_outcomes_wanted(spec: Spec) -> bool:
+    """Whether an actor of ``spec`` steers by `TaskOutcomes`: one whose config sets ``skip_no_signal`` above 0."""
+    return any((getattr(a.config, "skip_no_signal", 0) or 0) > 0 for a in spec.actors.values())

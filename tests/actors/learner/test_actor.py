@@ -412,6 +412,8 @@ async def test_groups_without_signal_are_consumed_on_arrival_and_a_step_waits_fo
 
         await wait_until(lambda: actor.ctx.counters.get("last_checkpoint_step") == 1)
         await wait_until(all_acked)  # the consumed groups were acked with the checkpoint
+        assert actor.ctx.counters.get("task_outcomes_sent") == 0  # no source of this spec listens
+        assert not actor.sample_maker.outcomes.settled  # nor is anything noted for one
     steps = read_metrics(run_dir, "step")
     assert steps["samples"].to_list() == [8]
     applied = read_metrics(run_dir, "applied").sort("message_id")
@@ -429,8 +431,9 @@ async def test_the_learner_reports_which_tasks_groups_carried_signal_to_the_sour
 ) -> None:
     """Each domain group's outcome goes out as a `TaskOutcomes` hint on the core subject sources listen to: solved
     and failed groups settled, a mixed one with signal; a production group (no source drew it) is not reported. A
-    report goes out with a delivery at least half a second after the previous one, whatever that delivery was."""
-    spec = write_spec(tmp_path, learner(8, "    max_staleness: 100\n"))
+    report goes out with a delivery at least half a second after the previous one, whatever that delivery was. (Only
+    because a source of the spec listens: see the default test above.)"""
+    spec = write_spec(tmp_path, learner(8, "    max_staleness: 100\n  source: {skip_no_signal: 0.5}\n"))
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
         reports = await bus.subscribe_ephemeral(TASK_OUTCOMES)
         groups = {"s0": [1.0] * 4, "s1": [1.0] * 4, "f0": [0.0] * 4, "m0": [0.0, 1.0, 1.0, 0.0]}
