@@ -90,11 +90,12 @@ register_spec_section(
         fixed_on_resume={
             "model": "the run's checkpoints hold the weights of the model it started with",
             "config": "the run's checkpoints hold the weights of the model it started with",
-            "tokenizer": "the run's checkpoints hold weights trained on the token ids of the tokenizer it started with",
             **{f"config.{key}": why for key, why in CONFIG_ON_RESUME.items() if why is not None},
         },
         free_on_resume=tuple(f"config.{key}" for key, why in CONFIG_ON_RESUME.items() if why is None),
-        record=_record_policy,  # config.json and vocabulary hashes: a model or tokenizer replaced in place is refused
+        # config.json and vocabulary hashes: a model or tokenizer replaced in place, or `tokenizer` naming another
+        #   vocabulary, is refused (the key is judged by the vocabulary it names, not its text)
+        record=_record_policy,
         on_resume=_resume_policy,
         resume_view=_policy_as_resumed,  # a preset and the sizes it stands for are one model: compared resolved
     )

@@ -356,3 +356,56 @@ def test_a_tokenizer_replaced_under_the_same_path_is_refused_on_resume(tmp_path:
         shutil.copy(tmp_path / "other" / name, tmp_path / "hf" / name)
     error = refused_resume(spec_path, run_dir)
     assert f"policy.model has another tokenizer than the run started with: the vocabulary in {tmp_path / 'hf'}" in error
+
+
+@pytest.mark.timeout(120)
+def test_policy_tokenizer_is_judged_on_resume_by_the_vocabulary_it_names_not_by_its_text(tmp_path: Path) -> None:
+    """A run started without `policy.tokenizer` was refused on resume once the spec named the model's own directory
+    there (the same tokenizer, written out): the key was fixed by its text. It is judged by the vocabulary it names:
+    the model's own directory or a copy of its tokenizer resumes (the change is logged), another vocabulary is
+    refused; where no vocabulary can be read (a model that is not on this machine), its text is compared still."""
+    import actors  # noqa: F401 — registers the policy section
+    from actors.policy import write_tiny_hf_model
+    from actors.policy._fingerprint import record_policy, resume_policy
+    from actors.protocol import PolicySpec
+    from topology import ResumeConflict, load_spec
+    from topology.runtime._evolve import (
+        ResumeRefused,
+        check_records,
+        check_resumable,
+        describe_changes,
+        section_records,
+    )
+
+    write_tiny_hf_model(tmp_path / "hf", n_embd=64)
+    write_tiny_hf_model(tmp_path / "other", n_embd=64, bos=True)  # a <bos> token: every other id moves by one
+    for name, source in (("tok", "hf"), ("tok-other", "other")):
+        (tmp_path / name).mkdir()
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tmp_path / source / file, tmp_path / name / file)
+    model = "model: builtin:tiny-gpt\n  config: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, seed: 0}"
+
+    def spec_with(tokenizer: str | None) -> Any:
+        path = tmp_path / f"spec-{tokenizer or 'none'}.yaml".replace("/", "")
+        written = "model: hf:./hf" + (f"\n  tokenizer: {tokenizer}" if tokenizer else "")
+        path.write_text(SPEC.replace("MODE", "async").replace(model, written))
+        return load_spec(path)
+
+    first = spec_with(None)
+    records = section_records(first)
+    assert records["policy"]["tokenizer"] is None
+    for tokenizer in ("./hf", "hf", "./tok"):
+        later = spec_with(tokenizer)
+        changes = check_resumable(tmp_path, "loop-test", first.data, spec_path=None, name="loop-test", after=later.data)
+        assert describe_changes(changes) == f'policy.tokenizer: added ("{tokenizer}")'
+        assert check_records(tmp_path, records, later) == []
+    with pytest.raises(ResumeRefused, match=r"policy\.tokenizer has another tokenizer than the run started with"):
+        check_records(tmp_path, records, spec_with("./tok-other"))
+
+    missing, absent = f"hf:{tmp_path / 'missing'}", str(tmp_path / "absent")  # a model and tokenizer not here
+    elsewhere = {"tokenizer": absent}  # what such a model records: no directory, no vocabulary
+    assert record_policy(("policy",), PolicySpec(model=missing, tokenizer=absent)) == elsewhere
+    assert resume_policy(("policy",), elsewhere, PolicySpec(model=missing, tokenizer=absent)) == []
+    with pytest.raises(ResumeConflict) as refused:
+        resume_policy(("policy",), elsewhere, PolicySpec(model=missing))
+    assert f"policy.tokenizer changed since the run last started ({absent!r} → None)" in str(refused.value)

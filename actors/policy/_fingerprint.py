@@ -18,6 +18,9 @@ restore its checkpoint into another shape at every restart), naming ``policy.mod
 tokenizer's vocabulary is not the recorded one (the checkpoint's weights would go on training on other token ids),
 naming ``policy.tokenizer`` or ``policy.model`` and the directory; and one whose builtin config resolves to other
 weights than the recorded ones though the spec reads the same (flywheel's presets or defaults changed since).
+``policy.tokenizer`` itself is judged by the vocabulary it names, not by how it is written: naming the model's own
+directory, or a copy of its tokenizer, where the run started with none resumes; only where a vocabulary cannot be
+read (on either side) is the key's text compared, and a change refused.
 
 Non-goals: telling apart two models with the same ``config.json`` (their weights fit the run's checkpoints shape for
 shape, and the learner restores its own); a model not found here (served only by an HTTP engine elsewhere): nothing
@@ -62,8 +65,9 @@ def policy_as_resumed(policy: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
-    """``{"builtin_config"}`` of a builtin model (its resolved config); ``{"model_dir", "model_config"}`` of an
-    ``hf:`` model found here (``model_config``: a hash of its config.json); empty otherwise."""
+    """``{"builtin_config"}`` of a builtin model (its resolved config); of an ``hf:`` model, ``{"tokenizer"}`` (the key
+    as written) and, found here, ``{"model_dir", "model_config"}`` (``model_config``: a hash of its config.json) and
+    ``{"tokenizer_dir", "tokenizer_vocab"}`` where its tokenizer's vocabulary can be read; empty otherwise."""
     if policy.model.startswith("builtin:"):
         try:
             return {"builtin_config": resolved_config(policy.config)}
@@ -71,7 +75,7 @@ def record_policy(path: KeyPath, policy: PolicySpec) -> dict[str, Any]:
             return {}
     if not policy.model.startswith("hf:"):
         return {}
-    record: dict[str, Any] = {}
+    record: dict[str, Any] = {"tokenizer": policy.tokenizer}  # as written: compared when a vocabulary is unreadable
     directory: Path | None = None
     try:
         directory = model_directory(policy.model[3:])
@@ -107,13 +111,21 @@ def resume_policy(path: KeyPath, recorded: Mapping[str, Any], policy: PolicySpec
             "the run's checkpoints hold the weights of the model it started with"
         )
     before = recorded.get("tokenizer_vocab")
-    if before is not None and now.get("tokenizer_vocab") not in (None, before):
-        key = ".".join(str(part) for part in (*path, "tokenizer" if policy.tokenizer else "model"))
+    if before is not None and now.get("tokenizer_vocab") is not None:
+        if now["tokenizer_vocab"] != before:
+            key = ".".join(str(part) for part in (*path, "tokenizer" if policy.tokenizer else "model"))
+            raise ResumeConflict(
+                f"{key} has another tokenizer than the run started with: the vocabulary in {now['tokenizer_dir']} (its "
+                f"tokens' ids or its special tokens) changed since then (hash {before} → {now['tokenizer_vocab']}; the "
+                f"run started with {recorded.get('tokenizer_dir', '?')}); the run's checkpoints hold weights trained "
+                "on the token ids of the tokenizer it started with"
+            )
+    elif "tokenizer" in recorded and recorded["tokenizer"] != policy.tokenizer:  # nothing to compare but the text
+        key = ".".join(str(part) for part in (*path, "tokenizer"))
         raise ResumeConflict(
-            f"{key} has another tokenizer than the run started with: the vocabulary in {now['tokenizer_dir']} (its "
-            f"tokens' ids or its special tokens) changed since then (hash {before} → {now['tokenizer_vocab']}; the run "
-            f"started with {recorded.get('tokenizer_dir', '?')}); the run's checkpoints hold weights trained on the "
-            "token ids of the tokenizer it started with"
+            f"{key} changed since the run last started ({recorded['tokenizer']!r} → {policy.tokenizer!r}) and the "
+            "vocabularies cannot be read here to tell whether the token ids are the same; the run's checkpoints hold "
+            "weights trained on the token ids of the tokenizer it started with"
         )
     return []
 
