@@ -86,6 +86,25 @@ def print_cpu(results: dict[str, dict[str, Any]]) -> None:
         print("\n".join(lines))
 
 
+def print_source(results: dict[str, dict[str, Any]]) -> None:
+    """Per run, the tasks the source published and, with ``skip_no_signal``, passed over (``learn.source_counters``),
+    per domain; nothing when no source passed over any."""
+    lines = []
+    for variant, res in results.items():
+        counters = res.get("source") or {}
+        passed = {k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith("passed_over.")}
+        if passed:
+            parts = []
+            for domain, count in sorted(passed.items()):
+                published = counters.get(f"published.{domain}", 0)
+                share = count / (count + published) if count + published else 0.0
+                parts.append(f"{domain} {count:,} of {count + published:,} draws ({100 * share:.1f} %)")
+            lines.append(f"  {variant}: " + ", ".join(parts))
+    if lines:
+        print("tasks the source passed over (skip_no_signal), by domain:")
+        print("\n".join(lines))
+
+
 def print_ray_overhead(results: dict[str, dict[str, Any]], variant: str, overhead: dict[str, float]) -> None:
     """The same variant run locally and on Ray side by side, and what Ray cost (``runtime_overhead``)."""
     print(f"\nRay runtime vs local on the same work ({variant}):")

@@ -51,7 +51,8 @@ without editing the spec.
 
 Writes bench/results/learn.json (per variant: ``decodings`` with each decoding's curves, post-warm-start, last-3 and
 best accuracy and ``spread``; ``curves``/``baseline``/``final``/``best`` repeat the spec's own decoding;
-``rollout_fall`` per domain) and bench/results/learn.png (accuracy per domain vs wall-clock, one line style per
+``rollout_fall`` per domain; ``source``: the source's counters at its stop, e.g. tasks published and passed over)
+and bench/results/learn.png (accuracy per domain vs wall-clock, one line style per
 variant) and prints markdown tables. Runs go to runs/ (``runs/latest`` is the last one).
 """
 
@@ -86,6 +87,7 @@ from bench._learn_report import (  # noqa: E402
     print_drift,
     print_ray_overhead,
     print_rollout_fall,
+    print_source,
 )
 
 _STYLES: dict[str, Any] = {"async": "-", "sync": ":", "nonorm": "--", "guided": (0, (5, 1, 1, 1))}
@@ -319,7 +321,35 @@ def analyse(run_dir: Path, run_started: float | None = None, headline: float | N
         if "reward" in applied.columns:
             out["no_signal_solved"] = {d: c[2] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
             out["no_signal_failed"] = {d: c[3] / (c[0] + c[1]) for d, c in groups.items() if c[0] + c[1]}
+    out["source"] = source_counters(run_dir)
     return out
+
+
+def source_counters(run_dir: Path) -> dict[str, int]:
+    """The source actors' counters at their last stop, summed over replicas (``published.<domain>``, and
+    ``passed_over.<domain>`` with ``skip_no_signal``), read from each source replica's ``stopped`` log line; the
+    gauges (``backlog``, ``in_flight``) and the runtime's ``gc_*`` are left out. Empty when no source logged a stop."""
+    import ast
+
+    try:
+        kinds = json.loads((run_dir / "run.json").read_text())["kinds"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    totals: dict[str, int] = {}
+    for actor in (name for name, kind in kinds.items() if kind == "source"):
+        for log in sorted((run_dir / "logs").glob(f"{actor}-*.log")):
+            stops = [line for line in log.read_text().splitlines() if " stopped " in line and "counters={" in line]
+            if not stops:
+                continue
+            text = stops[-1].split("counters=", 1)[1]
+            try:
+                counters = ast.literal_eval(text[: text.index("}") + 1])
+            except (ValueError, SyntaxError):
+                continue
+            for key, value in counters.items():
+                if isinstance(value, int) and key not in ("backlog", "in_flight") and not key.startswith("gc_"):
+                    totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def drift(steps: Any, window_s: float = DRIFT_WINDOW_S) -> list[dict[str, float | None]]:
@@ -561,6 +591,7 @@ def main() -> None:
 
     print_accuracy(results)
     print_cpu(results)
+    print_source(results)
     print_decodings(results, settled_s=SETTLED_S)
     print_rollout_fall(results, settled_s=SETTLED_S, window_steps=FALL_WINDOW_STEPS)
     print_drift(results, window_s=DRIFT_WINDOW_S)

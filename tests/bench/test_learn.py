@@ -144,3 +144,24 @@ def test_analyse_reports_the_rollouts_fall_on_the_rounds_clock(tmp_path: Path) -
     fall = analyse(tmp_path)["rollout_fall"]["addition"]
     assert fall["fall"] == pytest.approx(0.2) and fall["window_steps"] == FALL_WINDOW_STEPS
     assert fall["trough_t_s"] == pytest.approx(61 + (2 * FALL_WINDOW_STEPS - 1) / 10, abs=0.01)
+
+
+def test_source_counters_are_summed_over_replicas_from_their_stop_lines(tmp_path: Path) -> None:
+    """`learn.py` records what the source did (tasks published, passed over with `skip_no_signal`): its counters at
+    the stop, from each source replica's `stopped` log line (as the runtime writes it), summed; gauges left out."""
+    import json
+
+    from bench.learn import source_counters
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "run.json").write_text(json.dumps({"kinds": {"prompts-a": "source", "learner": "learner"}}))
+    line = (
+        "18:15:50 [info     ] stopped                        actor=prompts-a counters={{'gc_freezes': 1, "
+        "'in_flight': 32, 'backlog': 27, 'published.addition': {p}, 'passed_over.addition': {s}, 'published': {p}}} "
+        "replica={r} topology=t\n"
+    )
+    (tmp_path / "logs" / "prompts-a-0.log").write_text("12:00:00 [info     ] running\n" + line.format(p=10, s=4, r=0))
+    (tmp_path / "logs" / "prompts-a-1.log").write_text(line.format(p=1, s=1, r=1) + line.format(p=7, s=2, r=1))
+    (tmp_path / "logs" / "learner-0.log").write_text(line.format(p=100, s=100, r=0))  # not a source
+    assert source_counters(tmp_path) == {"published.addition": 17, "passed_over.addition": 6, "published": 17}
+    assert source_counters(tmp_path / "absent") == {}

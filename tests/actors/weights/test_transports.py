@@ -16,6 +16,7 @@ from actors.weights import (
     WeightPayloadError,
     WeightPublisher,
     WeightSubscriber,
+    WeightTransport,
     check_state_dict,
     describe,
 )
@@ -114,7 +115,7 @@ async def test_every_transport_holds_the_tensors_as_they_were_when_put_returned(
     """The learner publishes its live parameters, not a copy, and steps them right after the publish."""
     from actors.weights import SharedMemoryTransport
 
-    transports = [
+    transports: list[WeightTransport] = [
         ObjectStoreTransport(bus, "weights_live"),
         SafetensorsDirTransport(tmp_path / "disk"),
         SharedMemoryTransport(tmp_path / "shm"),
