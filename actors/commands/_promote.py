@@ -155,7 +155,11 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles |
 @click.argument("version")
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--reason", default="manual promotion", show_default=True, help="Why (goes to the decisions log).")
-@click.option("--keep-gate", is_flag=True, help="Let the gate go on promoting over this version (default: pause it).")
+@click.option(
+    "--keep-gate",
+    is_flag=True,
+    help="Leave the gate as it is: not paused, it goes on promoting over this version (default: pause it).",
+)
 def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) -> None:
     """Make VERSION (v3, 3, or current) the version the serving generators run, bypassing the gate.
 
@@ -194,20 +198,35 @@ def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) ->
     entry = anyio.run(main, backend="asyncio")
     previous = entry.get("previous")
     was = "" if previous is None else " (it was already)" if previous == entry["version"] else f" (was v{previous})"
-    click.echo(f"v{entry['version']} is now serving{was}{_paused_note(entry)}")
+    click.echo(f"v{entry['version']} is now serving{was}{_paused_note(where, entry)}")
 
 
 def _pauses(roles: RunRoles | None, keep_gate: bool) -> bool:
     return not keep_gate and (roles is None or bool(roles.gates))
 
 
-def _paused_note(entry: dict[str, Any]) -> str:
-    return "; the gate promotes nothing over it until `flywheel gate resume`" if entry.get("gate") == "paused" else ""
+def _paused_note(run_dir: Path, entry: dict[str, Any]) -> str:
+    """What the gate does after ``entry``: paused by it, or — a move that left the gate alone (--keep-gate) — still
+    paused by an earlier move, which --keep-gate does not undo (only `flywheel gate resume` does)."""
+    if entry.get("gate") == "paused":
+        return "; the gate promotes nothing over it until `flywheel gate resume`"
+    from actors.replay import DecisionLog
+
+    log = DecisionLog(run_dir)
+    log.update()
+    if log.paused is None:
+        return ""
+    return (
+        f"; the gate is still paused ({_describe(log.paused)}): it promotes nothing over it until "
+        "`flywheel gate resume`"
+    )
 
 
 @click.command()
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--keep-gate", is_flag=True, help="Let the gate go on promoting (default: pause it).")
+@click.option(
+    "--keep-gate", is_flag=True, help="Leave the gate as it is: not paused, it goes on promoting (default: pause it)."
+)
 def rollback(run_dir: Path | None, keep_gate: bool) -> None:
     """Point the serving generators back at the version that served before the current one.
 
@@ -231,7 +250,8 @@ def rollback(run_dir: Path | None, keep_gate: bool) -> None:
             await bus.close()
 
     entry = anyio.run(main, backend="asyncio")
-    click.echo(f"rolled back: v{entry['version']} is serving again (was v{entry['previous']}){_paused_note(entry)}")
+    note = _paused_note(where, entry)
+    click.echo(f"rolled back: v{entry['version']} is serving again (was v{entry['previous']}){note}")
 
 
 @click.group()

@@ -16,7 +16,9 @@ Contract:
   ratchet what users are served down.
 - Promotion pins the version and moves ``serving`` (see ``actors.replay._promote``); a rejection logs
   ``gate.rejected`` with the figures and leaves ``serving`` alone, so the candidate stays on the training
-  generators only. Every decision is a line of ``<run_dir>/gate/decisions.jsonl`` carrying ``best_version`` — but
+  generators only. Every decision is a line of ``<run_dir>/gate/decisions.jsonl`` carrying ``best_version`` and
+  its ``best_mean_reward`` (a promotion that makes a new champion: the candidate's, the champion it was measured
+  against in ``previous_best_version`` / ``previous_best_mean_reward``) — but
   holds for want of evidence (fewer than ``min_samples`` recorded requests to replay, as with every version until
   users come) at most one a minute, the others counted (``holds_not_logged``). The log is read once at start, then
   only its new lines (`DecisionLog`).
@@ -252,6 +254,11 @@ class GateActor(Actor[GateConfig]):
             becomes_best = self.best is None or _at_least(
                 figures["candidate_mean_reward"], figures.get("best_mean_reward")
             )
+            if becomes_best and self.best is not None:  # the entry names the new champion with its own figure; the
+                #   champion it was measured against stays in the entry as the previous one
+                figures["previous_best_version"] = self.best.version
+                figures["previous_best_mean_reward"] = figures.get("best_mean_reward")
+                figures["best_mean_reward"] = figures["candidate_mean_reward"]
             figures["best_version"] = candidate.version if becomes_best or self.best is None else self.best.version
             keep = {self.best.version} if self.best is not None else set()
             entry = await self._promote(candidate, held, decision.reason, figures, keep=keep, becomes_best=becomes_best)

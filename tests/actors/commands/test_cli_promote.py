@@ -203,10 +203,10 @@ def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(embedded_nats: Embed
     run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
     topology = read_run_info(run_dir).topology
 
-    async def publish() -> None:
+    async def publish(versions: tuple[int, ...] = (1, 2)) -> None:
         async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
             publisher = WeightPublisher(bus, topology, SafetensorsDirTransport(run_dir / "weights"))
-            for version in (1, 2):
+            for version in versions:
                 await publisher.publish(version, {"w": torch.full((4,), float(version))})
 
     def flywheel(*args: str) -> str:
@@ -231,6 +231,14 @@ def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(embedded_nats: Embed
     assert flywheel("gate", "pause", "--reason", "incident 42").startswith("the gate is paused")
     assert paused() is not None and paused()["reason"] == "incident 42"  # type: ignore[index]
     assert anyio.run(_serving_version, embedded_nats.url, topology) == 2
+    # --keep-gate leaves a paused gate paused (only `gate resume` ends a pause), and says so
+    anyio.run(publish, (3,))
+    moved = flywheel("promote", "current", "--keep-gate")
+    assert moved.startswith("v3 is now serving (was v2); the gate is still paused (pause by cli:"), moved
+    assert moved.endswith("): it promotes nothing over it until `flywheel gate resume`")
+    assert paused() is not None and paused()["reason"] == "incident 42"  # type: ignore[index]
+    back = flywheel("rollback", "--keep-gate")
+    assert back.startswith("rolled back: v2 is serving again (was v3); the gate is still paused (pause by cli:"), back
 
 
 def test_gate_commands_on_a_run_without_a_gate_say_so(tmp_path: Path) -> None:

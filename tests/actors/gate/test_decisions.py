@@ -51,6 +51,9 @@ async def test_users_traffic_decides_and_a_chain_of_worse_versions_cannot_ratche
         assert "best served v2" in ratchet["reason"]
         recovered = await rig.gate.consider(await rig.publish(6, good))
         assert recovered is not None and recovered["action"] == "promote" and recovered["best_version"] == 6
+        # the log names the new champion with its own figure, and the one it was measured against
+        assert recovered["best_mean_reward"] == recovered["candidate_mean_reward"]
+        assert recovered["previous_best_version"] == 2 and recovered["previous_best_mean_reward"] == 1.0
         serving = await serving_manifest(rig.bus)
         assert serving is not None and serving.version == 6
     log = read_decisions(run_dir)
