@@ -8,7 +8,9 @@ and needs no extra channel. It reads these counter names (absent ones are simply
   ``dropped_stale.<domain>``, ``phase`` (``warmstart`` / ``rl``, or 0 / 1), and during the warm start
   ``warmstart_step``, ``warmstart_steps`` and ``warmstart_loss`` (its RL ``step`` stays 0 until it ends), and
   ``eval_out`` (held-out prompts not scored yet: at step 0 the baseline round RL waits for);
-- generators: ``tokens_per_s`` (summed over replicas), ``version`` (min and max over replicas) and ``weights_error``:
+- generators: ``tokens_per_s`` (summed over replicas), ``version`` (min and max over the replicas that train: those
+  with ``follow: serving`` stay on the promoted version by design and count as serving, as those that answer
+  requests do) and ``weights_error``:
   why a replica does not hold the newest version (an SGLang/vLLM server down, or refusing it: serving another
   model, say), shown with the replica's log to read — a generator stuck behind is never read as a slow learner;
 - verify: ``isolation``, the sandbox level in force (shown so that a weaker-than-bubblewrap opt-in stays visible), and
@@ -75,8 +77,10 @@ class LearningView:
                     who = f"{getattr(record, 'actor', 'generator')}-{getattr(record, 'replica', 0)}"
                     weights_errors[who] = counters["weights_error"]
                 if "version" in counters:
-                    gen_versions.append(float(counters["version"]))
-                    if "serve_requests" in counters:
+                    follows_serving = counters.get("follow") == "serving"  # kept on the promoted version, by design
+                    if not follows_serving:
+                        gen_versions.append(float(counters["version"]))
+                    if follows_serving or "serve_requests" in counters:
                         serving_versions.append(float(counters["version"]))
             elif kind == "gateway":
                 served = counters["served"] if "served" in counters else counters.get("requests", 0.0)  # older run
@@ -166,8 +170,9 @@ class LearningView:
         rate = service.get("requests_per_s")
         if rate is not None:
             bits.append(f"{rate:,.1f} req/s")
-        elif service.get("requests") is not None:
-            bits.append(f"{int(service['requests']):,} requests")
+        elif service.get("requests") is not None:  # one look (`flywheel status`): the gateways' own count, which
+            #   starts over with each gateway process, where the joiner's feedback counts are the run's
+            bits.append(f"{int(service['requests']):,} requests since the gateway started")
         if "joined" in service:
             feedback = f"feedback {int(service['joined']):,} joined, {int(service.get('waiting', 0)):,} waiting"
             if service.get("unmatched"):  # waited the whole join window for a request that never came

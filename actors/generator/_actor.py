@@ -227,6 +227,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
     def report(self) -> dict[str, Any]:
         counters: dict[str, Any] = dict(self.ctx.counters.snapshot())
+        counters["follow"] = self.config.follow  # the live view: a serving generator is not a training one behind
         failing = self._subscriber.failing if self._subscriber is not None else ""
         if failing:  # the live view and `flywheel status` say why this generator is behind, not only that it is
             counters["weights_error"] = failing[:_WEIGHTS_ERROR_CHARS]

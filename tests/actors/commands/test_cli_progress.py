@@ -137,6 +137,24 @@ def test_the_service_line_shows_serving_against_training_rates_feedback_and_the_
     assert "gate paused (flywheel gate resume) · gate: promote v7" in str(view.line(paused))
 
 
+def test_a_generator_kept_on_the_promoted_version_is_not_counted_as_a_training_generator_behind() -> None:
+    """A service's serving generator (`follow: serving`) stays on the version the gate promoted, by design: the view
+    showed "generators v1–v144" beside a learner at v148 as if a training generator were 140 versions behind."""
+    records = [
+        _status("learner", "learner", version=148, samples_applied=10),
+        _status("gen", "generator", version=146, tokens_per_s=10.0),
+        _status("serving", "generator", version=1, tokens_per_s=0.0),
+        _status("gateway", "gateway", served=3),
+    ]
+    records[1].counters["follow"] = "current"
+    records[2].counters["follow"] = "serving"
+    summary = LearningView().summarize(records)
+    assert summary is not None and summary["generator_versions"] == (146.0, 146.0)
+    line = LearningView().line(records)
+    assert line is not None and "generators v146 " in line and "serving v1 · training v148" in line
+    assert "3 requests since the gateway started" in line  # one look: the gateway's count, not the run's
+
+
 def test_the_sandbox_isolation_in_force_is_shown() -> None:
     records = [
         _status("learner", "learner", version=1, samples_applied=8),
