@@ -92,11 +92,13 @@ async def connect_run(run_dir: Path, name: str) -> Any:
         raise click.ClickException(f"cannot reach the run's bus at {info.bus_url}: {exc}") from None
 
 
-def find_run_dir(where: Path | None) -> Path:
+def find_run_dir(where: Path | None, example: str) -> Path:
+    """The run dir ``where`` names (default ``./runs/latest``); a one-line error with ``example`` (the command with a
+    runs folder where its RUN_DIR goes) when there is none."""
     from topology.runtime._rundir import RunNotFound, find_run
 
     try:
-        return find_run(where)
+        return find_run(where, example)
     except RunNotFound as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -173,7 +175,7 @@ def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) ->
     digits = version.removeprefix("v")
     if not digits.isdigit() and version != "current":
         raise click.ClickException(f"expected a version like v3 or 3, or current, got {version!r}")
-    where = find_run_dir(run_dir)
+    where = find_run_dir(run_dir, f"flywheel promote {version} /srv/runs")
     roles = run_roles(where)
     _promotes_nothing(where, roles)
 
@@ -232,7 +234,7 @@ def rollback(run_dir: Path | None, keep_gate: bool) -> None:
 
     The gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
     """
-    where = find_run_dir(run_dir)
+    where = find_run_dir(run_dir, "flywheel rollback /srv/runs")
     roles = run_roles(where)
     _promotes_nothing(where, roles)
     no_gate = roles is not None and not roles.gates
@@ -259,8 +261,8 @@ def gate() -> None:
     """Pause the run's promotion gate, or let it decide again."""
 
 
-def _gated_run(run_dir: Path | None) -> Path:
-    where = find_run_dir(run_dir)
+def _gated_run(run_dir: Path | None, command: str) -> Path:
+    where = find_run_dir(run_dir, f"flywheel gate {command} /srv/runs")
     roles = run_roles(where)
     if roles is not None and not roles.gates:
         raise click.ClickException(f"the run at {where} has no gate")
@@ -274,7 +276,7 @@ def pause(run_dir: Path | None, reason: str) -> None:
     """Stop the gate from promoting or rolling back: what serves now keeps serving (works on a stopped run too)."""
     from actors.replay import DecisionLog, pause_gate
 
-    where = _gated_run(run_dir)
+    where = _gated_run(run_dir, "pause")
     log = DecisionLog(where)
     log.update()
     if log.paused is not None:
@@ -290,7 +292,7 @@ def resume(run_dir: Path | None) -> None:
     """Let the gate decide again, from the next version the learner publishes."""
     from actors.replay import resume_gate
 
-    where = _gated_run(run_dir)
+    where = _gated_run(run_dir, "resume")
     entry = resume_gate(where, by=_who())
     if entry is None:
         click.echo("the gate is not paused")

@@ -192,7 +192,10 @@ async def _replay(spec: Any, recordings: Path, run_dir: Path | None, options: _O
     items = load_items(recordings, limit=options.limit, source=options.source)
     if not items:
         what = "traffic or scored" if options.source == "both" else options.source
-        raise ValueError(f"nothing recorded under {recordings} (no {what} parquet files)")
+        hint = ""
+        if recordings.name in ("traffic", "scored") and recordings.parent.name == "recordings":  # one channel's folder
+            hint = f"; give the recordings folder that holds it ({recordings.parent}) or the run dir"
+        raise ValueError(f"nothing recorded under {recordings} (no {what} parquet files){hint}")
     bus = await _live_bus(run_dir)
     try:
         main = await _weights(options.weights, run_dir, bus)

@@ -120,7 +120,7 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
       q / quit   stop; this sample stays queued
     Labels are published on `feedback` (source "review"); the joiner turns them into training samples.
     """
-    where = find_run_dir(run_dir)
+    where = find_run_dir(run_dir, "flywheel review /srv/runs")
     roles = run_roles(where)
     if roles is not None and not roles.reviewing:
         names = ", ".join(repr(name) for name in roles.joiners)

@@ -204,7 +204,7 @@ class GatewayActor(Actor[GatewayConfig]):
                 "version": pong.get("version"),
             }
         except Exception as exc:  # no responders, timeout, bus down: the gateway cannot serve
-            report = {"ok": False, "generators": "unavailable", "reason": type(exc).__name__}
+            report = {"ok": False, "generators": "unavailable", "reason": _unhealthy(exc)}
         self._health = (loop.time(), report)
         return report
 
@@ -218,6 +218,24 @@ class GatewayActor(Actor[GatewayConfig]):
             if self._client is not None:
                 self.ctx.counters.set("serve_pending", self._client.pending)
                 self.ctx.counters.set("cancels_sent", self._client.cancels_sent)
+
+
+def _unhealthy(exc: Exception) -> str:
+    """Why no generator answered the health ping, in words (not the bus client's exception names)."""
+    import nats.errors
+
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return (
+            "no generator is serving: none is running, or none has weights worth answering with yet (a service "
+            "serves the first version its gate promotes; `flywheel status` says whether the gate is paused)"
+        )
+    if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+        return "no generator answered the health ping within 2 s (all busy, or the bus is slow)"
+    if isinstance(
+        exc, nats.errors.ConnectionClosedError | nats.errors.NoServersError | nats.errors.StaleConnectionError
+    ):
+        return "the gateway is not connected to the message bus (reconnecting)"
+    return f"the health ping failed: {type(exc).__name__}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -182,8 +182,9 @@ def read_run_info(run_dir: Path) -> RunInfo:
     return RunInfo.from_json((run_dir / RUN_JSON).read_bytes())
 
 
-def find_run(where: Path | None = None) -> Path:
-    """The run dir meant by ``where``: itself if it has run.json, else its ``latest``; default ``./runs``."""
+def find_run(where: Path | None = None, example: str = "flywheel status /srv/runs") -> Path:
+    """The run dir meant by ``where``: itself if it has run.json, else its ``latest``; default ``./runs``.
+    ``example``: the calling command with a runs folder where its RUN_DIR goes, for the error when none is found."""
     place = Path("runs") if where is None else where
     if (place / RUN_JSON).is_file():
         return place
@@ -193,7 +194,7 @@ def find_run(where: Path | None = None) -> Path:
     if where is None:
         raise RunNotFound(
             "no run found: ./runs/latest does not exist here; name the run dir (runs/<name>-<time>) or the runs "
-            "folder that holds it after the command, e.g. flywheel status /srv/runs"
+            f"folder that holds it, e.g. {example}"
         )
     raise RunNotFound(f"no run found at {place}: neither {place / RUN_JSON} nor {latest / RUN_JSON} exists")
 

@@ -246,3 +246,20 @@ def test_gate_commands_on_a_run_without_a_gate_say_so(tmp_path: Path) -> None:
     for command in (["gate", "pause"], ["gate", "resume"]):
         result = CliRunner().invoke(main, [*command, str(run_dir)])
         assert result.exit_code == 1 and f"the run at {run_dir} has no gate" in result.output, result.output
+
+
+def test_without_a_run_each_command_shows_where_its_run_dir_goes(tmp_path: Path, monkeypatch: Any) -> None:
+    """With no ./runs here, every command's hint read "e.g. flywheel status /srv/runs": for `promote` the run dir
+    comes after the version, and `flywheel promote /srv/runs` fails on the version."""
+    monkeypatch.chdir(tmp_path)
+    for args, example in (
+        (["promote", "v3"], "flywheel promote v3 /srv/runs"),
+        (["rollback"], "flywheel rollback /srv/runs"),
+        (["gate", "pause"], "flywheel gate pause /srv/runs"),
+        (["gate", "resume"], "flywheel gate resume /srv/runs"),
+        (["review"], "flywheel review /srv/runs"),
+        (["status"], "flywheel status /srv/runs"),
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and "no run found: ./runs/latest does not exist here" in result.output, args
+        assert result.output.rstrip().endswith(f"e.g. {example}"), result.output

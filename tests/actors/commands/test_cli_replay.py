@@ -58,6 +58,20 @@ def test_replay_writes_a_report_against_another_version(tmp_path: Path) -> None:
     assert (out / "report.png").stat().st_size > 0 and (out / "report.md").is_file()
 
 
+def test_a_channels_folder_given_for_the_recordings_names_the_folder_to_give(tmp_path: Path) -> None:
+    """`flywheel replay RUN/recordings/scored` (one channel's folder, which does hold parquet files) said only that
+    nothing was recorded there."""
+    spec = replay_spec(tmp_path)
+    run_dir = tmp_path / "run"
+    anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")
+    channel = run_dir / "recordings" / "scored"
+    assert any(channel.rglob("*.parquet"))
+    args = ["replay", str(channel), "--spec", str(spec.source_path), "--weights", "v1", "--run-dir", str(run_dir)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"give the recordings folder that holds it ({run_dir / 'recordings'}) or the run dir" in result.output
+
+
 def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     spec = replay_spec(tmp_path)
     run_dir = tmp_path / "run"

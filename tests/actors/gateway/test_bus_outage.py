@@ -35,3 +35,24 @@ async def test_a_call_open_across_a_restart_knows_the_bus_was_away(server: Embed
             assert not after.bus_was_away()  # a call opened once the bus was back is judged on its own
         finally:
             await client.close()
+
+
+async def test_healthz_says_in_words_why_no_generator_answers(server: EmbeddedNats, tmp_path: Path) -> None:
+    """With no generator serving (none running, or a service's before its gate promotes a first version) /healthz
+    gave ``"reason": "NoRespondersError"``: the bus client's exception name, which says nothing to an operator."""
+    from actors.gateway import GatewayActor
+    from tests.actors.gateway.conftest import SPEC
+    from topology import load_spec
+    from topology.runtime import ActorContext
+
+    (tmp_path / "keys.txt").write_text("test-key-0123456789\n")
+    (tmp_path / "spec.yaml").write_text(SPEC.format(name="nobody-serves"))
+    spec = load_spec(tmp_path / "spec.yaml")
+    async with await Bus.connect(server.url, topology="nobody-serves", name="gateway") as bus:
+        ctx = ActorContext(
+            topology="nobody-serves", actor="gateway", replica=0, kind="gateway", spec=spec, bus=bus, run_dir=tmp_path
+        )
+        report = await GatewayActor(ctx, spec.actors["gateway"].config)._check_health()
+    assert report["ok"] is False and report["generators"] == "unavailable"
+    assert report["reason"].startswith("no generator is serving: none is running, or none has weights"), report
+    assert "Error" not in report["reason"]
