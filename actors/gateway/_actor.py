@@ -129,6 +129,7 @@ class GatewayActor(Actor[GatewayConfig]):
             domains=domains_of(self.ctx.spec),
             who=self.ctx.replica_id,
             log=self.ctx.log,
+            gated=any(actor.kind == "gate" for actor in self.ctx.spec.actors.values()),
         )
         if self.gateway.trusted.any and self.config.trusted_hosts is None:
             self.ctx.log.warning(

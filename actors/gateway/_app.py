@@ -174,6 +174,7 @@ class Gateway:
         domains: Collection[str] = (),
         who: str = "gateway",
         log: Any = None,
+        gated: bool = False,
     ) -> None:
         self.config = config
         self.client = client
@@ -184,6 +185,7 @@ class Gateway:
         self.ratings = ratings  # None: no joiner, every rating is only recorded
         self.domains = frozenset(domains)
         self.who = who
+        self.gated = gated  # a promotion gate decides what serves: "no generator" may mean "nothing promoted yet"
         self.log = log if log is not None else structlog.get_logger("flywheel.gateway")
         self.metrics = Metrics()
         self.created = int(time.time())
@@ -393,8 +395,14 @@ class Gateway:
                 "every generator is at capacity", max(self.config.retry_after_s, round(exc.retry_after_s))
             ) from None
         except NoGenerators:
+            why = (
+                " (this service's generators serve only a version its gate promoted: none yet, or the gate is "
+                "paused — `flywheel status` shows which)"
+                if self.gated
+                else ""
+            )
             raise unavailable(
-                "no generator is serving right now; retry later", "no_generators", self.config.retry_after_s
+                f"no generator is serving right now{why}; retry later", "no_generators", self.config.retry_after_s
             ) from None
         except GenerationError as exc:
             raise self._generation_error(exc, served) from None

@@ -56,3 +56,42 @@ async def test_healthz_says_in_words_why_no_generator_answers(server: EmbeddedNa
     assert report["ok"] is False and report["generators"] == "unavailable"
     assert report["reason"].startswith("no generator is serving: none is running, or none has weights"), report
     assert "Error" not in report["reason"]
+
+
+async def test_a_gated_services_503_says_the_gate_decides_what_serves(server: EmbeddedNats, tmp_path: Path) -> None:
+    """Before its gate promotes a first version (or while an operator keeps the gate paused) a service's serving
+    generators answer nobody: users got only "no generator is serving right now", which reads as a crash."""
+    import anyio
+    import httpx
+
+    from actors.gateway import GatewayActor
+    from tests.actors.gateway.conftest import API_KEY, SPEC
+    from topology import load_spec
+    from topology.runtime import ActorContext
+
+    (tmp_path / "keys.txt").write_text(f"{API_KEY}\n")
+    text = SPEC.format(name="gated").replace("  joiner: {window_s: 3600}", "  joiner: {window_s: 3600}\n  gate: {}")
+    (tmp_path / "spec.yaml").write_text(text)
+    spec = load_spec(tmp_path / "spec.yaml")
+    async with await Bus.connect(server.url, topology="gated", name="gateway") as bus:
+        ctx = ActorContext(
+            topology="gated", actor="gateway", replica=0, kind="gateway", spec=spec, bus=bus, run_dir=tmp_path
+        )
+        gateway = GatewayActor(ctx, spec.actors["gateway"].config)
+        await gateway.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gateway.run)
+                async with httpx.AsyncClient(base_url=str(gateway.url), timeout=30) as client:
+                    answer = await client.post(
+                        "/v1/completions",
+                        json={"model": "flywheel", "prompt": "1 + 2 = ", "max_tokens": 2},
+                        headers={"authorization": f"Bearer {API_KEY}"},
+                    )
+                ctx.stopping.set()
+        finally:
+            await gateway.stop()
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert message.startswith("no generator is serving right now (this service's generators serve only a version")
+    assert "`flywheel status` shows which" in message
