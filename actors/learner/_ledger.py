@@ -7,9 +7,13 @@ same checkpoint, so:
 
 - a redelivered message already in the restored ledger was applied to the restored weights → ack, skip;
 - a message applied after that checkpoint was never acked → redelivered → not in the ledger → applied again,
-  this time to the restored (older) weights, which never saw it.
+  this time to the restored (older) weights, which never saw it — if it is still fresh enough to train on: it comes
+  back after the bus's ``ack_wait_s`` (30 s by default), and the learner judges it by ``max_staleness`` like any other
+  sample. A generated rollout is then usually more versions old than that and is dropped as stale (counted in
+  ``dropped_stale``; the source draws new tasks); users' feedback has no bound by default
+  (``feedback_max_staleness``) and is applied again.
 
-Hence nothing is lost and nothing is applied twice. The ledger is bounded (oldest ids forgotten first): an id
+Hence nothing is applied twice, and nothing is lost unseen: each redelivered message is applied or counted. The ledger is bounded (oldest ids forgotten first): an id
 older than `capacity` applications cannot be redelivered any more, since it was acked long ago.
 
 Non-goals: dedupe of producer retries with *different* ids (the bus's `Nats-Msg-Id` window does that).

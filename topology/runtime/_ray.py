@@ -264,6 +264,22 @@ class RayRuntime(RuntimeBase):
                     f"actor '{name}' asks for {_fmt_resources(want)} per replica, which no node of the Ray "
                     f"cluster has (nodes: {have})"
                 )
+        if self.spec.runtime.placement is None:  # no reservation up front: a replica with no room would wait for ever
+            wants = [
+                bundle_for(actor.resources, in_group=False)
+                for actor in self.spec.actors.values()
+                for _ in range(actor.replicas)
+            ]
+            total, cluster = _sum(wants), ray.cluster_resources()
+            short = {r: a for r, a in total.items() if a > cluster.get(r, 0.0) + 1e-9}
+            if short:
+                return (
+                    f"the actors ask for {_fmt_resources(short)} in all (each replica's resources × replicas), the "
+                    f"Ray cluster has {_fmt_resources({r: cluster.get(r, 0.0) for r in short})}: the replicas "
+                    "beyond that would wait for room for ever; lower resources.num_cpus or replicas, add nodes, or "
+                    "(a cluster that scales up) set runtime.placement so that Ray reserves them all first, within "
+                    "runtime.placement_timeout_s"
+                )
         return ""
 
     async def _place(self, ray: Any) -> str:

@@ -205,6 +205,20 @@ def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: No
     assert "which no node of the Ray cluster has" in result.message
 
 
+def test_replicas_that_need_more_than_the_cluster_holds_stop_the_run_with_one_message(
+    ray_kinds: None, tmp_path: Path
+) -> None:
+    """Three CPUs asked of a two-CPU cluster: the replica Ray had no room for waited for ever, pending, and the run
+    ended "ok" at --duration without it ever having started."""
+    actors = "  ticker: {replicas: 2, resources: {num_cpus: 1}}\n  tally: {}"
+    runtime = RayRuntime(load_spec(write_spec(tmp_path, actors)), handle_signals=False)
+    result = anyio.run(runtime.run)
+    assert not result.ok
+    assert "the actors ask for {CPU=3} in all (each replica's resources × replicas), the Ray cluster has {CPU=2}" in (
+        result.message
+    )
+
+
 @pytest.mark.timeout(300)
 def test_the_embedded_default_runs_under_ray_versions_advance_and_a_killed_generator_rejoins(
     ray_instance: None, tmp_path: Path
