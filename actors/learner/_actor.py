@@ -30,10 +30,11 @@ Exactly-once (see ``_ledger``): a training message is acked only after a checkpo
 its id (in the applied ledger) was written. On restart, a redelivered message whose id is in the restored ledger
 is acked without being applied; anything applied after that checkpoint was never acked and comes back (after
 ``ack_wait_s``), to be applied again to the restored weights or, older by then than ``max_staleness`` (a generated
-rollout, with the defaults, most often), dropped as stale and counted. Within a life, a message is kept alive from its delivery to its ack, and a redelivery of it
-(after ``ack_wait_s`` anyway: the process was stopped, the bus away) replaces the delivery wherever the message is
-(``_intake``). Every applied message is also written to ``metrics/applied-*.parquet`` with the step and the
-learner's incarnation (flushed before each checkpoint), which is the audit trail tests use.
+rollout, with the defaults, most often), dropped as stale and counted. Within a life, a message is kept alive from
+its delivery to its ack, and a redelivery of it (after ``ack_wait_s`` anyway: the process was stopped, the bus away)
+replaces the delivery wherever the message is (``_intake``). Every applied message is also written to
+``metrics/applied-*.parquet`` with the step and the learner's incarnation (flushed before each checkpoint), which is
+the audit trail tests use.
 
 Checkpoints taken by the train loop are written in the background: the state is copied while nothing steps it
 (milliseconds for a small model), training goes on while the copy is written, and the messages it covers are acked

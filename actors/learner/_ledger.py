@@ -13,8 +13,9 @@ same checkpoint, so:
   ``dropped_stale``; the source draws new tasks); users' feedback has no bound by default
   (``feedback_max_staleness``) and is applied again.
 
-Hence nothing is applied twice, and nothing is lost unseen: each redelivered message is applied or counted. The ledger is bounded (oldest ids forgotten first): an id
-older than `capacity` applications cannot be redelivered any more, since it was acked long ago.
+Hence nothing is applied twice, and nothing is lost unseen: each redelivered message is applied or counted. The
+ledger is bounded (oldest ids forgotten first): an id older than `capacity` applications cannot be redelivered any
+more, since it was acked long ago.
 
 Non-goals: dedupe of producer retries with *different* ids (the bus's `Nats-Msg-Id` window does that).
 """

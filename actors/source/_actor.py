@@ -4,8 +4,9 @@ Contract:
 - Opens the domains named in its config (default: every domain of the spec) with `domains_from_spec`; a
   bad source or JSONL row fails `start()` with the one-line `SourceError`.
 - Replica i samples with `random.Random(seed + i)`, so two replicas never emit the same sequence and a run is
-  reproducible given its seeds. Only training tasks are published (`heldout: false`); held-out tasks never
-  leave through this actor.
+  reproducible given its seeds; a restarted or resumed replica goes on where its sequence stood
+  (`actors.source._position`), instead of drawing its head again. Only training tasks are published (`heldout:
+  false`); held-out tasks never leave through this actor.
 - Each message is a `PromptMsg` payload (`actors.protocol._messages`), envelope type `"prompt"`, with a fresh
   message id per emission (the same task drawn twice is two prompts; `task_id` stays the task's stable id).
 - Backpressure: before each batch the actor reads the channel's *backlog* from JetStream — for every
@@ -70,6 +71,7 @@ from actors.protocol import (
     weights_bucket,
 )
 from actors.source._config import SourceConfig
+from actors.source._position import SequencePosition
 from actors.source._settled import SettledTasks
 from topology import ephemeral_subject
 from topology.bus import BUS_AWAY, new_id
@@ -99,6 +101,12 @@ class SourceActor(Actor[SourceConfig]):
         self.sampler = DomainSampler(
             domains_from_spec(ctx.spec, self.config.domains), random.Random(self.config.seed + ctx.replica)
         )
+        self.position = SequencePosition(ctx.state_dir, self.sampler.rng, self.config.seed + ctx.replica)
+        restored = self.position.restore()
+        if restored == "restored":
+            ctx.log.info("source.sequence_resumed", path=str(self.position.path))
+        elif restored != "fresh":
+            ctx.log.warning("source.sequence_unreadable", path=str(self.position.path), why=restored)
         self.settled = SettledTasks(self.config.skip_no_signal, self.sampler.rng)
         if self.config.skip_no_signal:
             await ctx.bus.nc.subscribe(ephemeral_subject(ctx.topology, TASK_OUTCOMES), cb=self.on_outcomes)
@@ -367,3 +375,8 @@ class SourceActor(Actor[SourceConfig]):
             self.ctx.counters.inc(f"published.{domain.name}")
         await self.ctx.bus.publish_many(self.channel, items, source=self.ctx.replica_id)
         self.ctx.counters.inc("published", n)
+        self.position.save_if_due()
+
+    async def stop(self) -> None:
+        if hasattr(self, "position"):  # start() got that far
+            self.position.save()

@@ -107,6 +107,39 @@ async def test_replica_stream_is_the_seeded_sampler_sequence(embedded_nats: Embe
     assert got == [sampler.next()[1].id for _ in range(12)]
 
 
+async def test_a_restarted_replica_goes_on_where_its_sequence_stood(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A restarted or resumed source replica began its seeded sequence again: an always-on run that restarts now and
+    then trained the same first tasks each time. Its position is kept in its state dir; another seed starts afresh,
+    and a state file that cannot be read is set aside (the replica starts from its seed, the run goes on)."""
+
+    async def one_life(spec: Spec) -> list[str]:
+        async with running_source(spec, embedded_nats, tmp_path) as (_, bus):
+
+            async def full() -> bool:
+                return await stream_messages(bus) >= 12
+
+            await wait_for(full)
+            return await drawn_task_ids(bus, 12, batch=12)
+
+    spec = write_spec(tmp_path, actor="{max_pending: 12, seed: 41}")
+    sampler = DomainSampler(domains_from_spec(spec), random.Random(41))
+    expected = [sampler.next()[1].id for _ in range(24)]
+    assert await one_life(spec) == expected[:12]
+    assert await one_life(spec) == expected[12:]  # the second life draws on from the first's stop
+    saved = tmp_path / "state" / "source" / "0" / "sequence.json"
+    assert saved.is_file()
+
+    other = write_spec(tmp_path, actor="{max_pending: 12, seed: 7}")
+    fresh = DomainSampler(domains_from_spec(other), random.Random(7))
+    assert await one_life(other) == [fresh.next()[1].id for _ in range(12)]  # another seed: its own sequence
+    saved.write_text("{not json")
+    again = DomainSampler(domains_from_spec(other), random.Random(7))
+    assert await one_life(other) == [again.next()[1].id for _ in range(12)]  # unreadable: from the seed
+    assert (saved.parent / "sequence.json.unreadable").read_text() == "{not json"
+
+
 async def test_weights_and_domain_selection(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, actor="{max_pending: 400, seed: 0, domains: [extract]}")
     async with running_source(spec, embedded_nats, tmp_path) as (actor, bus):
