@@ -9,7 +9,9 @@ application, so it exports generically:
   ``flywheel_replica_restarts``, ``flywheel_replica_heartbeat_age_seconds``;
 - each numeric counter ``<name>`` or ``<name>.<key>`` of a replica as the gauge ``flywheel_<name>`` with the labels
   ``topology, actor, replica, kind`` and ``key`` (``""`` when the counter has no dot): a learner's
-  ``reward.arithmetic`` is ``flywheel_reward{actor="learner", key="arithmetic"}``. Names are reduced to
+  ``reward.arithmetic`` is ``flywheel_reward{actor="learner", key="arithmetic"}``. A counter that also has keyed
+  parts (a source's ``published`` beside ``published.<domain>``) is exported as ``flywheel_<name>_all`` (``key``
+  ``""``), so that summing ``flywheel_<name>`` over its keys does not count the total twice. Names are reduced to
   ``[a-zA-Z0-9_]``; booleans are 0/1; text counters (a URL, a decision) are not exported.
 
 Every value is a gauge: a counter of a replica restarts from 0 with the replica (``flywheel_replica_restarts``
@@ -87,6 +89,12 @@ class StatusExporter:
             "flywheel_replica_heartbeat_age_seconds", "seconds since the replica's last heartbeat", labels=_LABELS
         )
         families: dict[str, GaugeMetricFamily] = {}
+        keyed = {  # names with a breakdown: their plain total is exported apart (`flywheel_<name>_all`)
+            metric_name(counter)[0]
+            for record in records
+            for counter, value in record.counters.items()
+            if "." in counter and isinstance(value, int | float)
+        }
         for record in records:
             labels = [self.topology, record.actor, str(record.replica), record.kind]
             up.add_metric([*labels, record.state], 1.0)
@@ -96,6 +104,8 @@ class StatusExporter:
                 if not isinstance(value, int | float):  # bool is an int
                     continue
                 name, key = metric_name(counter)
+                if not key and name in keyed:
+                    name += "_all"
                 family = families.get(name)
                 if family is None:
                     family = families[name] = GaugeMetricFamily(

@@ -42,6 +42,7 @@ def test_every_numeric_counter_of_every_replica_is_served() -> None:
         exporter.update(
             [
                 record("learner", "learner", {"reward.arithmetic": 0.5, "step": 7, "phase": "rl", "ok": True}),
+                record("source", "source", {"published": 5, "published.a": 2, "published.b": 3}),
                 record("gate", "gate", {"decisions.promote": 3, "last_decision": "promote v3: ..."}),
                 record("gateway", "gateway", {"url": "http://127.0.0.1:8000", "requests": 12}, state="restarting"),
             ]
@@ -58,6 +59,10 @@ def test_every_numeric_counter_of_every_replica_is_served() -> None:
     assert got[("flywheel_ok", labels("learner", "learner", key=""))] == 1
     assert got[("flywheel_decisions", labels("gate", "gate", key="promote"))] == 3
     assert got[("flywheel_requests", labels("gateway", "gateway", key=""))] == 12
+    # a total beside its breakdown has a name of its own: summing flywheel_published over keys counted it twice
+    published = {dict(lab)["key"]: v for (name, lab), v in got.items() if name == "flywheel_published"}
+    assert published == {"a": 2, "b": 3}
+    assert got[("flywheel_published_all", labels("source", "source", key=""))] == 5
     assert got[("flywheel_replica_up", labels("gateway", "gateway", state="restarting"))] == 1
     assert got[("flywheel_replica_restarts", labels("gate", "gate"))] == 2
     assert 1.0 <= got[("flywheel_replica_heartbeat_age_seconds", labels("gate", "gate"))] < 10
