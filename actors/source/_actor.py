@@ -375,8 +375,15 @@ class SourceActor(Actor[SourceConfig]):
             self.ctx.counters.inc(f"published.{domain.name}")
         await self.ctx.bus.publish_many(self.channel, items, source=self.ctx.replica_id)
         self.ctx.counters.inc("published", n)
-        self.position.save_if_due()
+        error = self.position.save_if_due()
+        if error is not None:
+            self.ctx.counters.inc("sequence_save_errors")
+            if self.ctx.counters.get("sequence_save_errors") == 1:  # once: it is retried every few seconds
+                self.ctx.log.warning("source.sequence_not_saved", path=str(self.position.path), error=error)
 
     async def stop(self) -> None:
         if hasattr(self, "position"):  # start() got that far
-            self.position.save()
+            try:
+                self.position.save()
+            except OSError as exc:
+                self.ctx.log.warning("source.sequence_not_saved", path=str(self.position.path), error=str(exc))

@@ -7,7 +7,8 @@ of the same sequence over and over. :class:`SequencePosition` writes the stream'
 :meth:`SequencePosition.restore` puts it back at start: the replica goes on where it stood. After a crash (no stop to
 save at) it goes on from the last save: at most ``SAVE_EVERY_S`` of draws come again. A ``seed`` changed since the
 state was written starts the stream afresh from the new seed. A state file that cannot be read is set aside
-(renamed ``.unreadable``), logged, and the stream starts from its seed: a run never stops over it.
+(renamed ``.unreadable``), logged, and the stream starts from its seed; one that cannot be written (a full disk) is
+counted and logged, and the replica publishes on: a run never stops over it.
 
 Non-goals: exactly-once tasks (sampling is with replacement: the same task is drawn again anyway); the replicas'
 streams are independent (each its own file), so a run resumed with fewer replicas leaves the others' positions unused.
@@ -54,9 +55,17 @@ class SequencePosition:
             return self._set_aside(f"{type(exc).__name__}: {exc}")
         return "restored"
 
-    def save_if_due(self) -> None:
-        if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+    def save_if_due(self) -> str | None:
+        """Save when ``SAVE_EVERY_S`` passed since the last try; the error when the write failed (a full disk, say):
+        the stream goes on unsaved, and the next try is ``SAVE_EVERY_S`` later."""
+        if time.monotonic() - self._saved_at < SAVE_EVERY_S:
+            return None
+        try:
             self.save()
+        except OSError as exc:
+            self._saved_at = time.monotonic()
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def save(self) -> None:
         """Write the stream's state (atomically: a crash mid-write leaves the previous one)."""
