@@ -42,7 +42,9 @@ Contract:
   Backpressure and `prompts_per_s` do not apply then.
 - A nats-server restart (the runtime brings a killed one back on its port) is ridden out: while the backlog and the
   learner's heartbeat cannot be read, the source publishes nothing and looks again (counted as `bus_waits`, logged
-  once per outage) instead of crashing on the first request that timed out.
+  once per outage) instead of crashing on the first request that timed out. So is a publish the bus refuses (its
+  storage budget reached: "insufficient resources"; a full disk): the batch is not counted, the source waits as
+  for an outage and draws anew (tasks are drawn with replacement, so none is owed).
 
 Non-goals: exact global in-flight accounting across replicas; priorities between domains beyond weights.
 """
@@ -321,7 +323,7 @@ class SourceActor(Actor[SourceConfig]):
         burst = max(1.0, rate or 0.0)  # at least one prompt, so rates below 1/s still publish
         tokens, last = burst, time.monotonic()
         blocked_since: float | None = None
-        bus_away = False
+        bus_away = refused = False  # an outage, a publish refused: each logged at its first failure
         while not ctx.stopping.is_set():
             try:
                 learners = await self.learner_statuses()  # before the counts: see in_flight
@@ -333,12 +335,8 @@ class SourceActor(Actor[SourceConfig]):
                     ctx.counters.set("in_flight", in_flight)
                     room = min(room, self.max_in_flight - in_flight)
             except BUS_AWAY as exc:
-                ctx.counters.inc("bus_waits")
-                if not bus_away:
-                    ctx.log.warning("source.bus_away", error=f"{type(exc).__name__}: {exc}", retry_s=_BUS_RETRY_S)
+                await self._bus_wait(exc, first=not bus_away)
                 bus_away = True
-                with anyio.move_on_after(_BUS_RETRY_S):
-                    await ctx.stopping.wait()
                 continue
             bus_away = False
             ctx.counters.set("backlog", backlog)
@@ -362,9 +360,23 @@ class SourceActor(Actor[SourceConfig]):
                     await ctx.stopping.wait()
                 continue
             blocked_since = None
-            await self.publish_batch(room)
+            try:
+                await self.publish_batch(room)
+            except BUS_AWAY as exc:  # refused (storage full) or timed out: nothing counted, wait as for an outage
+                await self._bus_wait(exc, first=not refused)
+                refused = True
+                continue
+            refused = False
             if rate is not None:
                 tokens -= room
+
+    async def _bus_wait(self, exc: Exception, *, first: bool) -> None:
+        """Count a look or publish the bus did not answer (logged at the first of an outage), then wait."""
+        self.ctx.counters.inc("bus_waits")
+        if first:
+            self.ctx.log.warning("source.bus_away", error=f"{type(exc).__name__}: {exc}", retry_s=_BUS_RETRY_S)
+        with anyio.move_on_after(_BUS_RETRY_S):
+            await self.ctx.stopping.wait()
 
     async def publish_batch(self, n: int) -> None:
         items: list[tuple[str, dict[str, Any], str | None]] = []

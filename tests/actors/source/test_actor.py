@@ -323,6 +323,25 @@ async def test_a_nats_server_restart_is_ridden_out(tmp_path: Path) -> None:
         assert len(await drawn_task_ids(bus, 15, batch=5)) == 15  # 10 from before, then new ones: it publishes again
 
 
+async def test_a_publish_the_bus_refuses_for_want_of_storage_is_waited_out(tmp_path: Path) -> None:
+    """At the bus's storage budget (`bus.max_file_store_mb`; a full disk alike) JetStream refuses publishes with
+    "insufficient resources": the source crashed on it at every restart and stopped the whole run. It waits as for an
+    outage, and publishes again once retention (here a purge) frees room."""
+    spec = write_spec(tmp_path, actor="{max_pending: 1000000, seed: 3}")
+    async with (
+        EmbeddedNats(tmp_path / "nats", max_file_store=256 * 1024) as server,
+        running_source(spec, server, tmp_path) as (actor, bus),
+    ):
+        await wait_for(lambda: _counter_above(actor, "bus_waits", 2), timeout_s=60)
+        published = actor.ctx.counters.get("published")
+        await bus.nc.jetstream().purge_stream(bus.stream("prompts"))
+        await wait_for(lambda: _counter_above(actor, "published", published), timeout_s=30)
+
+
+async def _counter_above(actor: SourceActor, name: str, value: float) -> bool:
+    return actor.ctx.counters.get(name) > value
+
+
 async def _at_least(bus: Bus, n: int) -> bool:
     return await stream_messages(bus) >= n
 
