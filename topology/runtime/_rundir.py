@@ -21,6 +21,7 @@ Non-goals: no cleanup of old runs.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
@@ -172,9 +173,15 @@ def bus_token(info: RunInfo) -> str | None:
 
 
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
+    """Write ``run.json`` atomically; after a failed write (a full disk) the previous one stays, no temporary left."""
     tmp = run_dir / f".{RUN_JSON}.tmp"
-    tmp.write_bytes(info.to_json())
-    tmp.replace(run_dir / RUN_JSON)
+    try:
+        tmp.write_bytes(info.to_json())
+        tmp.replace(run_dir / RUN_JSON)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_run_info(run_dir: Path) -> RunInfo:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -78,6 +79,19 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def disk_full(path: Path) -> str | None:
+    """``the disk holding PATH is full (N KiB free)`` when less than 1 MiB and less than 0.5 % of it is free, else
+    None: a replica that crashes then most likely failed to write (its checkpoint, its log), and its log may be cut
+    short."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    if usage.free >= min(1 << 20, usage.total // 200):
+        return None
+    return f"the disk holding {path} is full ({usage.free // 1024} KiB free)"
 
 
 def crash_reason(path: Path) -> str | None:
@@ -260,6 +274,9 @@ class RuntimeBase:
         reason = crash_reason(log) if log is not None and not signalled else None
         if how and reason and reason in how:  # a Ray actor's error came with its status record already
             reason = None
+        full = disk_full(session.run_dir)
+        if full is not None:
+            reason = f"{reason}; {full}" if reason else full
         described = f"{how}: {reason}" if how and reason else (how or reason)
         crashes = self._crashes.setdefault(key, _Crashes(count=0, last="", restarts=0))
         crashes.count, crashes.last, crashes.restarts = crashes.count + 1, described or "no reason given", restarts
@@ -269,7 +286,7 @@ class RuntimeBase:
         if delay is None:
             message = (
                 f"actor '{actor}' replica {replica} crashed {self.policy.max_restarts + 1} times within "
-                f"{self.policy.window_s:g}s (last: {how}); stopping the topology."
+                f"{self.policy.window_s:g}s (last: {how}{'; ' + full if full else ''}); stopping the topology."
             )
             if log is not None:
                 tail = "\n".join(f"  | {line}" for line in log_tail(log))

@@ -258,7 +258,10 @@ async def open_session(
                 info.stopped_at = time.time()
                 if info.exit is None:
                     info.exit = "interrupted"
-                write_run_info(run_dir, info)
+                try:
+                    write_run_info(run_dir, info)
+                except OSError as exc:  # a full disk: the run's own verdict stands, the stop goes unrecorded
+                    _log.error("the stop is not recorded", run_json=str(run_dir / "run.json"), error=str(exc))
     finally:
         os.close(lock)
 

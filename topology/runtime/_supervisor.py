@@ -23,6 +23,7 @@ Non-goals: no resource isolation beyond thread counts (no cgroups, no CPU pinnin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -117,14 +118,20 @@ class LocalRuntime(RuntimeBase):
             str(os.getpid()),
         ]
         env = {**os.environ, **thread_env(self.spec.actors[actor].resources.num_cpus), **session.replica_env()}
-        with open(log_path, "ab") as out:
-            out.write(life_banner(actor, replica, restarts).encode())
-            out.flush()
+        # A log that cannot be opened or written (a full disk) must not bring the supervisor down: the replica starts
+        # all the same (its output lost if the log cannot be opened), and what failed is logged here.
+        with contextlib.ExitStack() as opened:
+            out: Any = None
+            try:
+                out = opened.enter_context(open(log_path, "ab", buffering=0))  # unbuffered: nothing left to flush
+                out.write(life_banner(actor, replica, restarts).encode())
+            except OSError as exc:
+                _log.warning("replica log not written", actor=actor, replica=replica, log=str(log_path), error=str(exc))
             # Popen from the event-loop thread: PDEATHSIG fires when the *forking thread* exits.
             proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
+                stdout=out if out is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=_die_with_parent,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from topology.runtime._runtime import crash_reason, life_banner
+from topology.runtime._runtime import crash_reason, disk_full, life_banner
 
 TRACEBACK = """Traceback (most recent call last):
   File "/x/_policy.py", line 284, in read_safetensors
@@ -42,3 +43,21 @@ def test_a_traceback_handled_long_before_the_end_is_no_reason_but_a_last_error_l
     assert crash_reason(log) is None
     log.write_text(life_banner("gateway", 0, 0) + served + "14:01:00 [error    ] spec no longer valid errors='x'\n")
     assert crash_reason(log) == "spec no longer valid errors='x'"
+
+
+def test_a_crash_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, monkeypatch: Any) -> None:
+    """A replica that crashed on a full disk left a log cut short (no exception line to quote) and the supervisor
+    named no cause; the crash now says the disk holding the run dir is full when it is (under 1 MiB and 0.5 % free)."""
+    import shutil
+
+    from topology.runtime import _runtime
+
+    def usage(free: int, total: int = 40 << 20) -> Any:
+        return lambda path: shutil._ntuple_diskusage(total, total - free, free)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(_runtime.shutil, "disk_usage", usage(12 * 1024))
+    assert disk_full(tmp_path) == f"the disk holding {tmp_path} is full (12 KiB free)"
+    monkeypatch.setattr(_runtime.shutil, "disk_usage", usage(300 * 1024))  # under 1 MiB, but 0.7 % of 40 MiB
+    assert disk_full(tmp_path) is None
+    monkeypatch.setattr(_runtime.shutil, "disk_usage", usage(3 << 30, total=2 << 40))  # 3 GiB of 2 TiB: not full
+    assert disk_full(tmp_path) is None

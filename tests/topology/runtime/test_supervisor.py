@@ -184,3 +184,41 @@ def test_a_replica_log_past_its_limit_is_rotated(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.communicate()
+
+
+def test_a_replica_log_that_cannot_be_written_does_not_bring_the_supervisor_down(tmp_path: Path) -> None:
+    """On a full disk the line the supervisor writes into a replica's log before each life raised out of its
+    supervision task: `flywheel up` died with a bare "[Errno 28] No space left on device", every replica SIGKILLed
+    without a drain, the stop unrecorded. Here the replica's log is made a directory (it cannot be opened for writing)
+    and the replica killed: the supervisor logs that the log was not written, starts the replica again, and stops
+    on SIGTERM with its own verdict."""
+    up = start_up(write_spec(tmp_path))
+    try:
+        run_dir, _ = kill_tally_when_running(tmp_path)  # a first restart: the run is under way
+        wait_for("tally restarted", lambda: next((r for r in live_rows(run_dir) or [] if r["restarts"] == 1), None))
+        log = run_dir / "logs" / "tally-0.log"
+        log.unlink()
+        log.mkdir()
+        victim = next(r for r in live_rows(run_dir) or [] if r["actor"] == "tally")
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_for(
+            "tally running again",
+            lambda: next(
+                (
+                    r
+                    for r in live_rows(run_dir) or []
+                    if r["actor"] == "tally" and r["restarts"] == 2 and r["state"] == "running"
+                ),
+                None,
+            ),
+        )
+        assert up.poll() is None, "the supervisor is still running"
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=60)
+        assert "replica log not written" in err and "Is a directory" in err, err
+        # stopped by its own verdict (two kills in a few seconds read as a crash loop), not by an unhandled error
+        assert "rt-test: stopped (SIGTERM received)" in out + err and "Error:" not in out + err, out + err
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
