@@ -73,6 +73,40 @@ def test_status_shows_heartbeats_and_ctrl_c_drains(tmp_path: Path) -> None:
     assert wait_for("replicas gone", lambda: gone([r["pid"] for r in rows]), 5)
 
 
+@pytest.mark.usefixtures("kinds_env")
+def test_status_of_a_live_run_whose_bus_does_not_answer_says_so(tmp_path: Path) -> None:
+    """With the run's nats-server frozen (SIGSTOP) `flywheel status` said "no live run … TimeoutError: " of a run whose
+    supervisor was running, and `up`'s own view printed empty lines: both say the bus does not answer."""
+    import os
+    import time
+
+    up = start_up(write_spec(tmp_path), "--duration", "60")
+    try:
+        latest = tmp_path / "runs" / "latest"
+        run_dir = wait_for("the run dir", lambda: latest.resolve() if (latest / "run.json").exists() else None)
+        wait_for("heartbeats of every replica", lambda: live_rows(run_dir))
+        nats_pid = json.loads((run_dir / "run.json").read_text())["nats_pid"]
+        os.kill(nats_pid, signal.SIGSTOP)
+        try:
+            result = CliRunner().invoke(main, ["status", str(run_dir)])
+            time.sleep(5.0)  # `up`'s own view looks every 0.5 s meanwhile
+        finally:
+            os.kill(nats_pid, signal.SIGCONT)
+        assert result.exit_code == 1
+        assert f"its status cannot be read now at {run_dir}: its supervisor (pid " in result.output, result.output
+        assert "is running, but its bus at nats://127.0.0.1:" in result.output and "did not answer within 5 s" in (
+            result.output
+        )
+        assert "no live run" not in result.output
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=60)
+        assert "] the bus does not answer (" in out and "); the run goes on" in out  # not an empty line
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+
+
 def test_up_rejects_an_invalid_spec_with_located_errors(tmp_path: Path) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: Bad Name\npolicy: {model: 'builtin:tiny-gpt'}\nactors: {}\n")

@@ -149,6 +149,9 @@ def _table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
     return table
 
 
+_LOOK_TIMEOUT_S = 3.0  # the live view's look at the heartbeats: longer, and the bus is said not to answer
+
+
 def _plain_line(rows: list[dict[str, Any]], elapsed_s: float) -> str:
     parts = []
     for row in rows:
@@ -249,17 +252,22 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
         view = _live_view()
         records: list[Any] = []
         announced: set[str] = set()
+        bus_error = ""  # why the last look at the heartbeats failed ("" when it did not)
 
         async def current_rows() -> list[dict[str, Any]] | None:
-            nonlocal records
+            nonlocal records, bus_error
             if runtime.stopping:
                 return None  # the bus is going away with the run: stop drawing
             try:
-                records = await runtime.statuses()
+                with anyio.fail_after(_LOOK_TIMEOUT_S):  # a frozen bus: say so at the next look, not minutes later
+                    records = await runtime.statuses()
+                bus_error = ""
                 for line in _new_urls(records, announced):  # a gateway's URL, once it listens
                     click.echo(line)
                 return _rows(records, expected, heartbeat_s) + _bus_row(runtime.session.info)
-            except Exception:  # a bus hiccup must not take the run down with it
+            except Exception as exc:  # a bus hiccup must not take the run down with it; old figures are not shown
+                records = []
+                bus_error = f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {_LOOK_TIMEOUT_S:g} s"
                 return []
 
         if console.is_terminal:
@@ -268,6 +276,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
             with Live(console=console, auto_refresh=False, transient=False) as live:
                 while (rows := await current_rows()) is not None:
                     title = f"{runtime.spec.name} — {_fmt_duration(time.monotonic() - began)}"
+                    if bus_error:
+                        title += f" — the bus does not answer ({bus_error}); the run goes on"
                     learning = view.renderable(records) if view is not None else None
                     table = _table(rows, title=title)
                     live.update(Group(learning, table) if learning is not None else table, refresh=True)
@@ -277,6 +287,10 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
             await anyio.sleep(interval_s)
             if (rows := await current_rows()) is None:
                 return
+            if bus_error:
+                elapsed = _fmt_duration(time.monotonic() - began)
+                click.echo(f"[{elapsed}] the bus does not answer ({bus_error}); the run goes on")
+                continue
             click.echo(_plain_line(rows, time.monotonic() - began))
             if view is not None and (learning_line := view.line(records)) is not None:
                 click.echo(learning_line)
@@ -517,13 +531,15 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
             "bus_url": report.bus_url,
             "live": report.live,
             "reason": report.reason,
+            "bus_unreachable": report.bus_unreachable,
             "replicas": rows,
             "bus": bus[0] if bus else None,  # the embedded nats-server (pid, restarts), null for an external bus
         }
         click.echo(json.dumps(doc, indent=2))
         sys.exit(0 if report.live else 1)
     if not report.live:
-        click.echo(f"no live run at {run_dir}: {report.reason}", err=True)
+        said = "its status cannot be read now" if report.bus_unreachable else "no live run"
+        click.echo(f"{said} at {run_dir}: {report.reason}", err=True)
         sys.exit(1)
     console = Console()
     if not console.is_terminal:

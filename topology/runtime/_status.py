@@ -157,6 +157,7 @@ class RunStatus:
     heartbeat_s: float
     replicas: list[ReplicaStatus]
     expected: list[tuple[str, int]]  # every (actor, replica) of the spec, reported or not
+    bus_unreachable: bool = False  # the supervisor runs, but the bus did not answer: a live run that cannot be read
 
     def missing(self) -> list[tuple[str, int]]:
         seen = {(r.actor, r.replica) for r in self.replicas}
@@ -170,7 +171,7 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
 
     info = read_run_info(run_dir)
 
-    def result(live: bool, reason: str, records: list[ReplicaStatus]) -> RunStatus:
+    def result(live: bool, reason: str, records: list[ReplicaStatus], *, unreachable: bool = False) -> RunStatus:
         return RunStatus(
             run_dir=str(run_dir),
             topology=info.topology,
@@ -180,6 +181,7 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
             heartbeat_s=info.heartbeat_s,
             replicas=records,
             expected=info.replica_keys(),
+            bus_unreachable=unreachable,
         )
 
     if info.stopped_at is not None:
@@ -198,7 +200,11 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
                 records = await read_status(bus, info.topology, info.replica_keys(), since=info.started_at)
             finally:
                 await bus.close()
-    except Exception as exc:
-        reason = f"cannot reach its bus at {info.bus_url}: {type(exc).__name__}: {exc}"
-        return result(False, reason, [])
+    except Exception as exc:  # the supervisor is alive (checked above): the run goes on, its bus does not answer
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        reason = (
+            f"its supervisor (pid {info.pid}) is running, but its bus at {info.bus_url} did not answer within "
+            f"{timeout_s:g} s ({error}): the nats-server may be stopped, overloaded or restarting; try again"
+        )
+        return result(False, reason, [], unreachable=True)
     return result(True, "", records)
