@@ -500,7 +500,8 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     from the bus and prints: actor, replica, state, pid, restarts, uptime, age of the last
     heartbeat (STALE when older than 3 heartbeat intervals: the replica is wedged or gone) and
     its counters — and a row for the embedded nats-server (its pid and restarts). Exits 1 when
-    no run is live there.
+    no run is live there, or when its supervisor runs but its bus does not answer (frozen,
+    overloaded or restarting: the message says which run and bus; --json sets bus_unreachable).
 
     \b
     Examples:
