@@ -51,7 +51,7 @@ from actors.protocol import (
     served_key,
 )
 from actors.weights import SafetensorsDirTransport, WeightSubscriber, weight_transports
-from topology.bus import Delivery, InFlight, Outbox
+from topology.bus import BUS_AWAY, Delivery, InFlight, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are logged at most this often
@@ -81,6 +81,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._generating: InFlight[PromptMsg] = InFlight(ctx.bus.settings.ack_wait_s, on_failure=self._keepalive_failed)
         self._failure_logged = -_FAILURE_LOG_EVERY_S  # when a failed prompt was last logged (monotonic)
         self._failures_unlogged = 0  # prompts failed since then
+        self._send_waiting = False  # a rollout's publish is being retried (the bus refused it or did not answer)
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
         self._staging_root = ctx.run_dir / "weights-staged" / f"{ctx.actor}-{ctx.replica}"
 
@@ -270,13 +271,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
             started = time.perf_counter()
             completions = await self.engine.generate(self._requests(delivery.id, msg))
             rollout = self._rollout(msg, completions, time.perf_counter() - started)
-            await outbox.send(
-                self._out_channel(),
-                "rollout",
-                rollout.model_dump(mode="json"),
-                id=f"{delivery.id}.r",
-                delivery=self._generating.newest(delivery),  # the newest delivery, if it was redelivered
-            )
+            await self._send(outbox, delivery, rollout.model_dump(mode="json"))
             self.ctx.counters.inc("prompts")
             self.ctx.counters.inc("completions", len(completions))
             generated = sum(len(c.token_ids) for c in completions)
@@ -307,6 +302,33 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
     def _keepalive_failed(self, exc: Exception) -> None:
         self.ctx.log.warning("generator.keepalive_failed", error=str(exc))
+
+    async def _send(self, outbox: Outbox, delivery: Delivery[PromptMsg], rollout: dict[str, Any]) -> None:
+        """Publish the rollout, then ack its prompt. A publish the bus refuses (its storage budget reached, a full
+        disk) or does not answer is tried again every ``_RETRY_S`` with the same rollout, the prompt kept alive
+        meanwhile: given back instead, a healthy prompt was dead-lettered as poison on its fifth delivery, and its
+        completions generated again each time. At a stop the prompt is given back (the caller naks it)."""
+        while True:
+            try:
+                await outbox.send(
+                    self._out_channel(),
+                    "rollout",
+                    rollout,
+                    id=f"{delivery.id}.r",
+                    delivery=self._generating.newest(delivery),  # the newest delivery, if it was redelivered
+                )
+            except BUS_AWAY as exc:
+                if self.ctx.stopping.is_set():
+                    raise
+                self.ctx.counters.inc("rollout_send_waits")
+                if not self._send_waiting:  # once per outage: every prompt in flight waits alike
+                    self.ctx.log.warning("generator.rollout_not_stored", error=f"{type(exc).__name__}: {exc}")
+                self._send_waiting = True
+                with anyio.move_on_after(_RETRY_S):
+                    await self.ctx.stopping.wait()
+                continue
+            self._send_waiting = False
+            return
 
     def _failed(self, msg: PromptMsg, exc: Exception) -> None:
         """Log a prompt that failed (a server down makes every prompt in flight fail, and fail again on each retry):

@@ -15,6 +15,7 @@ from actors.generator._actor import GeneratorActor
 from actors.generator._config import GeneratorConfig
 from actors.protocol import PromptMsg, RolloutMsg
 from actors.testing import actor_context
+from tests.actors.learner._helpers import wait_until
 from topology import BusSpec, Spec, load_spec
 from topology.bus import DEADLETTER, Bus, EmbeddedNats
 
@@ -138,3 +139,37 @@ async def test_a_prompt_of_a_domain_removed_from_the_spec_is_dropped_ungenerated
             actor.ctx.stopping.set()
     counters = actor.report()
     assert counters.get("removed_domain.extract") == 1 and counters.get("prompts") == 1, counters
+
+
+async def test_a_rollout_the_bus_refuses_for_want_of_storage_is_sent_again_not_its_prompt_given_back(
+    tmp_path: Path,
+) -> None:
+    """At the bus's storage budget (a full disk alike) JetStream refuses the rollout's publish: the generator gave its
+    prompt back, and the consumer dead-lettered a healthy prompt on its fifth delivery, as poison. It keeps the prompt
+    and sends the same rollout again until the bus takes it."""
+    import nats.js.errors
+
+    async with (
+        EmbeddedNats(tmp_path / "nats", max_file_store=512 * 1024) as server,
+        _generator(server, tmp_path) as (bus, actor),
+    ):
+        js = bus.nc.jetstream()
+        msg = PromptMsg(task_id="t1", domain="arithmetic", prompt="1+1=", group_size=2)
+        await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
+        await js.add_stream(name="FILLER", subjects=["filler.>"])
+        with pytest.raises(nats.js.errors.APIError):  # the budget, filled by another stream
+            for i in range(1000):
+                await js.publish(f"filler.{i}", b"x" * 8192)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            await wait_until(lambda: actor.ctx.counters.get("rollout_send_waits") >= 3, timeout_s=30)
+            assert bus.stats.naked == 0 and actor.ctx.counters.get("errors") == 0  # nothing given back
+            await js.delete_stream("FILLER")  # room again
+            with anyio.fail_after(30):
+                async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+                    async for delivery in rollouts:
+                        assert delivery.payload.task_id == "t1"
+                        await delivery.ack()
+                        break
+            actor.ctx.stopping.set()
+    assert bus.stats.naked == 0
