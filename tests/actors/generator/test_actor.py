@@ -42,6 +42,17 @@ async def _generator(
             await actor.stop()
 
 
+async def _first_rollout(bus: Bus, within_s: float = 30.0) -> RolloutMsg:
+    """The next rollout on `rollouts` (consumer group ``check``), acked."""
+    with anyio.fail_after(within_s):
+        async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
+            async for delivery in rollouts:
+                await delivery.ack()
+                assert isinstance(delivery.payload, RolloutMsg)
+                return delivery.payload
+    raise AssertionError("the rollouts consumer ended")
+
+
 def _spec(tmp_path: Path) -> Spec:
     """A generator of a one-layer builtin model (a context of 32 tokens) on the arithmetic domain, alone."""
     path = tmp_path / "spec.yaml"
@@ -125,12 +136,7 @@ async def test_a_prompt_of_a_domain_removed_from_the_spec_is_dropped_ungenerated
             await bus.publish("prompts", "prompt", msg.model_dump(mode="json"))
         async with anyio.create_task_group() as tg:
             tg.start_soon(actor.run)
-            with anyio.fail_after(30):
-                async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
-                    async for delivery in rollouts:
-                        assert delivery.payload.task_id == "kept"
-                        await delivery.ack()
-                        break
+            assert (await _first_rollout(bus)).task_id == "kept"
             with anyio.fail_after(10):  # the kept prompt's handler ends just after its rollout is out; the dropped
                 for _ in iter(int, 1):  # one was never kept alive as if it were being generated
                     if len(actor._generating) == 0:
@@ -165,11 +171,6 @@ async def test_a_rollout_the_bus_refuses_for_want_of_storage_is_sent_again_not_i
             await wait_until(lambda: actor.ctx.counters.get("rollout_send_waits") >= 3, timeout_s=30)
             assert bus.stats.naked == 0 and actor.ctx.counters.get("errors") == 0  # nothing given back
             await js.delete_stream("FILLER")  # room again
-            with anyio.fail_after(30):
-                async with bus.consume("rollouts", "check", model=RolloutMsg) as rollouts:
-                    async for delivery in rollouts:
-                        assert delivery.payload.task_id == "t1"
-                        await delivery.ack()
-                        break
+            assert (await _first_rollout(bus)).task_id == "t1"
             actor.ctx.stopping.set()
     assert bus.stats.naked == 0
