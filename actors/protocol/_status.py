@@ -78,6 +78,13 @@ class TaskOutcomes(BaseModel):
     signal: list[str] = []  # rewards differed within the group (or a failed group's reference was trained)
 
 
+@runtime_checkable
+class SkipsSettled(Protocol):
+    """Configs of actors that pass over settled tasks by the learners' `TaskOutcomes` when ``skip_no_signal`` > 0."""
+
+    skip_no_signal: float
+
+
 def task_outcomes_wanted(spec: Spec) -> bool:
     """Whether an actor of ``spec`` steers by `TaskOutcomes`: one whose config sets ``skip_no_signal`` above 0."""
-    return any((getattr(a.config, "skip_no_signal", 0) or 0) > 0 for a in spec.actors.values())
+    return any(isinstance(a.config, SkipsSettled) and a.config.skip_no_signal > 0 for a in spec.actors.values())
