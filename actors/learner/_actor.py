@@ -20,7 +20,8 @@ Lifecycle:
   The train loop builds batches by domain weight (``_batcher``), with each group's samples (``_samples`` with
   ``_advantages``: groups, or a per-domain running baseline for single samples), takes one RL step (``_trainer``) in a
   worker thread, reports it (``_stepreport``), and every K steps publishes weights (``_publish``: no sooner than
-  ``publish_min_interval_s`` after the previous version; while the bus is away, at the first step after it is back),
+  ``publish_min_interval_s`` after the previous version; one still due when the loop waits for a batch goes out then,
+  so does one the bus was away for, once it is back),
   checkpoints and evaluates (``_rounds``: the held-out prompts out are reported as ``eval_out``). With ``ema_decay``
   (the default) a round measures the weights' moving average (``_average``, updated after every step): it goes out as a
   version of its own, and no other version is published until the round is scored. On stop the current step finishes, a
@@ -102,6 +103,8 @@ from topology.runtime import Actor, ActorContext
 
 __all__ = ["LearnerActor"]
 
+_IDLE_RETRY_S = 1.0  # a publish while idle failed (the bus away): try again after this long
+
 
 class LearnerActor(Actor[LearnerConfig]):
     # set by start()
@@ -120,6 +123,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self._unstarted = False  # stopped during the warm start: start() returned early, run() and drain() do nothing
         self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
         self._restored_taken_ts: float | None = None  # when the state of the checkpoint resumed from was taken
+        self._idle_retry_at = 0.0  # _publish_while_idle: not before then (a publish failed: the bus is away)
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(domains_of(ctx.spec))
         self.domain_names = names
@@ -431,6 +435,7 @@ class LearnerActor(Actor[LearnerConfig]):
                 rounds.scored(0)  # (writes off prompts lost on the way: a lost round never holds RL back)
                 rounds.baseline_out = rounds.out > 0
             if rounds.baseline_out or not self.batcher.ready():
+                await self._publish_while_idle()
                 if len(self.intake.unacked) >= self._unacked_limit:  # consumed groups fill the ack window: ack them
                     await self.checkpoint(background=True)
                 # woken by the next arrival (a batch may now be complete) or after 50 ms (readiness by waiting
@@ -441,6 +446,23 @@ class LearnerActor(Actor[LearnerConfig]):
                 continue
             await self.train_once()
             self.ctx.report_soon()  # buffered_groups fell by a batch: a source steering by max_in_flight reads it
+
+    async def _publish_while_idle(self) -> None:
+        """What is due and did not go out at the last step — a version the bus was away for, or held back by
+        ``publish_min_interval_s``; a round the bus was away for, or one that came due while the previous one was
+        out — goes out while the learner waits for a batch, not at its next step: a sync-mode source sends no batch
+        until it sees that version, so the next step would never come. After a failed try, the next waits a second."""
+        if time.monotonic() < self._idle_retry_at:
+            return
+        sent = True
+        if self.step and self._publish_due():
+            sent = await unless_bus_away(self.ctx, self.publish_weights, "learner.publish_deferred", step=self.step)
+        rounds = self.rounds
+        if sent and rounds.due and not rounds.holds_weights:
+            sent = await unless_bus_away(self.ctx, self.publish_eval, "learner.eval_deferred", step=self.step)
+            rounds.due = not sent
+        if not sent:
+            self._idle_retry_at = time.monotonic() + _IDLE_RETRY_S
 
     async def train_once(self) -> StepStats | None:
         """Take one batch from the buffer and apply it (one RL step); None when nothing was trainable."""

@@ -18,8 +18,8 @@ Contract:
   at step s is in every version published at step >= s, and whether it is the current weights or their average), the
   ``publish_s`` counter and a ``learner.published`` log line.
 - :func:`unless_bus_away`: the train loop's publishes (a version, a held-out round) do not fail the run while the bus
-  is away (a restarting or frozen server): counted in ``bus_waits``, logged, and left due for the first step after it
-  is back.
+  is away (a restarting or frozen server): counted in ``bus_waits``, logged, and left due; the learner tries again
+  while it waits for a batch (a second apart) and at its next step.
 
 Non-goals: the transports themselves (``actors.weights``), choosing which weights go out (the learner: the current
 ones, or the average for a held-out round), holding versions back while a round of the average is out (``_rounds``).
@@ -141,12 +141,13 @@ class WeightsOut:
 
 async def unless_bus_away(ctx: ActorContext, publish: Callable[[], Awaitable[None]], event: str, *, step: int) -> bool:
     """The train loop's publishes (a version, a held-out round): while the bus is away (a restarting or frozen
-    server) the publish fails, is counted in ``bus_waits`` and logged as ``event``, and stays due for the first
-    step after the bus is back (training goes on; those steps are in whatever goes out then). False then."""
+    server) the publish fails, is counted in ``bus_waits`` and logged as ``event``, and stays due: the learner tries
+    again while idle and at its next step (training goes on; those steps are in whatever goes out then). False
+    then."""
     try:
         await publish()
     except BUS_AWAY as exc:
         ctx.counters.inc("bus_waits")
-        ctx.log.warning(event, step=step, error=f"{type(exc).__name__}: {exc}", retry="next step")
+        ctx.log.warning(event, step=step, error=f"{type(exc).__name__}: {exc}", retry="when idle or at the next step")
         return False
     return True

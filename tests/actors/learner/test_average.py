@@ -95,9 +95,11 @@ async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_
         await wait_until(lambda: actor.step == 5)
         await anyio.sleep(0.3)
         assert actor.version == 5
-        await score_round(actor, bus, 5)
-        await steps(10, 1)  # the round is in: the next step publishes its weights again, then the next average
-        await wait_until(lambda: actor.step == 6 and actor.version == 7)
+        await score_round(actor, bus, 5)  # the round is in: the weights held back go out at once, no step needed
+        await wait_until(lambda: actor.version == 6)
+        assert actor.step == 5
+        await steps(10, 1)  # the next step publishes its weights, then the next round's average
+        await wait_until(lambda: actor.step == 6 and actor.version == 8)
         live = actor.policy.state_dict()
         assert any(not torch.equal(v, live[k]) for k, v in actor.average.policy.state_dict().items())  # it lags
         average = {k: v.clone() for k, v in actor.average.policy.state_dict().items()}
@@ -108,8 +110,9 @@ async def test_a_round_measures_the_average_and_no_other_version_goes_out_until_
         (2, 3, "current"),
         (3, 4, "current"),
         (3, 5, "average"),
-        (6, 6, "current"),
-        (6, 7, "average"),
+        (5, 6, "current"),
+        (6, 7, "current"),
+        (6, 8, "average"),
     ]
     eval_rows = read_metrics(run_dir, "eval").sort("ts")
     assert eval_rows["version"].to_list() == [1, 5]  # each round under the version its prompts were decoded with
@@ -124,7 +127,8 @@ async def test_a_round_due_while_the_previous_one_is_out_waits_for_its_scores(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
     """Rounds that overlapped would each publish an average and hold the current weights back for as long as they kept
-    overlapping: the generators would train on averages only."""
+    overlapping: the generators would train on averages only. A round due meanwhile goes out once the one out is
+    scored, with the learner idle (not only at its next step)."""
     spec = write_spec(tmp_path, learner("    eval_every_steps: 1\n    ema_decay: 0.9\n", rounds=True))
 
     async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
@@ -134,19 +138,20 @@ async def test_a_round_due_while_the_previous_one_is_out_waits_for_its_scores(
         await wait_until(lambda: actor.step == 3)
         await anyio.sleep(0.3)
         assert actor.version == 3 and actor.report()["eval_out"] == 8 and actor.ctx.counters.get("eval_rounds") == 2
-        await score_round(actor, bus, 3)
-        for i in range(6, 8):  # the next step publishes its weights and the round that was due
-            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await score_round(actor, bus, 3)  # scored: the weights held back and the round that was due go out at once
         # eval_out counts a round's prompts from before its publish is acked (a source must not count them as
         # training meanwhile), eval_rounds once it is: wait for both
         await wait_until(
             lambda: (
-                actor.step == 4
-                and actor.version == 5
-                and actor.report()["eval_out"] == 8
-                and actor.ctx.counters.get("eval_rounds") == 3
+                actor.version == 5 and actor.report()["eval_out"] == 8 and actor.ctx.counters.get("eval_rounds") == 3
             )
         )
+        assert actor.step == 3
+        for i in range(6, 8):  # a step while that round is out: no version, and the round it makes due waits
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: actor.step == 4)
+        await anyio.sleep(0.3)
+        assert actor.version == 5 and actor.report()["eval_out"] == 8 and actor.ctx.counters.get("eval_rounds") == 3
 
 
 @pytest.mark.anyio
