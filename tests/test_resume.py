@@ -230,8 +230,8 @@ def test_a_builtin_config_is_compared_on_resume_by_the_model_it_makes_not_by_its
     assert resume(policy(), policy(preset="tiny")) == "policy.config: added"  # logged as the spec wrote it
     assert resume(policy(seed=0), policy(seed=0, preset="tiny")) == 'policy.config.preset: added ("tiny")'
     assert resume(policy(preset="tiny"), policy(**tiny, dtype="float32")) == (
-        'policy.config.preset: removed (was "tiny"); policy.config.n_layer: added (5); policy.config.n_head: added '
-        '(4); policy.config.n_embd: added (128); policy.config.dtype: added ("float32")'
+        'policy.config.preset: "tiny" → unset (the default); policy.config.n_layer: added (5); '
+        'policy.config.n_head: added (4); policy.config.n_embd: added (128); policy.config.dtype: added ("float32")'
     )
     assert resume(policy(**tiny), policy(preset="small", **tiny)) == 'policy.config.preset: added ("small")'
     assert resume(policy("hf:./m"), policy("hf:./m", dtype="float32")) == "policy.config: added"

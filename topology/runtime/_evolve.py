@@ -81,15 +81,17 @@ def _show(value: Any) -> str:
 
 
 def describe_changes(changes: Sequence[SpecChange], within: str = "") -> str:
-    """``key: old → new; …`` (``key: added`` / ``key: removed`` for an entry added or removed whole); ``within``: the
-    section the key paths are inside of, put before each."""
+    """``key: old → new; …`` (``key: added`` / ``key: removed`` for an entry added or removed whole, ``key: old →
+    unset (the default)`` for a value no longer written); ``within``: the section the key paths are inside of, put
+    before each."""
     parts = []
     for path, old, new in changes:
         key = ".".join((within, *path) if within else path)
         if old is _ABSENT:
             parts.append(f"{key}: added" + ("" if isinstance(new, dict) else f" ({_show(new)})"))
         elif new is _ABSENT:
-            parts.append(f"{key}: removed" + ("" if isinstance(old, dict) else f" (was {_show(old)})"))
+            # a value no longer written is its default again ("replicas: removed" read as if the replicas were)
+            parts.append(f"{key}: removed" if isinstance(old, dict) else f"{key}: {_show(old)} → unset (the default)")
         else:
             parts.append(f"{key}: {_show(old)} → {_show(new)}")
     return "; ".join(parts)

@@ -25,6 +25,10 @@ def test_changes_are_named_by_key_path_and_an_entry_added_or_removed_whole_is_on
         "domains.a.weight: 1.0 → 2.0; domains.b: removed; domains.c: added; actors.learner.eval: [1,2] → [1,3]; "
         "actors.learner.ema_decay: added (0.9)"
     )
+    replicas = {"actors": {"generator": {"replicas": 2}}}
+    assert describe_changes(spec_changes(replicas, {"actors": {"generator": {}}})) == (
+        "actors.generator.replicas: 2 → unset (the default)"  # not "removed", as if the replicas were
+    )
 
 
 def test_an_unchanged_spec_has_no_changes_whatever_its_containers() -> None:
