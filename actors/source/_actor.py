@@ -39,7 +39,7 @@ Contract:
   warning) until every generator replica has put that version under its `served.<actor>.<replica>` key of the
   same bucket (right after its swap), so the batch is sampled by exactly those
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
-  Backpressure and `prompts_per_s` do not apply then.
+  Backpressure and `prompts_per_s` do not apply then. A bus that is away is ridden out as below.
 - A nats-server restart (the runtime brings a killed one back on its port) is ridden out: while the backlog and the
   learner's heartbeat cannot be read, the source publishes nothing and looks again (counted as `bus_waits`, logged
   once per outage) instead of crashing on the first request that timed out. So is a publish the bus refuses (its
@@ -300,18 +300,28 @@ class SourceActor(Actor[SourceConfig]):
             self.ctx.log.warning("source: generators did not report the new version in time", version=version)
 
     async def run_sync(self, per_version: int) -> None:
-        last = 0
+        last, left = 0, 0  # the newest version seen and its prompts not published yet
+        bus_away = False  # an outage: logged at its first failure
         while not self.ctx.stopping.is_set():
-            version = await self.weights_version()
-            if version > last:
-                last = version
-                await self.wait_generators(version)
-                for start in range(0, per_version, _BATCH):
-                    await self.publish_batch(min(_BATCH, per_version - start))
-                self.ctx.counters.set("sync_version", version)
+            try:
+                if not left:
+                    version = await self.weights_version()
+                    if version <= last:
+                        with anyio.move_on_after(_SYNC_POLL_S):
+                            await self.ctx.stopping.wait()
+                        continue
+                    await self.wait_generators(version)
+                    last, left = version, per_version
+                while left:  # (a batch the bus did not take is drawn anew, as in async mode)
+                    n = min(_BATCH, left)
+                    await self.publish_batch(n)
+                    left -= n
+                self.ctx.counters.set("sync_version", last)
+            except BUS_AWAY as exc:  # the version, the generators' swaps or a publish: wait as for an outage
+                await self._bus_wait(exc, first=not bus_away)
+                bus_away = True
                 continue
-            with anyio.move_on_after(_SYNC_POLL_S):
-                await self.ctx.stopping.wait()
+            bus_away = False
 
     async def run(self) -> None:
         ctx, config = self.ctx, self.config

@@ -397,3 +397,31 @@ async def test_by_default_reports_change_nothing(embedded_nats: EmbeddedNats, tm
         got = await drawn_task_ids(bus, 60, batch=12)
         assert not actor.settled.runs and "passed_over.arithmetic" not in actor.report()
     assert got == every[:60]
+
+
+async def test_in_sync_mode_a_frozen_bus_is_ridden_out(tmp_path: Path) -> None:
+    """Sync mode polls the weights' version in KV: with the server frozen (SIGSTOP) the poll timed out and crashed
+    the source (restarted by the supervisor, its batch for the version lost). It waits for the bus as async mode
+    does, and publishes the next version's batch once the server answers again."""
+    import os
+    import signal
+
+    from actors.protocol import CURRENT, weights_bucket
+
+    actors = "{seed: 3}\n  learner: {mode: sync, batch_size: 8}\nchannels: {scored: {external: true}}"
+    domains = "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 20}\n"
+    spec = write_spec(tmp_path, actor=actors, domains=domains)
+    async with EmbeddedNats(tmp_path / "nats") as server, running_source(spec, server, tmp_path) as (actor, bus):
+        assert actor.sync_batch() == 2  # 8 completions a step, groups of 4
+        bucket = weights_bucket(spec.name)
+        await bus.kv_put(bucket, CURRENT, b'{"version": 1}')
+        await wait_for(lambda: _at_least(bus, 2))
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            await wait_for(lambda: _counter_above(actor, "bus_waits", 0), timeout_s=60)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        await bus.kv_put(bucket, CURRENT, b'{"version": 2}')
+        await wait_for(lambda: _at_least(bus, 4), timeout_s=30)
+        assert actor.ctx.counters.get("sync_version") == 2 and await stream_messages(bus) == 4
