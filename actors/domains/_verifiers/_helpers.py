@@ -8,9 +8,13 @@ Contract: ``call`` runs ``module:function(*args, **kwargs)`` in one of up to ``p
 result, which must be JSON data (an object with an ``as_dict()`` is sent as that dict; an awaitable is awaited
 in the helper). It raises `HelperTimeout` when the call outlasts ``timeout_s`` — the helper is then killed, so
 nothing keeps computing or growing after the verdict — `HelperMemoryError` when the call ran out of address
-space, and `HelperError` for anything else (the function raised; the helper died). Time spent starting a helper
-or waiting for a free one does not count against ``timeout_s``. A killed or dead helper is replaced on the next
-call. Calls are made from a thread, so a pool serves any event loop; helpers exit when their parent does.
+space, and `HelperError` for anything else (the function raised — its message ends with where, ``(at file:line
+in function)`` —; the helper died). Time spent starting a helper, importing the function's module there (each up to
+``start_timeout_s``) or waiting for a free one does not count against ``timeout_s``. A killed or dead helper is
+replaced on the next call; a kill takes every process the helper started (it leads a session of its own). Each
+reply must carry its request's id, and a process the function forked never replies (it exits where the helper would
+answer). What a function prints goes to this process's stderr (a replica's log). Calls are made from a thread, so a
+pool serves any event loop; helpers exit when their parent does.
 
 A process-wide pool per name (``shared_helpers``): the math verifier's symbolic checks and the users'
 ``module:function`` verifiers each get one, made on first use.
@@ -23,10 +27,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import queue
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -39,8 +45,9 @@ from typing import Any
 import anyio
 
 _HELPER_SOURCE = r"""
-import asyncio, importlib, inspect, json, os, resource, struct, sys
+import asyncio, importlib, inspect, json, os, resource, struct, sys, traceback
 settings = json.loads(sys.argv[1])
+main_pid = os.getpid()
 sys.path[:] = settings["sys_path"]
 frames_in, frames_out = os.dup(0), os.dup(1)
 os.dup2(2, 1)  # a function that prints must not write into the frames
@@ -66,6 +73,10 @@ def read_exact(n):
         out += chunk
     return out
 
+def where(exc):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+
 functions = {}
 for name in settings["preload"]:
     importlib.import_module(name)
@@ -81,23 +92,28 @@ while True:
         if target not in functions:
             module, _, attr = target.partition(":")
             functions[target] = getattr(importlib.import_module(module), attr)
-        out = functions[target](*request["args"], **request["kwargs"])
-        if inspect.isawaitable(out):
-            async def wait(awaitable=out):
-                return await awaitable
-            out = asyncio.run(wait())
-        if callable(getattr(out, "as_dict", None)):
-            out = out.as_dict()
-        reply = {"ok": out}
+        if request.get("load"):  # the import alone, on the caller's start-up clock
+            out = True
+        else:
+            out = functions[target](*request["args"], **request["kwargs"])
+            if inspect.isawaitable(out):
+                async def wait(awaitable=out):
+                    return await awaitable
+                out = asyncio.run(wait())
+            if callable(getattr(out, "as_dict", None)):
+                out = out.as_dict()
+        reply = {"id": request["id"], "ok": out}
         json.dumps(reply)
     except MemoryError:
-        reply = {"error": {"type": "MemoryError", "msg": "address-space limit reached"}}
+        reply = {"id": request["id"], "error": {"type": "MemoryError", "msg": "address-space limit reached"}}
     except BaseException as exc:
-        reply = {"error": {"type": type(exc).__name__, "msg": str(exc)[:300]}}
+        reply = {"id": request["id"], "error": {"type": type(exc).__name__, "msg": str(exc)[:300] + where(exc)}}
+    if os.getpid() != main_pid:  # a process the function forked came back here: only the helper itself replies
+        os._exit(0)
     try:
         send(reply)
     except (TypeError, ValueError) as exc:
-        send({"error": {"type": "TypeError", "msg": f"the result is not JSON data ({exc})"[:300]}})
+        send({"id": request["id"], "error": {"type": "TypeError", "msg": f"the result is not JSON data ({exc})"[:300]}})
 """
 
 _MAX_REPLY = 16 << 20
@@ -137,8 +153,10 @@ class _Spawner:
         while True:
             argv, done = self._requests.get()
             try:
+                # stderr (and what the function prints, sent there) goes where this process's goes: a replica's
+                # log; a session of its own, so that a kill takes the processes the function started with it
                 done.set_result(
-                    subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                    subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
                 )
             except BaseException as exc:
                 done.set_exception(exc)
@@ -152,6 +170,7 @@ class _Helper:
         self.proc = _spawner.spawn(argv)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.writer, self.reader = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self.loaded: set[str] = set()  # the targets whose modules this helper has imported
 
     def read(self, deadline: float | None) -> dict[str, Any]:
         (size,) = struct.unpack(">I", self._read(4, deadline))
@@ -189,6 +208,8 @@ class _Helper:
         return "still running" if code is None else f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
     def kill(self) -> None:
+        with contextlib.suppress(OSError):  # the helper and whatever it started (its own session)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -216,6 +237,7 @@ class HelperPool:
         self._closed = False
         self.calls = 0
         self.killed = 0  # helpers killed at a call's time limit
+        self._ids = itertools.count(1)  # each request's id, which its reply must carry
 
     async def call(
         self, target: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *, timeout_s: float
@@ -225,31 +247,41 @@ class HelperPool:
         return await anyio.to_thread.run_sync(self._call, request, timeout_s, abandon_on_cancel=True)
 
     def _call(self, request: dict[str, Any], timeout_s: float) -> Any:
-        if not self._slots.acquire(timeout=self.start_timeout_s + timeout_s + 60):
+        if not self._slots.acquire(timeout=2 * self.start_timeout_s + timeout_s + 60):
             raise HelperError("no helper process became free")
         try:
             helper = self._take()
-            try:
-                helper.send(request)
-                reply = helper.read(time.monotonic() + timeout_s)
-            except HelperTimeout:
-                self._discard(helper)
-                self.killed += 1
-                raise HelperTimeout(f"{request['target']} took longer than {timeout_s:g} s") from None
-            except (HelperError, ValueError, OSError) as exc:
-                self._discard(helper)
-                raise HelperError(str(exc) or type(exc).__name__) from None
+            if request["target"] not in helper.loaded:  # its module's import is start-up: not on the call's clock
+                reply = self._exchange(helper, {**request, "load": True}, self.start_timeout_s, "importing")
+                if "ok" not in reply:
+                    self._idle.put(helper)
+                    return _raise(reply, request["target"], self.memory_mb)
+                helper.loaded.add(request["target"])
+            reply = self._exchange(helper, request, timeout_s, "")
             self._idle.put(helper)
             self.calls += 1
         finally:
             self._slots.release()
-        if "ok" in reply:
-            return reply["ok"]
-        error: dict[str, Any] = reply["error"] if isinstance(reply.get("error"), dict) else {}
-        kind, message = str(error.get("type")), str(error.get("msg"))
-        if kind == "MemoryError":
-            raise HelperMemoryError(f"{request['target']} ran out of memory ({self.memory_mb} MB)")
-        raise HelperError(f"{kind}: {message}")
+        return reply["ok"] if "ok" in reply else _raise(reply, request["target"], self.memory_mb)
+
+    def _exchange(self, helper: _Helper, request: dict[str, Any], timeout_s: float, doing: str) -> dict[str, Any]:
+        """Send one request and read its reply (killing the helper when it outlasts ``timeout_s``, dies, or answers
+        another request: a process the function forked, say)."""
+        request = {**request, "id": next(self._ids)}
+        try:
+            helper.send(request)
+            reply = helper.read(time.monotonic() + timeout_s)
+            if reply.get("id") != request["id"]:
+                raise HelperError(f"the helper answered request {reply.get('id')} to request {request['id']}")
+        except HelperTimeout:
+            self._discard(helper)
+            self.killed += 1
+            what = f"{doing} {request['target'].partition(':')[0]}" if doing else request["target"]
+            raise HelperTimeout(f"{what} took longer than {timeout_s:g} s") from None
+        except (HelperError, ValueError, OSError) as exc:
+            self._discard(helper)
+            raise HelperError(str(exc) or type(exc).__name__) from None
+        return reply
 
     def _take(self) -> _Helper:
         try:
@@ -293,6 +325,14 @@ class HelperPool:
             self._live.clear()
         for helper in live:
             helper.kill()
+
+
+def _raise(reply: dict[str, Any], target: str, memory_mb: int) -> Any:
+    error: dict[str, Any] = reply["error"] if isinstance(reply.get("error"), dict) else {}
+    kind, message = str(error.get("type")), str(error.get("msg"))
+    if kind == "MemoryError":
+        raise HelperMemoryError(f"{target} ran out of memory ({memory_mb} MB)")
+    raise HelperError(f"{kind}: {message}")
 
 
 def _sys_path() -> list[str]:

@@ -112,6 +112,60 @@ def test_a_user_verifier_that_raises_or_lies_about_its_type(tmp_path: Path, monk
         assert (result.reward, result.verdict) == (0.0, verdict), result
 
 
+def test_a_module_slow_to_import_is_not_timed_with_the_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that loads a model or a table at import outlasted the call's limit every time: the import ran on the
+    call's clock, the helper was killed, and the next helper imported it again — every answer a timeout."""
+    _user_module(
+        tmp_path, monkeypatch, "fw_slow_import", "import time\ntime.sleep(1.5)\ndef score(t, task):\n    return 1.0\n"
+    )
+    verifier = build_verifier("fw_slow_import:score", user_timeout_s=1.0)
+    for _ in range(2):
+        result = asyncio.run(verifier.verify("x", {}))
+        assert (result.reward, result.verdict) == (1.0, "pass"), result
+
+
+def test_an_error_says_where_in_the_users_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _user_module(tmp_path, monkeypatch, "fw_where", "def score(t, task):\n    x = 1\n    return task['solution']\n")
+    result = asyncio.run(build_verifier("fw_where:score").verify("x", {}))
+    assert result.verdict == "internal_error" and "KeyError: 'solution' (at fw_where.py:3 in score)" in result.detail
+
+
+def test_what_a_user_verifier_prints_reaches_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """It went to /dev/null: a user debugging a verifier saw nothing of its prints in the replica's log."""
+    _user_module(tmp_path, monkeypatch, "fw_prints", "def score(t, task):\n    print('DEBUG-fw', t)\n    return 0.5\n")
+    verifier = FunctionVerifier("fw_prints:score", {}, memory_mb=1000)  # a pool of its own: started under capfd
+    result = asyncio.run(verifier.verify("hello", {}))
+    assert result.reward == 0.5
+    assert "DEBUG-fw hello" in capfd.readouterr().err
+
+
+def test_a_timeout_takes_the_processes_the_verifier_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifier that shells out (a compiler, a prover) and hangs: its child outlived the killed helper, one
+    process leaked per timeout."""
+    marker = f"fw-child-{time.monotonic_ns()}"
+    source = f"import subprocess\ndef score(t, task):\n    subprocess.run(['sleep', '300', '{marker}'])\n"
+    _user_module(
+        tmp_path, monkeypatch, "fw_child", source.replace("'sleep', '300', ", "'bash', '-c', 'sleep 300; : ' + ")
+    )
+    result = asyncio.run(build_verifier("fw_child:score", user_timeout_s=1.5).verify("x", {}))
+    assert result.verdict == "timeout", result
+    deadline = time.monotonic() + 10
+    while any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])):
+        assert time.monotonic() < deadline, "the verifier's child is still running"
+        time.sleep(0.1)
+
+
+def test_a_verifier_that_forks_gets_its_own_verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forked child returned into the helper's loop and replied too: each call got the previous call's second
+    reply (pass, fail, pass for fail, pass, fail)."""
+    source = "import os\ndef score(t, task):\n    pid = os.fork()\n    return 1.0 if pid == 0 else 0.0\n"
+    _user_module(tmp_path, monkeypatch, "fw_fork", source)
+    verifier = build_verifier("fw_fork:score")
+    assert [asyncio.run(verifier.verify("x", {})).reward for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
 def test_the_python_expr_memo_is_bounded_in_bytes_and_keeps_no_output(sandbox: PoolRunner) -> None:
     v = build_verifier("python-expr", pool=sandbox.pool, config={"memo_max_bytes": 200_000})
     for i in range(12):
