@@ -82,12 +82,8 @@ class FunctionVerifier:
         helpers = shared_helpers(f"user-verifiers-{self.memory_mb}mb", memory_mb=self.memory_mb)
         try:
             out = await helpers.call(self.name, (completion_text, dict(task)), kwargs, timeout_s=self.timeout_s)
-        except HelperTimeout as exc:  # the call, or the import of its module (on the helper's start-up clock)
-            detail = (
-                f"{self.name}: {exc}"
-                if "importing" in str(exc)
-                else f"{self.name} took longer than {self.timeout_s:g} s"
-            )
+        except HelperTimeout as exc:  # "<name> took longer than …", or "importing <module> took longer than …"
+            detail = str(exc)
             return VerifyResult(0.0, "timeout", detail, time.monotonic() - started, "helper")
         except HelperMemoryError:
             detail = f"{self.name} ran out of memory ({self.memory_mb} MB)"
