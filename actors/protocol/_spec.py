@@ -105,6 +105,8 @@ class DomainSpec(SpecModel):
     #   the record, 2-3, default 3), ask (fields asked for at most, 1-fields, default 2)
     source_options: dict[str, Any] = Field(default_factory=dict)
     verifier: str  # math | python-tests | python-expr | json-fields | <module>:<function>
+    #   (yours: fn(completion_text, task) → a reward, or {"reward", "verdict": a name of ≤ 40 characters, "detail"};
+    #   its module importable: on PYTHONPATH; what it prints goes to the verify replica's log)
     verifier_config: dict[str, Any] = Field(default_factory=dict)  # the verifier's keyword arguments. math:
     #   answer_field; python-tests: tests_field, timeout_s; python-expr: timeout_s, rel_tol, abs_tol, max_chars,
     #   memo_size, memo_max_bytes; json-fields: mode, modes, rel_tol, abs_tol, penalize_extra, max_chars;

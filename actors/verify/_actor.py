@@ -5,7 +5,9 @@ group is published as one ``scored`` message with a reward, a verdict and the ti
 then the rollout is acked. Scoring never raises: a verifier failure is an ``internal_error`` verdict
 (``VERIFIER_ERROR``) with reward 0, so one bad completion cannot stall the channel; it is counted per domain
 (``verifier_errors.<domain>``, shown by the live view) and logged with its detail (the exception the user's function
-raised, say) at the first one and then at most once a minute per domain. The learner does not train on it. Up to
+raised, say) at the first one and then at most once a minute per domain. The learner does not train on it. So is a
+user's ``module:function`` verifier's call that timed out (``verifier_timeouts.<domain>``; reward 0). Verdicts are
+counted by name (``verdict.<name>``) up to ``_MAX_VERDICTS`` names, the rest as ``verdict.other``. Up to
 ``max_in_flight`` rollouts are verified at once; the sandbox pool's own bounded queue provides the backpressure beyond
 that. A rollout being verified has its ack timer reset every ``ack_wait_s / 3`` (10 s at most), however slow its
 verifier; should it be redelivered anyway (a lost keepalive), the redelivery is not verified a second time: the
@@ -54,6 +56,7 @@ from topology.runtime import Actor, ActorContext, iterate_until
 __all__ = ["VerifyActor"]
 
 _ERROR_LOG_EVERY_S = 60.0  # a domain's verifier errors (and failed references) are logged at most this often
+_MAX_VERDICTS = 32  # distinct verdicts counted by name; more are counted as verdict.other
 _REFERENCE_MEMO = 4096  # tasks whose reference's score is remembered (a task comes back every epoch)
 
 
@@ -66,6 +69,8 @@ class VerifyActor(Actor[VerifyConfig]):
         wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
         self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
+        self._timeout_logged: dict[str, float] = {}  # the same for a user's verifier's timeouts
+        self._verdicts: set[str] = set()  # the verdicts counted by name (_verdict_key)
         # rollouts being verified: their ack timers kept reset, so that a slow verifier (a user's function near its
         # time limit, a group of sandboxed programs) never sees one redelivered meanwhile, nor dead-lettered after
         # `bus.max_deliver` redeliveries; a redelivery that comes anyway is settled by the verification under way
@@ -127,6 +132,40 @@ class VerifyActor(Actor[VerifyConfig]):
         if self._outbox is not None and self._outbox.per_batch is not None:
             counters["outbox_batch"] = self._outbox.per_batch
         return counters
+
+    def _verdict_key(self, verdict: str) -> str:
+        """The counter a verdict is counted under: itself, or ``other`` once ``_MAX_VERDICTS`` others were seen (a
+        user's verifier may name its verdicts; every counter goes into each heartbeat and the metrics)."""
+        if verdict in self._verdicts:
+            return verdict
+        if len(self._verdicts) < _MAX_VERDICTS:
+            self._verdicts.add(verdict)
+            return verdict
+        if "verdict.other" not in self.ctx.counters.snapshot():
+            self.ctx.log.warning(
+                "verify.verdicts_capped",
+                seen=sorted(self._verdicts),
+                first_other=verdict[:60],
+                note=f"more than {_MAX_VERDICTS} distinct verdicts: further ones are counted as verdict.other",
+            )
+        return "other"
+
+    def _verifier_timeout(self, domain: str, detail: str) -> None:
+        """Count a user's verifier call that outlasted its limit, logged like an error (a hostile answer can make a
+        verifier hang; a verifier slow on every answer scores nothing and holds its helpers)."""
+        counters = self.ctx.counters
+        counters.inc(f"verifier_timeouts.{domain}")
+        now = time.monotonic()
+        if now - self._timeout_logged.get(domain, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
+            self._timeout_logged[domain] = now
+            self.ctx.log.warning(
+                "verify.verifier_timeout",
+                domain=domain,
+                verifier=self._domains[domain].verifier,
+                detail=detail,
+                total=int(counters.snapshot().get(f"verifier_timeouts.{domain}", 0)),
+                hint=f"reward 0; a verifier slow on every answer needs domains.{domain}.verifier_timeout_s raised",
+            )
 
     def _verifier_error(self, domain: str, detail: str) -> None:
         """Count a completion the domain's verifier could not score, and say why in the log: at the first one, then
@@ -217,9 +256,11 @@ class VerifyActor(Actor[VerifyConfig]):
                         detail=result.detail[:200],
                     )
                 )
-                self.ctx.counters.inc(f"verdict.{result.verdict}")
+                self.ctx.counters.inc(f"verdict.{self._verdict_key(str(result.verdict))}")
                 if result.verdict == VERIFIER_ERROR:
                     self._verifier_error(rollout.domain, result.detail)
+                elif result.verdict == "timeout" and ":" in self._domains[rollout.domain].verifier:
+                    self._verifier_timeout(rollout.domain, result.detail)
             message = ScoredMsg(
                 task_id=rollout.task_id,
                 domain=rollout.domain,

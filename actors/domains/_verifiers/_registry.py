@@ -6,7 +6,9 @@ start-up rather than an ``internal_error`` on every answer (``function_problem``
 at the domain's spec line). It is called in a killable, memory-limited helper process (see ``_helpers``): a function
 that hangs on a hostile answer or grows without bound costs ``USER_TIMEOUT_S`` and a helper, never the caller's event
 loop or memory. Its arguments (the completion, the task's fields, the domain's ``verifier_config`` as ``config=``) and
-its result must therefore be JSON data (a ``VerifyResult`` is fine).
+its result must therefore be JSON data (a ``VerifyResult`` is fine): a reward, or ``{"reward", "verdict", "detail"}``
+where ``verdict`` is a short name (``MAX_VERDICT_CHARS``; a verdict made of the answer would be a counter per answer:
+it becomes pass / fail, and the detail says what it was).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _SANDBOXED = {"python-tests": PythonTestsVerifier, "python-expr": PythonExprVeri
 _PLAIN: dict[str, Callable[..., Verifier]] = {"math": MathVerifier, "json-fields": JsonFieldsVerifier}
 USER_TIMEOUT_S = 30.0  # a user's verifier function is killed after this (verdict timeout, reward 0)
 USER_MEMORY_MB = 2048  # address space of the helper process that runs users' verifier functions
+MAX_VERDICT_CHARS = 40  # a user's verdict is a name, counted per value (longer ones: pass / fail, said in the detail)
 
 
 def verifier_names() -> list[str]:
@@ -98,12 +101,14 @@ class FunctionVerifier:
                 detail = f"{self.name} returned a reward of type {kind}, expected a float"
                 return VerifyResult(0.0, "internal_error", detail, elapsed, "helper")
             reward = float(out["reward"])
+            verdict, detail = out.get("verdict"), str(out.get("detail", ""))
+            if verdict is not None and not (isinstance(verdict, str) and 0 < len(verdict) <= MAX_VERDICT_CHARS):
+                # a verdict is a name that gets counted (verdict.<name>): one made of the answer would be a counter
+                # per answer; what it said is kept in the detail
+                detail = f"verdict {str(verdict)[:60]!r} is not a name of 1-{MAX_VERDICT_CHARS} characters; {detail}"
+                verdict = None
             return VerifyResult(
-                reward,
-                str(out.get("verdict", "pass" if reward >= 1.0 else "fail")),
-                str(out.get("detail", "")),
-                elapsed,
-                "helper",
+                reward, verdict or ("pass" if reward >= 1.0 else "fail"), detail[:300], elapsed, "helper"
             )
         if isinstance(out, bool | int | float):
             reward = float(out)

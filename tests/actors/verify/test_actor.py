@@ -198,6 +198,48 @@ async def test_a_user_verifier_gets_the_time_limit_its_domain_sets(
     assert "took longer than 0.5 s" in completion.detail
 
 
+async def test_a_user_verifiers_timeouts_are_counted_by_domain_and_logged(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timeouts scored 0 in silence: a verifier too slow for its limit on every answer showed up nowhere in the logs,
+    and its domain's counter hid among the verdicts."""
+    source = "import time\n\ndef score(completion, task):\n    time.sleep(20)\n    return 1.0\n"
+    spec = user_verifier_spec(tmp_path, monkeypatch, source, domain=", verifier_timeout_s: 0.5")
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        await bus.publish("rollouts", "rollout", rollout_of("mine", {}, ["4", "5"]).model_dump(mode="json"))
+        with structlog.testing.capture_logs() as logs:
+            await scored_while_running(actor, ctx, bus, within_s=15)
+    assert actor.report()["verifier_timeouts.mine"] == 2
+    warnings = [entry for entry in logs if entry["event"] == "verify.verifier_timeout"]
+    assert len(warnings) == 1 and warnings[0]["domain"] == "mine", logs  # the second waits a minute
+    assert "verifier_timeout_s" in warnings[0]["hint"]
+
+
+async def test_verdicts_made_of_the_answer_do_not_make_a_counter_each(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier returning ``"wrong:" + completion`` as its verdict made one ``verdict.*`` counter per answer:
+    1,832 of them in a 60-s run, each in every heartbeat and in the metrics. Distinct names are capped (the rest are
+    ``verdict.other``) and a verdict that is not a short name becomes pass / fail, what it said kept in the detail."""
+    source = (
+        "def score(completion, task):\n"
+        "    if completion == 'long':\n"
+        "        return {'reward': 0.0, 'verdict': 'x' * 100}\n"
+        "    return {'reward': 0.0, 'verdict': 'wrong:' + completion}\n"
+    )
+    spec = user_verifier_spec(tmp_path, monkeypatch, source)
+    async with started_verify(spec, embedded_nats.url, tmp_path) as (actor, ctx, bus):
+        texts = [str(i) for i in range(40)] + ["long"]
+        await bus.publish("rollouts", "rollout", rollout_of("mine", {}, texts).model_dump(mode="json"))
+        [scored] = await scored_while_running(actor, ctx, bus)
+    assert (
+        scored.completions[-1].verdict == "fail" and "is not a name of 1-40 characters" in scored.completions[-1].detail
+    )
+    counted = {key: value for key, value in actor.report().items() if key.startswith("verdict.")}
+    assert len(counted) == 33 and counted["verdict.other"] == 41 - 32, counted  # 32 names, then other
+    assert sum(counted.values()) == 41
+
+
 async def test_a_failed_groups_reference_is_scored_and_one_that_fails_its_tests_is_counted_and_logged(
     embedded_nats: EmbeddedNats, tmp_path: Path
 ) -> None:
