@@ -74,7 +74,7 @@ import anyio.abc
 import anyio.to_thread
 import torch
 
-from actors.domains import domains_from_spec
+from actors.domains import Task, domains_from_spec
 from actors.learner._advantages import AdvantageEstimator
 from actors.learner._average import WeightAverage
 from actors.learner._batcher import DomainBatcher
@@ -95,7 +95,7 @@ from actors.learner._samples import REWARD_WINDOW, SampleMaker
 from actors.learner._stepreport import report_step
 from actors.learner._trainer import StepStats, Trainer, TrainSample
 from actors.learner._warmstart import run_warm_start
-from actors.policy import Policy, native_bfloat16
+from actors.policy import Policy, encode_prompt, native_bfloat16
 from actors.protocol import LearnerStatus, ScoredMsg, domains_of, policy_of
 from actors.weights import weight_transports
 from topology.bus import Delivery
@@ -194,7 +194,9 @@ class LearnerActor(Actor[LearnerConfig]):
         self.metrics = MetricsWriter(ctx.run_dir, self.incarnation)
         self.intake.attach(self.policy, self.sample_maker, self.metrics)
         domains = domains_from_spec(ctx.spec, [n for n in self.domain_names if n in domains_of(ctx.spec)])
-        evals = EvalTracker({name: d.source.heldout()[: config.eval_size] for name, d in domains.items()})
+        evals = EvalTracker(
+            self._heldout_that_fits({n: d.source.heldout()[: config.eval_size] for n, d in domains.items()})
+        )
         specs = domains_of(ctx.spec)
         series = {
             name: eval_series(tasks, specs[name].verifier, specs[name].verifier_config)
@@ -446,6 +448,29 @@ class LearnerActor(Actor[LearnerConfig]):
                 continue
             await self.train_once()
             self.ctx.report_soon()  # buffered_groups fell by a batch: a source steering by max_in_flight reads it
+
+    def _heldout_that_fits(self, heldout: dict[str, list[Task]]) -> dict[str, list[Task]]:
+        """The held-out tasks whose prompt leaves the model room to answer. A generator refuses a longer one (and
+        dead-letters it): its score never comes, and every round it is in waited ``_rounds``' write-off time (60 s)
+        with no other version published, then was never reported. Those left out are counted and logged."""
+        context, tokenizer = self.policy.max_context, self.policy.tokenizer
+        fitting: dict[str, list[Task]] = {}
+        for name, tasks in heldout.items():
+            fits = [len(encode_prompt(tokenizer, task.prompt)) < context for task in tasks]
+            fitting[name] = [task for task, ok in zip(tasks, fits, strict=True) if ok]
+            left_out = [task for task, ok in zip(tasks, fits, strict=True) if not ok]
+            if left_out:
+                self.ctx.counters.set(f"heldout_too_long.{name}", len(left_out))
+                self.ctx.log.warning(
+                    "learner.heldout_too_long",
+                    domain=name,
+                    left_out=len(left_out),
+                    of=len(tasks),
+                    context=context,
+                    prompts=[task.prompt[:60] for task in left_out[:3]],
+                    note="prompts the model's context cannot hold (a generator refuses them): left out of the rounds",
+                )
+        return fitting
 
     async def _publish_while_idle(self) -> None:
         """What is due and did not go out at the last step — a version the bus was away for, or held back by

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import polars as pl
 import pytest
 import structlog
@@ -742,3 +743,30 @@ async def test_a_learner_that_cannot_keep_its_newest_version_number_still_publis
             assert actor.version == before + 1 and await actor.weights_out.newest() == actor.version
             assert (actor.ctx.counters.get("newest_version_errors") or 0) >= 2
     assert any(e["event"] == "learner.newest_version_not_kept" for e in logs)
+
+
+async def test_heldout_prompts_the_context_cannot_hold_are_left_out_of_the_rounds(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A generator refuses a prompt that leaves the model no room (and dead-letters it). In a held-out set, its score
+    never came: every round waited 60 s with no version published, was then written off, and the domain's accuracy
+    never appeared. Such prompts are now left out of the rounds, counted and logged at start."""
+    from actors.domains import domains_from_spec
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(12)]
+    rows += [{"prompt": "0+" * 300 + f"{i}=", "answer": str(i)} for i in range(12)]  # 600+ characters: over 512
+    (tmp_path / "tasks.jsonl").write_text("".join(orjson.dumps(row).decode() + "\n" for row in rows))
+    domains = "  mine: {source: jsonl:tasks.jsonl, verifier: math, group_size: 4, heldout: 12}\n"
+    config = learner(1, "  generator: {engine: torch, device: cpu}\n").replace(
+        "eval_every_steps: 0", "eval_every_steps: 100"
+    )
+    spec = write_spec(tmp_path, config, domains=domains)
+    heldout = domains_from_spec(spec)["mine"].source.heldout()
+    long = sum(len(task.prompt) > 600 for task in heldout)
+    assert 0 < long < len(heldout)  # (the held-out partition holds both kinds)
+    with structlog.testing.capture_logs() as logs:
+        async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, _bus):
+            assert actor.report()["eval_out"] == len(heldout) - long  # the baseline round: the prompts that fit
+            assert actor.ctx.counters.get("heldout_too_long.mine") == long
+    [warning] = [entry for entry in logs if entry["event"] == "learner.heldout_too_long"]
+    assert warning["domain"] == "mine" and warning["left_out"] == long
