@@ -24,7 +24,10 @@ import difflib
 import importlib.util
 import os
 import random
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from actors.domains._domains import BUILTIN_SOURCES, DomainSource, open_source
 from actors.domains._jsonl import read_numbered_tasks
@@ -34,6 +37,8 @@ from actors.protocol import DomainSpec
 from topology import KeyPath, SectionCheck, show
 
 __all__ = ["check_domain"]
+
+_SLOW_IMPORT_S = 3.0  # up says so when a user's verifier module takes longer than this to import
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
@@ -94,7 +99,7 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
             warning=not (check.starting and check.local),  # on this machine, now: the verify actor would crash-loop
         )
     elif check.starting and check.local:  # the verify actor imports it here in a moment: say now what it would say
-        problem = function_problem(domain.verifier, domain.verifier_config)
+        problem = _imported_with_notice(name, domain.verifier, domain.verifier_config)
         if problem is not None:
             check.error((*path, "verifier"), problem)
     domain = domain.model_copy(update=resolved) if resolved else domain
@@ -103,6 +108,27 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
         if source is not None and check.thorough:
             _check_verifier_fields(check, path, name, domain, source)
     return domain
+
+
+def _imported_with_notice(domain: str, verifier: str, config: dict[str, Any]) -> str | None:
+    """``function_problem``, saying on stderr when the import takes a while (``up`` printed nothing while a module
+    that loads a model, or hangs, was imported before anything started)."""
+    module = verifier.partition(":")[0]
+    notice = threading.Timer(
+        _SLOW_IMPORT_S,
+        lambda: print(
+            f"flywheel: importing {module} (domain {domain}'s verifier) has taken {_SLOW_IMPORT_S:g} s so far; "
+            "up checks it once before anything starts",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    notice.daemon = True
+    notice.start()
+    try:
+        return function_problem(verifier, config)
+    finally:
+        notice.cancel()
 
 
 def _check_opens(check: SectionCheck, path: KeyPath, name: str, domain: DomainSpec) -> DomainSource | None:

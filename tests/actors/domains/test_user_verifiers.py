@@ -106,3 +106,19 @@ def test_a_reward_that_is_not_a_number_is_an_error_in_a_mapping_too(module: Path
     for target in ("text", "text_reward"):
         result = asyncio.run(build_verifier(f"{module.stem}:{target}").verify("ab", {"want": "ab"}))
         assert (result.reward, result.verdict) == (0.0, "internal_error") and "str, expected a float" in result.detail
+
+
+def test_up_says_so_when_a_verifier_module_is_slow_to_import(
+    module: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`up` imports the user's module before anything starts; one that loads a model (or hangs) made it print nothing
+    at all for as long as that took."""
+    import actors.domains._checks as checks
+
+    monkeypatch.setattr(checks, "_SLOW_IMPORT_S", 0.2)
+    slow = module.parent / f"{module.stem}_slow.py"
+    slow.write_text("import time\ntime.sleep(1.0)\n" + VERIFIERS)
+    spec = module.parent / "spec.yaml"
+    spec.write_text(SPEC.replace("VERIFIER", f"{slow.stem}:plain").replace("CONFIG", "{}"))
+    load_spec(spec, starting=True)
+    assert f"importing {slow.stem} (domain reverse's verifier) has taken 0.2 s so far" in capfd.readouterr().err
