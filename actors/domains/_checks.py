@@ -92,6 +92,11 @@ def check_domain(check: SectionCheck, path: KeyPath, domain: DomainSpec) -> Doma
                 (*path, "verifier_timeout_s"),
                 f"applies to a module:function verifier, not the builtin {domain.verifier!r} ({instead})",
             )
+        if "verifier_processes" in domain.model_fields_set:
+            check.error(
+                (*path, "verifier_processes"),
+                f"applies to a module:function verifier, not the builtin {domain.verifier!r}",
+            )
     elif importlib.util.find_spec(module.split(".")[0]) is None:
         check.error(
             (*path, "verifier"),

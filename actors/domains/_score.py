@@ -27,6 +27,7 @@ class DomainVerifier:
     verifier: str  # math | python-tests | python-expr | json-fields | module:function
     config: Mapping[str, Any]
     timeout_s: float | None = None  # a module:function verifier's limit per call (None: its default)
+    processes: int = 2  # a module:function verifier's helper processes (calls at once)
 
 
 class Scorer:
@@ -35,7 +36,7 @@ class Scorer:
         for name, dom in domains.items():
             try:
                 self._verifiers[name] = build_verifier(
-                    dom.verifier, dom.config, pool=pool, user_timeout_s=dom.timeout_s
+                    dom.verifier, dom.config, pool=pool, user_timeout_s=dom.timeout_s, user_processes=dom.processes
                 )
             except VerifierError as exc:
                 raise VerifierError(f"domain {name!r}: {exc}") from None

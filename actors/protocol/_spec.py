@@ -115,6 +115,9 @@ class DomainSpec(SpecModel):
     # timeout, reward 0: a hostile answer can make a verifier hang); null: 30 s. Builtins that run code take theirs
     # from verifier_config (python-tests, python-expr: timeout_s)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
+    # a <module>:<function> verifier: helper processes that run its calls, so calls at once, per verify replica (its
+    # own: another domain's slow verifier never waits for these); raise it for a verifier that waits on a service
+    verifier_processes: int = Field(default=2, ge=1, le=64)
     weight: float = Field(default=1.0, gt=0)  # sampling weight: the share of prompts drawn (normalized over all
     #   domains); the learner's batches hold each domain's completions in the same proportion, weight × group_size
     #   — so a slow domain (code whose tests take seconds) paces every domain: all of them move at the slow one's

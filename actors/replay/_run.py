@@ -84,7 +84,7 @@ class Replayer:
         self._initial = {name: t.detach().clone() for name, t in self.policy.state_dict().items()}
         self._num_threads = num_threads
         self._domains: dict[str, DomainVerifier] = {
-            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s)
+            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s, d.verifier_processes)
             for name, d in domains_of(spec).items()
         }
         self._pool: SandboxPool | None = None

@@ -83,7 +83,7 @@ class VerifyActor(Actor[VerifyConfig]):
         self._pool = SandboxPool.from_config(self.config.sandbox)
         await self._pool.start()
         verifiers = {
-            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s)
+            name: DomainVerifier(d.verifier, dict(d.verifier_config), d.verifier_timeout_s, d.verifier_processes)
             for name, d in self._domains.items()
         }
         self._scorer = Scorer(verifiers, pool=self._pool)

@@ -16,8 +16,8 @@ reply must carry its request's id, and a process the function forked never repli
 answer). What a function prints goes to this process's stderr (a replica's log). Calls are made from a thread, so a
 pool serves any event loop; helpers exit when their parent does.
 
-A process-wide pool per name (``shared_helpers``): the math verifier's symbolic checks and the users'
-``module:function`` verifiers each get one, made on first use.
+A process-wide pool per name (``shared_helpers``): the math verifier's symbolic checks and each user's
+``module:function`` verifier get one, made on first use.
 
 Non-goals: isolation from the host (helpers run the project's and the user's own code with our rights; untrusted
 *code* goes to the sandbox, untrusted *text* may come here); CPU fairness between callers.

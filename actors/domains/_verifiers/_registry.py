@@ -74,15 +74,20 @@ class FunctionVerifier:
         timeout_s: float = USER_TIMEOUT_S,
         memory_mb: int = USER_MEMORY_MB,
         pass_config: bool = False,
+        processes: int = 2,
     ) -> None:
         self.name, self.config, self.timeout_s, self.memory_mb = name, dict(config), timeout_s, memory_mb
+        self.processes = processes
         # config= goes to a function that declares it (see `takes_config`) and whenever verifier_config is not empty
         self.pass_config = bool(pass_config) or bool(self.config)
 
     async def verify(self, completion_text: str, task: Mapping[str, Any]) -> VerifyResult:
         started = time.monotonic()
         kwargs = {"config": self.config} if self.pass_config else {}
-        helpers = shared_helpers(f"user-verifiers-{self.memory_mb}mb", memory_mb=self.memory_mb)
+        # a pool per function: one that hangs on every answer holds its own helpers, not another domain's
+        helpers = shared_helpers(
+            f"user-verifier-{self.name}-{self.memory_mb}mb", processes=self.processes, memory_mb=self.memory_mb
+        )
         try:
             out = await helpers.call(self.name, (completion_text, dict(task)), kwargs, timeout_s=self.timeout_s)
         except HelperTimeout as exc:  # "<name> took longer than …", or "importing <module> took longer than …"
@@ -187,10 +192,12 @@ def build_verifier(
     *,
     pool: SandboxPool | None = None,
     user_timeout_s: float | None = None,
+    user_processes: int = 2,
 ) -> Verifier:
     """The verifier called ``name`` configured with the domain's ``verifier_config``.
 
-    ``user_timeout_s`` bounds one call of a ``module:function`` verifier (default ``USER_TIMEOUT_S``).
+    ``user_timeout_s`` bounds one call of a ``module:function`` verifier (default ``USER_TIMEOUT_S``);
+    ``user_processes`` is how many helper processes run its calls (calls at once).
     """
     config = dict(config or {})
     try:
@@ -207,4 +214,6 @@ def build_verifier(
     if problem is not None:
         raise VerifierError(problem)
     pass_config = takes_config(_import_function(name))
-    return FunctionVerifier(name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S, pass_config=pass_config)
+    return FunctionVerifier(
+        name, config, timeout_s=user_timeout_s or USER_TIMEOUT_S, pass_config=pass_config, processes=user_processes
+    )

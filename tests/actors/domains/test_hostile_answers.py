@@ -166,6 +166,35 @@ def test_a_verifier_that_forks_gets_its_own_verdicts(tmp_path: Path, monkeypatch
     assert [asyncio.run(verifier.verify("x", {})).reward for _ in range(3)] == [0.0, 0.0, 0.0]
 
 
+def test_a_verifier_that_hangs_holds_only_its_own_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every user verifier shared one pool of two helpers: a domain whose verifier hung on each answer held both, and
+    every other user-verifier domain waited behind it. Each function has its own pool, of ``verifier_processes``."""
+    source = "import os, time\ndef hang(t, task):\n    time.sleep(60)\ndef pid(t, task):\n"
+    source += "    time.sleep(0.3)\n    return {'reward': 1.0, 'detail': str(os.getpid())}\n"
+    _user_module(tmp_path, monkeypatch, "fw_pools", source)
+    hang = build_verifier("fw_pools:hang", user_timeout_s=20.0)
+    fast = build_verifier("fw_pools:pid", user_processes=4)
+
+    async def both() -> tuple[list[str], list[str]]:
+        done: list[str] = []
+
+        async def one(verifier: Any, name: str) -> str:
+            result = await verifier.verify("x", {})
+            done.append(name)
+            return str(result.detail)
+
+        hung = [asyncio.ensure_future(one(hang, "hang")) for _ in range(4)]
+        await asyncio.sleep(0.5)  # both of hang's helpers busy
+        pids = await asyncio.gather(*(one(fast, "fast") for _ in range(8)))
+        for future in hung:
+            future.cancel()
+        return done, list(pids)
+
+    done, pids = asyncio.run(both())
+    assert done == ["fast"] * 8  # every fast call came back while the hanging ones were still out
+    assert len(set(pids)) == 4  # eight calls at once ran on four helpers
+
+
 def test_the_python_expr_memo_is_bounded_in_bytes_and_keeps_no_output(sandbox: PoolRunner) -> None:
     v = build_verifier("python-expr", pool=sandbox.pool, config={"memo_max_bytes": 200_000})
     for i in range(12):
