@@ -172,7 +172,7 @@ def test_a_verifier_that_hangs_holds_only_its_own_helpers(tmp_path: Path, monkey
     source = "import os, time\ndef hang(t, task):\n    time.sleep(60)\ndef pid(t, task):\n"
     source += "    time.sleep(0.3)\n    return {'reward': 1.0, 'detail': str(os.getpid())}\n"
     _user_module(tmp_path, monkeypatch, "fw_pools", source)
-    hang = build_verifier("fw_pools:hang", user_timeout_s=20.0)
+    hang = build_verifier("fw_pools:hang", user_timeout_s=5.0)  # (its calls' threads end, and free, soon after)
     fast = build_verifier("fw_pools:pid", user_processes=4)
 
     async def both() -> tuple[list[str], list[str]]:

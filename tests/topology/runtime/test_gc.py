@@ -29,7 +29,9 @@ def test_install_freezes_the_heap_and_uninstall_removes_the_hook(unfreeze_after:
     try:
         assert freezer._on_gc in gc.callbacks
         assert gc.get_freeze_count() > 1000  # pytest's and the project's modules
-        assert freezer.counters["gc_freezes"] == 1 and freezer.counters["gc_frozen"] == gc.get_freeze_count()
+        # the count at the freeze: frozen objects still die by reference counting (another thread of this process
+        # ending, say), so the count now may be lower, never higher
+        assert freezer.counters["gc_freezes"] == 1 and freezer.counters["gc_frozen"] >= gc.get_freeze_count() > 1000
     finally:
         freezer.uninstall()
     assert freezer._on_gc not in gc.callbacks
