@@ -9,7 +9,8 @@ Contract (:meth:`SampleMaker.make`):
 - Advantages come from ``_advantages``: relative to the group for several completions, a running per-domain
   baseline for a single one. A group without signal (every reward equal, no guidance) gives None (``groups_skipped``
   counts them); :meth:`SampleMaker.count_no_signal` says why (``no_signal_solved``, ``no_signal_failed``,
-  ``no_signal_other`` per domain).
+  ``no_signal_other`` per domain). ``NO_SIGNAL_STREAK`` groups of a domain in a row without signal are logged
+  (``learner.no_signal_streak``, again at every further multiple of it): nothing of that domain is being learned.
 - A row with no tokens, or that with its prompt does not fit the policy's context, is left out
   (``too_long_skipped``): the group's other rows still train.
 - Every domain group's outcome (signal or not) is noted in ``outcomes`` (``_outcomes``) for the sources that drew it.
@@ -32,6 +33,14 @@ from topology.runtime import ActorContext
 __all__ = ["REWARD_WINDOW", "SampleMaker"]
 
 REWARD_WINDOW = 100  # groups in the running reward / accuracy per domain
+NO_SIGNAL_STREAK = 500  # a domain's groups in a row without signal that are worth a warning
+_STREAK_HINTS = {
+    "failed": "every completion scored 0: too hard for the model as it is, or a verifier that passes nothing "
+    "(look at a few with `flywheel replay`), or a max_new_tokens too short for the answers",
+    "solved": "every completion scored full marks: the domain is learned; lower its weight or give it harder tasks",
+    "other": "every completion of each group scored the same: the verifier's rewards do not tell answers apart",
+    "mixed": "each group all solved or all failed: the tasks are too easy or too hard for the model, none in between",
+}
 
 
 class SampleMaker:
@@ -41,6 +50,7 @@ class SampleMaker:
         self.ctx, self.config, self.policy, self.estimator = ctx, config, policy, estimator
         self.rewards: dict[str, deque[tuple[float, float]]] = {}  # (mean reward, accuracy) of a domain's last groups
         self._unverified_logged: set[str] = set()  # domains whose unverified reference was logged
+        self._streaks: dict[str, tuple[int, set[str]]] = {}  # a domain's groups in a row without signal, and why
         self.outcomes = OutcomeReporter(ctx)
 
     def make(self, msg: ScoredMsg) -> list[TrainSample] | None:
@@ -61,6 +71,7 @@ class SampleMaker:
         self.outcomes.add(msg.task_id, msg.origin, settled=advantages is None)
         if advantages is None:
             return None
+        self._streaks.pop(msg.domain, None)
         if guide is not None:
             self.ctx.counters.inc(f"guided.{msg.domain}")
         limit = self.policy.max_context
@@ -121,3 +132,11 @@ class SampleMaker:
             "solved" if min(rewards, default=0.0) >= 1.0 else "failed" if max(rewards, default=0.0) <= 0.0 else "other"
         )
         self.ctx.counters.inc(f"no_signal_{kind}.{msg.domain}")
+        streak, kinds = self._streaks.get(msg.domain, (0, set()))
+        kinds.add(kind)
+        self._streaks[msg.domain] = (streak + 1, kinds)
+        if (streak + 1) % NO_SIGNAL_STREAK == 0:
+            why = next(iter(kinds)) if len(kinds) == 1 else "mixed"
+            self.ctx.log.warning(
+                "learner.no_signal_streak", domain=msg.domain, groups=streak + 1, hint=_STREAK_HINTS[why]
+            )

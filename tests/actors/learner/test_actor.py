@@ -770,3 +770,23 @@ async def test_heldout_prompts_the_context_cannot_hold_are_left_out_of_the_round
             assert actor.ctx.counters.get("heldout_too_long.mine") == long
     [warning] = [entry for entry in logs if entry["event"] == "learner.heldout_too_long"]
     assert warning["domain"] == "mine" and warning["left_out"] == long
+
+
+async def test_a_domain_that_long_gives_no_signal_is_logged_with_why(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A domain whose every group scored 0 (or full marks) trained nothing, and only counters said so: a user whose
+    verifier passed nothing saw a run that did not learn, and no line in any log."""
+    import actors.learner._samples as samples
+
+    monkeypatch.setattr(samples, "NO_SIGNAL_STREAK", 3)
+    spec = write_spec(tmp_path, learner(1, "    max_staleness: 100\n"))
+    with structlog.testing.capture_logs() as logs:
+        async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+            for i, rewards in enumerate([[0.0] * 4] * 3 + [[0.0, 1.0, 0.0, 0.0]] + [[1.0] * 4, [0.0] * 4] * 2):
+                await bus.publish("scored", "scored", scored("arithmetic", rewards), id=f"g{i}")
+            await wait_until(lambda: actor.ctx.counters.get("no_signal_solved.arithmetic") == 2)
+    streaks = [entry for entry in logs if entry["event"] == "learner.no_signal_streak"]
+    assert [(e["domain"], e["groups"]) for e in streaks] == [("arithmetic", 3), ("arithmetic", 3)]
+    assert "every completion scored 0" in streaks[0]["hint"]  # three all-0 groups
+    assert "too easy or too hard" in streaks[1]["hint"]  # after the group with signal: solved, failed, solved
