@@ -65,6 +65,26 @@ async def test_feedback_within_the_noise_changes_nothing(embedded_nats: Embedded
         assert serving is not None and serving.version == 6
 
 
+def exactly(version: int, good: int, n: int) -> list[tuple[str, int, float | None]]:
+    return [(PROMPTS[i % len(PROMPTS)], version, 1.0 if i < good else 0.0) for i in range(n)]
+
+
+async def test_a_drop_beyond_the_margin_but_within_the_noise_changes_nothing(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """0.60 → 0.45 on 40 ratings each: a drop of 0.15, over the 0.1 margin, but two standard errors of the difference
+    are 0.22 — forty ratings cannot tell these apart. The case above never reached the noise check (0.05 < margin)."""
+    run_dir = tmp_path / "run"
+    async with v6_over_v5(embedded_nats.url, run_dir) as rig:
+        record_traffic(run_dir, exactly(5, 24, 40) + exactly(6, 18, 40))
+        assert await rig.gate.check_feedback() is None
+        serving = await serving_manifest(rig.bus)
+        assert serving is not None and serving.version == 6
+        record_traffic(run_dir, exactly(5, 96, 160) + exactly(6, 72, 160), first_seq=1000)  # the same means, 200 each
+        entry = await rig.gate.check_feedback()  # now beyond the noise too (two standard errors: 0.10)
+        assert entry is not None and (entry["action"], entry["version"]) == ("rollback", 5)
+
+
 async def test_a_paused_gate_rolls_nothing_back(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     """An operator who paused the gate (or promoted by hand) keeps what serves, whatever users' feedback says: the
     drop that rolls back in the test above does nothing while paused, and rolls back once resumed."""

@@ -107,3 +107,23 @@ async def test_generation_can_be_turned_off(
         assert gateway.url is not None
         assert await post_feedback(gateway.url, "anything") == 401
         assert not (tmp_path / "run" / "gateway").exists()
+
+
+@pytest.mark.parametrize("required", [False, True])
+async def test_inference_and_metrics_ask_a_key_only_when_the_spec_says_so(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, required: bool
+) -> None:
+    """``require_key_for_inference`` / ``require_key_for_metrics`` had no test: dropping either check passed."""
+    monkeypatch.setenv("FW_TEST_SOME_KEYS", "the-key")
+    extra = f", require_key_for_inference: {str(required).lower()}, require_key_for_metrics: {str(required).lower()}"
+    async with running_gateway(embedded_nats, tmp_path, env="FW_TEST_SOME_KEYS", extra=extra) as gateway:
+        assert gateway.url is not None
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+            body = {"model": "flywheel", "prompt": "1+1=", "max_tokens": 2}
+            for key in (None, "the-key"):
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                completion = await client.post("/v1/completions", json=body, headers=headers)
+                metrics = await client.get("/metrics", headers=headers)
+                refused = required and key is None
+                assert (completion.status_code == 401) == refused, completion.text  # (no generator: 503 otherwise)
+                assert metrics.status_code == (401 if refused else 200), metrics.text

@@ -180,6 +180,7 @@ async def test_a_rollout_slower_to_verify_than_ack_wait_is_verified_once_and_the
         seen = [m.task_id for m in await scored_while_running(actor, ctx, bus, first_only=False, within_s=8)]
     assert seen == ["t1"]
     assert actor.report()["rollouts"] == 1
+    assert not actor.report().get("redelivered_while_verifying")  # kept alive: not redelivered at all
 
 
 async def test_a_user_verifier_gets_the_time_limit_its_domain_sets(
