@@ -24,6 +24,7 @@ from tests.actors.learner._helpers import (
     effective_applied,
     learner_config,
     running_learner,
+    score_round,
     scored,
     wait_until,
     write_spec,
@@ -55,13 +56,14 @@ async def test_crash_then_resume_applies_every_sample_exactly_once(embedded_nats
         for i in range(6, 8):
             await bus.publish("scored", "scored", scored("arithmetic", [1.0, 0.0, 0.0, 0.0]), id=f"g{i}")
         await wait_until(lambda: actor.step == 4)
-        consumer = await bus.nc.jetstream().consumer_info(bus.stream("scored"), "learner")
     ids = effective_applied(run_dir)
     assert sorted(ids) == [f"g{i}" for i in range(8)]  # each once: none lost, none doubled
     async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
         await anyio.sleep(spec.bus.ack_wait_s * 2)  # nothing is redelivered: everything was acked
         assert actor.step == 4 and actor.batcher.completions == 0
-    assert consumer.num_pending == 0
+        assert not actor.ctx.counters.get("duplicates_skipped")  # (the ledger would skip a redelivered one)
+        consumer = await bus.nc.jetstream().consumer_info(bus.stream("scored"), "learner")
+    assert consumer.num_pending == 0 and consumer.num_ack_pending == 0  # none undelivered, none unacked
 
 
 @pytest.mark.parametrize(
@@ -790,3 +792,28 @@ async def test_a_domain_that_long_gives_no_signal_is_logged_with_why(
     assert [(e["domain"], e["groups"]) for e in streaks] == [("arithmetic", 3), ("arithmetic", 3)]
     assert "every completion scored 0" in streaks[0]["hint"]  # three all-0 groups
     assert "too easy or too hard" in streaks[1]["hint"]  # after the group with signal: solved, failed, solved
+
+
+async def test_a_group_that_goes_stale_in_the_buffer_is_dropped_when_a_batch_is_taken(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Staleness is judged on arrival and again when a batch is taken: a group fresh when it came, buffered while a
+    step published a newer version, is dropped then. (Skipping the second check passed the suite.)"""
+    config = learner(
+        1, "    max_staleness: 0\n    publish_min_interval_s: 0\n  generator: {engine: torch, device: cpu}\n"
+    )
+    spec = write_spec(tmp_path, config.replace("    eval_every_steps: 0\n", "    eval_every_steps: 100\n", 1))
+    run_dir = tmp_path / "run"
+    async with running_learner(spec, embedded_nats.url, run_dir) as (actor, bus):
+        assert actor.report()["eval_out"] == 8  # the baseline round: the first step waits for its scores
+        for i in range(3):  # fresh at version 1: all three buffered, a batch and a half
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id=f"g{i}")
+        await wait_until(lambda: len(actor.intake.held) == 3)
+        assert actor.step == 0 and actor.version == 1
+        await score_round(actor, bus, 1)
+        await wait_until(lambda: actor.step == 1 and actor.version == 2)  # g0 and g1; g2 now one version old
+        await bus.publish("scored", "scored", scored("arithmetic", [1.0, 0.0, 0.0, 0.0], versions=2), id="g3")
+        # g2 and g3 make a batch; g2, stale when taken, is dropped and the step trains what is left of it
+        await wait_until(lambda: actor.step == 2)
+        assert actor.ctx.counters.get("dropped_stale") == 4  # g2's four completions
+    assert sorted(effective_applied(run_dir)) == ["g0", "g1", "g3"]
