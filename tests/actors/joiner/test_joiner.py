@@ -524,3 +524,25 @@ async def test_a_restarted_joiner_counts_on_the_unmatched_feedback(embedded_nats
             await gw.publish("feedback", "feedback", feedback("fw-never-2", score=1.0), id="f-never-2")
             await until(joiner, "feedback.unmatched", 3, timeout_s=15)
             assert joiner.state.unmatched == 3
+
+
+async def test_a_review_label_is_a_review_sample_and_the_joiners_domain_tags_every_sample(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Feedback sent by `flywheel review` (the envelope's source) becomes a sample of origin ``review``, a user's of
+    origin ``feedback``; a joiner with a ``domain`` tags its samples with it, whatever domain the request recorded.
+    (Neither was checked: dropping either passed the suite.)"""
+    from actors.protocol import REVIEW_SOURCE
+
+    spec = joiner_spec(tmp_path, "{domain: arithmetic}")
+    async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
+        async with running_joiner(spec, embedded_nats, tmp_path) as joiner:
+            for rid in ("r1", "r2"):
+                await gw.publish("traffic", "traffic", traffic(rid, domain=None), id=f"t-{rid}")
+            await until(joiner, "traffic.stored", 2)
+            await gw.publish("feedback", "feedback", feedback("r1", score=1.0), id="f1")
+            await gw.publish("feedback", "feedback", feedback("r2", score=0.0), id="f2", source=REVIEW_SOURCE)
+            await until(joiner, "feedback.joined", 2)
+        samples = {s.task_id: s for s in await scored_messages(gw, 2)}
+    assert (samples["r1"].origin, samples["r2"].origin) == ("feedback", "review")
+    assert samples["r1"].domain == samples["r2"].domain == "arithmetic"  # not "feedback": the request had none
