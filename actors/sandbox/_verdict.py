@@ -2,10 +2,12 @@
 
 Contract: exactly one verdict per job. ``PASS`` only when the worker's judge — outside the job process —
 ran every test to its end on the values the job returned (see ``_worker``); never from exit codes, stdout
-or anything the job writes. Limits take precedence over the judge, so a job that catches its own
-``MemoryError`` and returns the right values anyway is still a failure, and so is one that passed its tests
-but went on past its deadline or output cap. Every result names the isolation level it ran under. Pure
-functions, no I/O.
+or anything the job writes. Limits take precedence over the judge: a job that passed its tests but went on past
+its deadline or output cap is a failure, and so is one whose ``MemoryError`` reached the judge (raised out of the
+job's code, or while it answered a test). A ``MemoryError`` the job catches itself and recovers from is not seen
+outside it — anything inside the job process is the candidate's to forge — and the limit held (the allocation was
+refused): the verdict is then the judge's, from the values the job returns. Every result names the isolation level
+it ran under. Pure functions, no I/O.
 """
 
 from __future__ import annotations
