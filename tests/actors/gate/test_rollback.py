@@ -98,3 +98,29 @@ async def test_a_paused_gate_rolls_nothing_back(embedded_nats: EmbeddedNats, tmp
         resume_gate(run_dir, by="cli:ops")
         entry = await rig.gate.check_feedback()
         assert entry is not None and (entry["action"], entry["version"]) == ("rollback", 5)
+
+
+async def test_a_rollback_of_the_champion_makes_the_version_it_returns_to_the_champion(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The gate promoted v5 then v6 itself (v6 the champion: the best served), and users' feedback on v6 dropped: the
+    rollback to v5 makes v5 the champion and logs it so. (The tests above promote by hand, so the gate never had a
+    champion there: moving it back was untested.)"""
+    from tests.actors.gate._support import expected_answers
+
+    gate = "{min_samples: 8, greedy: true, replay_from: traffic, rollback_margin: 0.1, rollback_min_feedback: 40}"
+    spec = gate_spec(tmp_path, gate)
+    await expected_answers(spec)
+    run_dir = tmp_path / "run"
+    record_traffic(run_dir, [(p, 1, None) for p in PROMPTS])
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        for version in (5, 6):
+            decision = await rig.gate.consider(await rig.publish(version, weights))
+            assert decision is not None and decision["action"] == "promote", decision
+        assert rig.gate.best is not None and rig.gate.best.version == 6
+        record_traffic(run_dir, rated(5, 0.8, 100, seed=1) + rated(6, 0.3, 100, seed=3), first_seq=1000)
+        entry = await rig.gate.check_feedback()
+        assert entry is not None and (entry["action"], entry["version"], entry["best_version"]) == ("rollback", 5, 5)
+        assert rig.gate.best.version == 5
