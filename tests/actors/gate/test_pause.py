@@ -101,3 +101,31 @@ def test_a_rollback_to_a_version_not_below_counts_as_a_promotion() -> None:
     before = _served_before(95, history)
     assert before is not None and before["version"] == 1
     assert _served_before(1, history[:3]) is None
+
+
+async def test_a_pause_that_comes_while_the_versions_are_replayed_holds_the_candidate(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """An operator pauses the gate while it replays a candidate (seconds to minutes): the gate looks again after the
+    replay and holds, rather than promoting over the operator's move. (Dropping that second look passed the suite.)"""
+    from actors.replay import pause_gate
+
+    spec = gate_spec(tmp_path, "{min_samples: 100000, without_evidence: promote}")
+    run_dir = tmp_path / "run"
+    async with gate_rig(spec, embedded_nats.url, run_dir) as rig:
+        assert rig.gate.replayer is not None
+        weights: dict[str, object] = {k: v.clone() for k, v in rig.gate.replayer.policy.state_dict().items()}
+        first = await rig.gate.consider(await rig.publish(2, weights))
+        assert first is not None and first["action"] == "promote"
+        replay = rig.gate._compare
+
+        async def paused_meanwhile(*args: object) -> dict[str, object]:
+            figures = await replay(*args)  # type: ignore[arg-type]
+            pause_gate(run_dir, by="cli:ops", reason="incident")
+            return figures
+
+        rig.gate._compare = paused_meanwhile  # type: ignore[method-assign]
+        held = await rig.gate.consider(await rig.publish(3, weights))
+        assert held is not None and (held["action"], held["version"], held["kept"]) == ("hold", 3, 2), held
+        assert "paused by cli:ops" in held["reason"]
+        assert await _serving(rig) == 2
