@@ -122,6 +122,27 @@ def test_hourly_partitions_and_ranges_in_file_names(tmp_path: Path) -> None:
     assert read_recordings(tmp_path, "feedback")["request_id"].to_list() == ["r1", "r2", "r3"]
 
 
+def test_within_one_life_a_written_message_is_known_above_and_below_the_ack_floor(tmp_path: Path) -> None:
+    """What a redelivery asks (``written``) without a restart: above the ack floor the index answers, below it the
+    files are looked up (a nats-server that died before it persisted the acks hands those messages out again). The
+    crash tests restart the recorder, which rebuilds the index from disk, so neither path ran: answering False below
+    the floor, or forgetting the index at a prune, passed the suite."""
+    writer = ChannelWriter(tmp_path, "feedback")
+
+    def row(seq: int) -> tuple[float, list[dict[str, object]]]:
+        fields = {"_id": f"f{seq}", "_ts": 0.0, "_source": "x", "request_id": f"r{seq}", "score": 1.0, "ts": 0.0}
+        return 0.0, [{"_seq": seq, **fields}]
+
+    writer.write({seq: row(seq) for seq in range(1, 6)})
+    writer.write({seq: row(seq) for seq in range(6, 11)})
+    writer.prune(7)  # acked up to 7; 8-10 written, their acks not yet confirmed
+    # above the floor, the index answers (asked first: a lookup below the floor reads a whole file back into it)
+    assert [writer.written(seq) for seq in (8, 9, 10, 11)] == [True, True, True, False]
+    with pytest.raises(ValueError, match="already recorded"):
+        writer.write({9: row(9)})
+    assert all(writer.written(seq) for seq in range(1, 8))  # below the floor: read back from the files
+
+
 def test_a_failure_between_write_and_rename_leaves_no_visible_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
