@@ -1,11 +1,14 @@
 """The HTTP plumbing shared by the SGLang and vLLM engine clients, and their common base class `HTTPEngine`.
 
-Contract: every failed call raises :class:`EngineHTTPError`, whose message names the engine, the server
-URL, the method and path, the HTTP status (or the transport failure) and the server's own message — one
-line a user can act on. Calls are bounded in time (``timeout_s`` per attempt) and retried with
-exponential backoff on connection failures always (nothing reached the server), and on 5xx / read
-timeouts only for calls marked idempotent. Non-goals: no streaming (SSE) responses, no authentication
-beyond an optional bearer token, no connection pooling policy beyond httpx's defaults.
+Contract: every failed call raises :class:`EngineHTTPError`, whose message names the engine, the server URL, the
+method and path, the HTTP status (or the transport failure) and the server's own message — one line a user can act
+on; a 2xx body that is not JSON is one too ("malformed JSON body"). Calls are bounded in time (``timeout_s`` per
+attempt, for the whole answer: a server that sends its body a byte at a time times out too) and retried with
+exponential backoff on connection failures always (nothing reached the server), and on 5xx / read timeouts only for
+calls marked idempotent. A generation the server refuses as made (400, 413, 422: a prompt too long for its context)
+raises `RequestError`, as the torch engine does. A weight update pauses the server and resumes it after; a resume
+that fails is owed and tried again at the next generation or update. Non-goals: no streaming (SSE) responses, no
+authentication beyond an optional bearer token, no connection pooling policy beyond httpx's defaults.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
+import anyio
 import httpx
 
 from actors.engines._types import (
     Completion,
     FinishReason,
     GenerationRequest,
+    RequestError,
     SamplingParams,
     UnsupportedServerError,
     WeightSource,
@@ -42,6 +47,10 @@ __all__ = [
     "reported_version",
     "sampling_fields",
 ]
+
+# statuses of a generation request the server refuses as made (a prompt too long for its context, a bad field):
+# trying it again fails the same way (408 and 429 are about the server's state, 401/403/404 about the setup)
+_REFUSED = frozenset({400, 413, 422})
 
 
 class EngineHTTPError(RuntimeError):
@@ -131,15 +140,25 @@ class HTTPCaller:
         """
         attempts = 1 + (self.retries if retries is None else retries)
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s, connect=timeout_s)
+        # httpx's timeout bounds each read: a server that sends its body a byte at a time would never time out
+        whole_s = self.timeout_s if timeout_s is None else timeout_s
         last_failure = ""
         started = time.monotonic()
+        made = 0
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 5.0))
+            made += 1
             try:
-                response = await self._client.request(
-                    method, self.url + path, json=json, params=params, timeout=timeout
-                )
+                with anyio.fail_after(whole_s):
+                    response = await self._client.request(
+                        method, self.url + path, json=json, params=params, timeout=timeout
+                    )
+            except TimeoutError:
+                last_failure = f"timed out (no whole answer within {whole_s:g} s)"
+                if idempotent:
+                    continue
+                break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 last_failure = f"cannot connect ({type(exc).__name__}: {exc or 'refused'})"
                 self.lost_contact = True
@@ -161,7 +180,17 @@ class HTTPCaller:
                 raise EngineHTTPError(
                     self.engine, self.url, method, path, response.status_code, _server_message(response)
                 )
-            body = response.json() if response.content else None
+            try:
+                body = response.json() if response.content else None
+            except ValueError:  # a truncated body, a proxy's HTML page
+                raise EngineHTTPError(
+                    self.engine,
+                    self.url,
+                    method,
+                    path,
+                    response.status_code,
+                    f"malformed JSON body: {response.text[:200]!r}",
+                ) from None
             if isinstance(body, Mapping) and body.get("success") is False:
                 raise EngineHTTPError(
                     self.engine, self.url, method, path, response.status_code, str(body.get("message", body))
@@ -174,7 +203,7 @@ class HTTPCaller:
             method,
             path,
             None,
-            f"{last_failure} after {attempts} attempt(s) in {elapsed:.1f}s",
+            f"{last_failure} after {made} attempt(s) in {elapsed:.1f}s",
         )
 
     async def wait_healthy(self, paths: tuple[str, ...], timeout_s: float, poll_s: float = 0.2) -> str:
@@ -310,6 +339,7 @@ class HTTPEngine(abc.ABC):
         self.resubmitted = 0  # requests resubmitted after an abort (a statistic for report())
         self._version = 0
         self._paused = False
+        self._resume_owed = False  # this engine paused the server for an update and its resume failed
         self._group_joined: object | None = None  # the broadcaster whose group the server has joined
         self._update_lock = asyncio.Lock()
 
@@ -343,8 +373,15 @@ class HTTPEngine(abc.ABC):
         versions: list[int] = []
         text = ""
         finish: FinishReason = "abort"
+        if self._resume_owed:
+            await self._resume_owed_now()
         for attempt in range(self.max_resubmits + 1):
-            chunk = await self._generate_chunk(request, token_ids, attempt)
+            try:
+                chunk = await self._generate_chunk(request, token_ids, attempt)
+            except EngineHTTPError as exc:
+                if exc.status in _REFUSED:  # the server refuses the request as made (too long for its context)
+                    raise RequestError(str(exc)) from None
+                raise
             token_ids += chunk.token_ids
             logprobs += [lp if math.isfinite(lp) else -math.inf for lp in chunk.logprobs]
             versions += [chunk.version] * len(chunk.token_ids)
@@ -381,7 +418,7 @@ class HTTPEngine(abc.ABC):
         from actors.engines._group import DistributedWeights  # torch: only once weights move
 
         async with self._update_lock:
-            bracket = not self._paused
+            bracket = not self._paused or self._resume_owed  # (a pause of the caller's own stays the caller's)
             if bracket:
                 await self.pause()
             try:
@@ -401,7 +438,23 @@ class HTTPEngine(abc.ABC):
                 self._version = version
             finally:
                 if bracket:
-                    await self.resume()
+                    await self._resume_bracket()
+
+    async def _resume_bracket(self) -> None:
+        """Resume after an update this engine paused the server for. A resume that fails is owed: the next
+        generation or update tries it again — taken for a pause of the caller's, it left the server paused for
+        good (every later update skipped the bracket, every generation timed out)."""
+        try:
+            await self.resume()
+        except BaseException:
+            self._resume_owed = True
+            raise
+        self._resume_owed = False
+
+    async def _resume_owed_now(self) -> None:
+        async with self._update_lock:
+            if self._resume_owed:
+                await self._resume_bracket()
 
     @abc.abstractmethod
     async def _load_from_disk(self, version: int, path: str) -> None:

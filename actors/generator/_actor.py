@@ -38,7 +38,7 @@ from typing import Any
 
 import anyio
 
-from actors.engines import Completion, Engine, GenerationRequest, RequestError, SamplingParams
+from actors.engines import Completion, Engine, EngineHTTPError, GenerationRequest, RequestError, SamplingParams
 from actors.generator._config import GeneratorConfig
 from actors.policy import encode_prompt, load_tokenizer
 from actors.protocol import (
@@ -55,7 +55,8 @@ from topology.bus import BUS_AWAY, Delivery, InFlight, Outbox
 from topology.runtime import Actor, ActorContext, iterate_until
 
 _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are logged at most this often
-_RETRY_S = 1.0  # a failed prompt goes back to the bus this long before it is delivered again
+_RETRY_S = 1.0  # a failed prompt goes back to the bus this long before it is delivered again (and a server that
+#   is unavailable is asked again this often)
 _FAILURE_LOG_EVERY_S = 10.0  # prompts that failed and went back to the bus (each counted) are logged at most this often
 
 __all__ = ["GeneratorActor"]
@@ -82,6 +83,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         self._failure_logged = -_FAILURE_LOG_EVERY_S  # when a failed prompt was last logged (monotonic)
         self._failures_unlogged = 0  # prompts failed since then
         self._send_waiting = False  # a rollout's publish is being retried (the bus refused it or did not answer)
+        self._server_waiting = False  # the engine's server is unavailable: prompts in flight wait for it
         self._has_learner = any(a.kind == "learner" for a in ctx.spec.actors.values())
         self._staging_root = ctx.run_dir / "weights-staged" / f"{ctx.actor}-{ctx.replica}"
 
@@ -269,7 +271,7 @@ class GeneratorActor(Actor[GeneratorConfig]):
         try:
             self._in_flight += 1
             started = time.perf_counter()
-            completions = await self.engine.generate(self._requests(delivery.id, msg))
+            completions = await self._generate(msg, self._requests(delivery.id, msg))
             rollout = self._rollout(msg, completions, time.perf_counter() - started)
             await self._send(outbox, delivery, rollout.model_dump(mode="json"))
             self.ctx.counters.inc("prompts")
@@ -302,6 +304,31 @@ class GeneratorActor(Actor[GeneratorConfig]):
 
     def _keepalive_failed(self, exc: Exception) -> None:
         self.ctx.log.warning("generator.keepalive_failed", error=str(exc))
+
+    async def _generate(self, msg: PromptMsg, requests: list[GenerationRequest]) -> list[Completion]:
+        """The engine's completions. A server that does not answer, or answers 5xx or 429 (down, restarting, loading a
+        model, paused by a weight update that hangs) is waited out, the prompt kept alive: given back to the bus
+        instead, every prompt in flight was dead-lettered as poison on its fifth delivery, about 12 s into an
+        outage, while an SGLang or vLLM server takes minutes to load a model. At a stop the error goes to the caller
+        (the prompt is given back)."""
+        assert self.engine is not None
+        while True:
+            try:
+                completions = await self.engine.generate(requests)
+            except EngineHTTPError as exc:
+                if self.ctx.stopping.is_set() or not _unavailable(exc):
+                    raise
+                self.ctx.counters.inc("server_waits")
+                if not self._server_waiting:  # once per outage: every prompt in flight waits alike
+                    self.ctx.log.warning("generator.server_unavailable", error=str(exc), retry_s=_RETRY_S)
+                self._server_waiting = True
+                with anyio.move_on_after(_RETRY_S):
+                    await self.ctx.stopping.wait()
+                continue
+            if self._server_waiting:
+                self._server_waiting = False
+                self.ctx.log.info("generator.server_back", task_id=msg.task_id)
+            return completions
 
     async def _send(self, outbox: Outbox, delivery: Delivery[PromptMsg], rollout: dict[str, Any]) -> None:
         """Publish the rollout, then ack its prompt. A publish the bus refuses (its storage budget reached, a full
@@ -432,3 +459,8 @@ def _served_model(engine: Any) -> str:
 
 def _token(delivery: Delivery[PromptMsg], index: int) -> tuple[str, int]:
     return (delivery.id, index)
+
+
+def _unavailable(exc: EngineHTTPError) -> bool:
+    """The server is down or busy, not the prompt at fault: no answer, a 5xx, or 429 (too many requests)."""
+    return exc.status is None or exc.status >= 500 or exc.status == 429
