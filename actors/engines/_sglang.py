@@ -101,6 +101,14 @@ class SGLangEngine(HTTPEngine):
             pairs = meta.get("output_token_logprobs") or []
             if not pairs and body.get("output_ids"):
                 raise ValueError("output_token_logprobs missing although return_logprob was set")
+            # the tokens are read from the logprob pairs: they must be every token the text is made of
+            ids, counted = body.get("output_ids"), meta.get("completion_tokens")
+            if ids is not None and len(ids) != len(pairs):
+                raise ValueError(f"{len(ids)} output_ids but {len(pairs)} output_token_logprobs")
+            if isinstance(counted, int) and counted != len(pairs):
+                raise ValueError(f"completion_tokens {counted} but {len(pairs)} output_token_logprobs")
+            if not pairs and body.get("text"):
+                raise ValueError("a text without tokens")
             version = reported_version(meta.get("weight_version"))
             if version == 0 and self._version != 0:
                 # "default" after we had it load a version: the server restarted and serves what it started with; so

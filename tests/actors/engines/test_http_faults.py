@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import orjson
 import pytest
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -132,3 +133,24 @@ def test_a_resume_that_fails_is_tried_again_at_the_next_generation(kind: str, tm
         assert faults.seen[RESUME[kind]] == 6 and client.version == 2
 
     run(kind, scenario, timeout_s=5.0, backoff_s=0.05)
+
+
+def test_an_sglang_answer_whose_tokens_do_not_add_up_is_malformed() -> None:
+    """The tokens are read from the logprob pairs: an answer with fewer pairs than ``output_ids`` (or none, beside a
+    text) was taken with the tokens it had, so the verifier scored text the learner never trained on."""
+
+    async def scenario(client: Any, faults: Faults) -> None:
+        pairs = [[-0.5, 28, None], [-0.5, 27, None]]
+        for body, why in [
+            ({"output_ids": [28, 27, 87], "meta_info": {"output_token_logprobs": pairs}}, "3 output_ids but 2"),
+            ({"meta_info": {"output_token_logprobs": pairs, "completion_tokens": 3}}, "completion_tokens 3 but 2"),
+            ({"output_ids": [], "meta_info": {"output_token_logprobs": []}}, "a text without tokens"),
+        ]:
+            content = orjson.dumps(
+                {"text": "65q", **body} | {"meta_info": {**body["meta_info"], "finish_reason": None}}
+            )
+            faults.plan("/generate", lambda content=content: Response(content, media_type="application/json"))
+            with pytest.raises(EngineHTTPError, match=why):
+                await client.generate([request()])
+
+    run("sglang", scenario)
