@@ -25,6 +25,9 @@ Contract (vLLM's OpenAI-compatible routes and its dev-mode control routes, which
   every completion would cost each one a round trip for an event this rare. A server that keeps no labels
   (``/weight_info`` or ``/update_weight_version`` missing: no dev mode, or an older release) offers no way to tell:
   there a restart is found only at the next call that cannot connect.
+* An update whose loading call got no answer (a timeout, a dropped connection) leaves the server holding the new
+  weights or the old ones, no telling which: until an update succeeds, a generation raises (no response: the
+  generator keeps its prompts and waits) rather than label tokens with a version that may not have made them.
 * ``update_weights(version, source)``:
   - :class:`DistributedWeights` → ``/init_weight_transfer_engine`` once (concurrently with the trainer's
     ``connect``), then per update ``/start_weight_update``, ``/update_weights`` (concurrently with the
@@ -50,7 +53,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Literal, Unpack
 
 from actors.engines._group import Broadcaster, DistributedWeights, describe
@@ -120,6 +123,7 @@ class VLLMEngine(HTTPEngine):
         self.pause_mode: PauseMode = pause_mode
         self._labelled = False  # the server holds a version label we gave it (a restart turns it back to "default")
         self._restarts = 0  # restarts found: a completion sent before one was found is labelled 0 when it comes back
+        self._weights_unknown = False  # an update got no answer: what the server holds is unknown (``_loading``)
         self._looked = -math.inf  # when a completion last started a read of /weight_info (monotonic)
 
     async def start(self, *, health_timeout_s: float = 60.0) -> None:
@@ -187,6 +191,16 @@ class VLLMEngine(HTTPEngine):
         }
 
     async def _generate_chunk(self, request: GenerationRequest, prefix: list[int], attempt: int) -> Chunk:
+        if self._weights_unknown:  # its tokens would carry a version that may not be the one that made them
+            raise EngineHTTPError(
+                self.name,
+                self.url,
+                "POST",
+                "/v1/completions",
+                None,
+                "the weights it serves are unknown since a weight update got no answer (loaded or not); "
+                "waiting for the next update",
+            )
         if self._http.lost_contact:  # completions carry no version: after an outage, ask whether it still holds ours
             self._http.lost_contact = False
             await self.refresh_version()
@@ -263,15 +277,30 @@ class VLLMEngine(HTTPEngine):
         return str(found) if found else None
 
     async def _load_from_disk(self, version: int, path: str) -> None:
-        await self._http.call(
-            "POST",
-            "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": path}},
-            idempotent=False,
-            timeout_s=self.update_timeout_s,
+        await self._loading(
+            self._http.call(
+                "POST",
+                "/collective_rpc",
+                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                idempotent=False,
+                timeout_s=self.update_timeout_s,
+            )
         )
         await self._http.call("POST", "/reset_prefix_cache", idempotent=False)
         await self._set_server_version(version)
+
+    async def _loading(self, call: Awaitable[Any]) -> Any:
+        """A call that changes the weights the server holds. Its completions carry no version: when the call got no
+        answer (a timeout, a dropped connection), the server may have loaded the new weights or kept the old ones, so
+        no completion is labelled until an update succeeds (``_generate_chunk`` raises meanwhile)."""
+        try:
+            result = await call
+        except EngineHTTPError as exc:
+            if exc.status is None:
+                self._weights_unknown = True
+            raise
+        self._weights_unknown = False
+        return result
 
     async def _set_server_version(self, version: int) -> None:
         try:
@@ -309,6 +338,6 @@ class VLLMEngine(HTTPEngine):
             idempotent=False,
             timeout_s=self.update_timeout_s,
         )
-        await asyncio.gather(receive, asyncio.to_thread(source.broadcaster.broadcast, source.tensors))
+        await self._loading(asyncio.gather(receive, asyncio.to_thread(source.broadcaster.broadcast, source.tensors)))
         await self._http.call("POST", "/finish_weight_update", json={"weight_version": str(version)}, idempotent=False)
         self._labelled = True

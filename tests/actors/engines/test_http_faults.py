@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from actors.engines import EngineHTTPError, RequestError, SGLangEngine, TorchEngine, VLLMEngine
 from actors.testing import FakeSGLangServer, FakeVLLMServer
-from tests.actors.engines._rig import make_engine, request, write_dir
+from tests.actors.engines._rig import make_engine, perturbed, request, write_dir
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,3 +154,44 @@ def test_an_sglang_answer_whose_tokens_do_not_add_up_is_malformed() -> None:
                 await client.generate([request()])
 
     run("sglang", scenario)
+
+
+def test_vllm_labels_nothing_while_a_reload_that_got_no_answer_leaves_its_weights_unknown(tmp_path: Any) -> None:
+    """The server loaded the new weights but its answer came after the client's time limit: the client kept the old
+    version and labelled the new weights' tokens with it. Until an update succeeds, a generation now raises (no
+    response: the generator waits with its prompts); then tokens carry the new version."""
+
+    async def main() -> None:
+        engine: TorchEngine = make_engine()
+        server = FakeVLLMServer(engine)
+        late = {"n": 1}
+
+        async def answer_late(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            response = await call_next(request)  # the server does the work
+            if request.url.path == "/collective_rpc" and late["n"]:
+                late["n"] -= 1
+                await asyncio.sleep(2.0)  # and its answer comes after the client gave up
+            return response
+
+        server.app.middleware("http")(answer_late)
+        weights = write_dir(tmp_path / "v1", perturbed(engine))
+        try:
+            async with server:
+                client = VLLMEngine(server.url, update_timeout_s=0.5, backoff_s=0.05)
+                await client.start(health_timeout_s=10)
+                try:
+                    with pytest.raises(EngineHTTPError, match="collective_rpc"):
+                        await client.update_weights(1, weights)
+                    await asyncio.sleep(2.0)  # the server has loaded them by now
+                    with pytest.raises(EngineHTTPError, match="weights it serves are unknown") as info:
+                        await client.generate([request()])
+                    assert info.value.status is None
+                    await client.update_weights(1, weights)  # the subscriber's next try
+                    [completion] = await client.generate([request()])
+                    assert set(completion.versions) == {1}
+                finally:
+                    await client.close()
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
