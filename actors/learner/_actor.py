@@ -63,6 +63,7 @@ Non-goals: data-parallel learners.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import uuid
 from collections import deque
@@ -104,6 +105,12 @@ from topology.runtime import Actor, ActorContext
 __all__ = ["LearnerActor"]
 
 _IDLE_RETRY_S = 1.0  # a publish while idle failed (the bus away): try again after this long
+# sync mode without partial_batch_after_s: a version's batch short of batch_size (a completion the verifier failed on,
+# a prompt a generator refused, a replica that crashed) trains once its first group waited this long — at first, then
+# three times the recent median step cycle, at least a second; the source publishes one batch per version, so
+# waiting for the rest waited for ever
+_SYNC_SHORT_FIRST_S = 5.0
+_SYNC_SHORT_MIN_S = 1.0
 
 
 class LearnerActor(Actor[LearnerConfig]):
@@ -124,6 +131,7 @@ class LearnerActor(Actor[LearnerConfig]):
         self.lr = 0.0  # the RL learning rate, resolved in start (`lr: auto` depends on the policy's size)
         self._restored_taken_ts: float | None = None  # when the state of the checkpoint resumed from was taken
         self._idle_retry_at = 0.0  # _publish_while_idle: not before then (a publish failed: the bus is away)
+        self._short_logged = float("-inf")  # when a sync-mode short batch was last logged
         self.estimator = AdvantageEstimator(normalize=config.normalize, decay=config.baseline_decay)
         names = list(config.domains) if config.domains else list(domains_of(ctx.spec))
         self.domain_names = names
@@ -138,7 +146,7 @@ class LearnerActor(Actor[LearnerConfig]):
             weights,
             config.batch_size,
             fill_wait_s=0.0 if config.mode == "sync" else config.fill_wait_s,
-            partial_after_s=config.partial_batch_after_s,
+            partial_after_s=config.partial_batch_after_s or (_SYNC_SHORT_FIRST_S if config.mode == "sync" else None),
             buffer_size=config.buffer_size,
         )
         self.intake = Intake(ctx, config, self.batcher)  # the buffer, the ledger, every message held until its ack
@@ -523,11 +531,15 @@ class LearnerActor(Actor[LearnerConfig]):
             if consumed and self.config.mode == "sync":
                 await self.publish_weights()  # same weights, new version: the source waits for it to go on
             return None
+        if self.config.mode == "sync" and len(samples) < self.config.batch_size:
+            self._short_batch(len(samples))
         started = time.perf_counter()
         stats = await anyio.to_thread.run_sync(self._rl_step, samples)
         step_s = time.perf_counter() - started
         self.step += 1
         self._steps_t.append(time.monotonic())
+        if self.config.mode == "sync" and self.config.partial_batch_after_s is None:
+            self.batcher.partial_after_s = _sync_short_after_s(self._steps_t)
         intake.account(applied, consumed, self.step)
         report_step(
             self.ctx,
@@ -553,6 +565,21 @@ class LearnerActor(Actor[LearnerConfig]):
         elif rounds.out:
             rounds.scored(0)  # (writes off prompts lost on the way)
         return stats
+
+    def _short_batch(self, samples: int) -> None:
+        """A sync-mode batch trained short of ``batch_size``: counted, logged at most once a minute."""
+        self.ctx.counters.inc("sync_short_batches")
+        now = time.monotonic()
+        if now - self._short_logged >= 60.0:
+            self._short_logged = now
+            self.ctx.log.warning(
+                "learner.sync_short_batch",
+                samples=samples,
+                batch_size=self.config.batch_size,
+                waited_s=round(self.batcher.partial_after_s or 0.0, 2),
+                why="completions of this version's batch were lost on the way (verifier errors, a refused prompt, "
+                "a crashed replica): trained as it is rather than waiting for them",
+            )
 
     def _rl_step(self, samples: list[TrainSample]) -> StepStats:
         """One RL step, then the weights' average follows it (in the same worker thread)."""
@@ -621,3 +648,11 @@ class LearnerActor(Actor[LearnerConfig]):
         if self.average is not None and not baseline:  # the round measures the average (the baseline: the same)
             await self.publish_weights(average=True)
         await self.rounds.publish(self.version, baseline=baseline)
+
+
+def _sync_short_after_s(steps_t: deque[float]) -> float:
+    """How long a sync-mode batch short of ``batch_size`` waits before it trains (see ``_SYNC_SHORT_FIRST_S``)."""
+    cycles = [b - a for a, b in zip(steps_t, list(steps_t)[1:], strict=False)]
+    if len(cycles) < 3:
+        return _SYNC_SHORT_FIRST_S
+    return max(_SYNC_SHORT_MIN_S, 3.0 * statistics.median(cycles))

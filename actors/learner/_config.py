@@ -92,7 +92,8 @@ class LearnerConfig(SpecModel):
     buffer_size: int = Field(default=4096, ge=1)  # completions held un-applied; beyond it the consumer waits
     fill_wait_s: float = Field(default=2.0, ge=0)  # wait this long for a short domain before filling from others
     # train a batch short of batch_size once its oldest sample waited this long (users' feedback at low traffic
-    # reaches a version in bounded time); null: always wait for batch_size
+    # reaches a version in bounded time); null: always wait for batch_size — in sync mode, 5 s at first, then three
+    # times the recent step cycle (at least 1 s): a version's batch that lost completions on the way trains as it is
     partial_batch_after_s: float | None = Field(default=None, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when present
     # bfloat16-mixed: the RL passes' matmuls in bfloat16 (torch autocast), weights, optimizer and log-softmax in

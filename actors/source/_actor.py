@@ -33,12 +33,16 @@ Contract:
   away) every draw goes as the domain's source made it.
 
 - Sync mode: when the topology's learner has `mode: sync`, the source does not run ahead of the learner: it
-  publishes exactly `batch_size / group_size` prompts (rounded up) per weights version — once when a new
+  publishes one batch per weights version — prompts drawn until their groups bring the learner's `batch_size`
+  completions (with domains of several group sizes, a count from the smallest made most of them stale) — once when a new
   version appears under the KV key `current` of `fw_<topology>_weights` (polled; the JSON manifest's
   `version`), and nothing more until the next one. Before publishing it waits (up to 30 s, then publishes with a
   warning) until every generator replica has put that version under its `served.<actor>.<replica>` key of the
   same bucket (right after its swap), so the batch is sampled by exactly those
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
+  A version that no step follows within `_SYNC_TOP_UP_S` (or five times the recent median, if longer) gets its
+  batch again (`sync_top_ups`, logged): its prompts were held by a replica that crashed (back only after the bus's
+  `ack_wait_s`) or lost on the way; the learner drops what comes back of the first as stale.
   Backpressure and `prompts_per_s` do not apply then. A bus that is away is ridden out as below.
 - A nats-server restart (the runtime brings a killed one back on its port) is ridden out: while the backlog and the
   learner's heartbeat cannot be read, the source publishes nothing and looks again (counted as `bus_waits`, logged
@@ -53,7 +57,9 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
+from collections import deque
 from typing import Any
 
 import anyio
@@ -88,6 +94,7 @@ _POLL_S = 0.05  # how often a blocked source looks downstream again (each look c
 _SYNC_POLL_S = 0.02  # sync mode: how often the source looks for a new version / the generators' swaps
 _STALL_LOG_S = 10.0  # a stall this long is logged (once per stall)
 _BUS_RETRY_S = 0.5  # how often a source whose bus is away looks again
+_SYNC_TOP_UP_S = 10.0  # sync mode: a version no step followed in this long (or 5x the recent median) gets a new batch
 _REDRAWS = 8  # most tasks passed over for one prompt (a domain whose every task is settled still gets prompts)
 
 
@@ -267,12 +274,11 @@ class SourceActor(Actor[SourceConfig]):
         return {(r.actor, r.replica): LearnerStatus.from_counters(r.counters) for r in records}
 
     def sync_batch(self) -> int | None:
-        """Prompts per weights version when the topology's learner runs `mode: sync`, else None."""
+        """Completions per weights version (the learner's ``batch_size``) when the topology's learner runs `mode:
+        sync`, else None."""
         for actor in self.ctx.spec.actors.values():
             if actor.kind == "learner" and isinstance(actor.config, LearnerPace) and actor.config.mode == "sync":
-                batch_size = actor.config.batch_size
-                group_size = min(d.group_size for d in self.sampler.domains.values())  # never short of a batch
-                return max(1, -(-batch_size // group_size))
+                return max(1, actor.config.batch_size)
         return None
 
     async def weights_version(self) -> int:
@@ -300,22 +306,34 @@ class SourceActor(Actor[SourceConfig]):
             self.ctx.log.warning("source: generators did not report the new version in time", version=version)
 
     async def run_sync(self, per_version: int) -> None:
-        last, left = 0, 0  # the newest version seen and its prompts not published yet
+        last, left = 0, 0  # the newest version seen and its completions not published yet
         bus_away = False  # an outage: logged at its first failure
+        sent_at = time.monotonic()  # when the newest version's batch went out
+        intervals: deque[float] = deque(maxlen=20)  # from a version's batch to the next version, recently
         while not self.ctx.stopping.is_set():
             try:
                 if not left:
                     version = await self.weights_version()
                     if version <= last:
+                        waited = time.monotonic() - sent_at
+                        if last and waited > _sync_top_up_s(intervals):
+                            # nothing of that batch made a step: its prompts held by a replica that crashed (back
+                            # after the bus's ack_wait_s), or every group of it lost on the way
+                            self.ctx.counters.inc("sync_top_ups")
+                            self.ctx.log.warning(
+                                "source.sync_top_up", version=last, waited_s=round(waited, 1), completions=per_version
+                            )
+                            sent_at, left = time.monotonic(), per_version
+                            continue
                         with anyio.move_on_after(_SYNC_POLL_S):
                             await self.ctx.stopping.wait()
                         continue
                     await self.wait_generators(version)
-                    last, left = version, per_version
-                while left:  # (a batch the bus did not take is drawn anew, as in async mode)
-                    n = min(_BATCH, left)
-                    await self.publish_batch(n)
-                    left -= n
+                    if last:
+                        intervals.append(time.monotonic() - sent_at)
+                    last, left, sent_at = version, per_version, time.monotonic()
+                while left > 0:  # (a batch the bus did not take is drawn anew, as in async mode)
+                    left = max(0, left - await self.publish_batch(_BATCH, completions=left))
                 self.ctx.counters.set("sync_version", last)
             except BUS_AWAY as exc:  # the version, the generators' swaps or a publish: wait as for an outage
                 await self._bus_wait(exc, first=not bus_away)
@@ -388,23 +406,30 @@ class SourceActor(Actor[SourceConfig]):
         with anyio.move_on_after(_BUS_RETRY_S):
             await self.ctx.stopping.wait()
 
-    async def publish_batch(self, n: int) -> None:
+    async def publish_batch(self, n: int, *, completions: int | None = None) -> int:
+        """Publish ``n`` prompts — or, with ``completions``, as many as bring that many completions (group sizes
+        summed; at most ``n``); returns the completions they bring."""
         items: list[tuple[str, dict[str, Any], str | None]] = []
         domains: list[str] = []
+        brought = 0
         for _ in range(n):
+            if completions is not None and brought >= completions:
+                break
             domain, task = self.draw()
+            brought += domain.group_size
             payload = PromptMsg.model_validate(task.payload(group_size=domain.group_size)).model_dump()
             items.append(("prompt", payload, new_id()))
             domains.append(domain.name)
         await self.ctx.bus.publish_many(self.channel, items, source=self.ctx.replica_id)
         for name in domains:  # counted once stored: a batch the bus refused is not
             self.ctx.counters.inc(f"published.{name}")
-        self.ctx.counters.inc("published", n)
+        self.ctx.counters.inc("published", len(items))
         error = self.position.save_if_due()
         if error is not None:
             self.ctx.counters.inc("sequence_save_errors")
             if self.ctx.counters.get("sequence_save_errors") == 1:  # once: it is retried every few seconds
                 self.ctx.log.warning("source.sequence_not_saved", path=str(self.position.path), error=error)
+        return brought
 
     async def stop(self) -> None:
         if hasattr(self, "position"):  # start() got that far
@@ -412,3 +437,8 @@ class SourceActor(Actor[SourceConfig]):
                 self.position.save()
             except OSError as exc:
                 self.ctx.log.warning("source.sequence_not_saved", path=str(self.position.path), error=str(exc))
+
+
+def _sync_top_up_s(intervals: deque[float]) -> float:
+    """How long a sync-mode version may go without a step before its batch is published again."""
+    return max(_SYNC_TOP_UP_S, 5.0 * statistics.median(intervals)) if intervals else _SYNC_TOP_UP_S

@@ -817,3 +817,25 @@ async def test_a_group_that_goes_stale_in_the_buffer_is_dropped_when_a_batch_is_
         await wait_until(lambda: actor.step == 2)
         assert actor.ctx.counters.get("dropped_stale") == 4  # g2's four completions
     assert sorted(effective_applied(run_dir)) == ["g0", "g1", "g3"]
+
+
+async def test_in_sync_mode_a_batch_that_lost_completions_on_the_way_trains_as_it_is(
+    embedded_nats: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync source publishes one batch per version and waits for the next version: a completion the verifier
+    failed on (left out of its group) made the batch one short of ``batch_size`` and the loop waited for ever — the
+    learner for a batch, the source for a version (a helper's runs stopped at step 2 and 4). A short batch now trains
+    once its first group waited (5 s at first, then three times the step cycle), counted and logged."""
+    import actors.learner._actor as learner_module
+
+    monkeypatch.setattr(learner_module, "_SYNC_SHORT_FIRST_S", 0.5)
+    spec = write_spec(tmp_path, learner(1, "    mode: sync\n"))
+    with structlog.testing.capture_logs() as logs:
+        async with running_learner(spec, embedded_nats.url, tmp_path / "run") as (actor, bus):
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 0.0, 1.0]), id="g0")
+            await bus.publish("scored", "scored", scored("arithmetic", [0.0, 1.0, 1.0]), id="g1")  # one lost
+            await wait_until(lambda: actor.step == 1, timeout_s=10)
+            assert actor.ctx.counters.get("sync_short_batches") == 1
+            assert actor.ctx.counters.get("samples_applied") == 7
+    [short] = [entry for entry in logs if entry["event"] == "learner.sync_short_batch"]
+    assert short["samples"] == 7 and short["batch_size"] == 8

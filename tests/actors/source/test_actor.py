@@ -412,7 +412,7 @@ async def test_in_sync_mode_a_frozen_bus_is_ridden_out(tmp_path: Path) -> None:
     domains = "domains:\n  arithmetic: {source: builtin:arithmetic, verifier: math, group_size: 4, heldout: 20}\n"
     spec = write_spec(tmp_path, actor=actors, domains=domains)
     async with EmbeddedNats(tmp_path / "nats") as server, running_source(spec, server, tmp_path) as (actor, bus):
-        assert actor.sync_batch() == 2  # 8 completions a step, groups of 4
+        assert actor.sync_batch() == 8  # completions a step: two prompts of groups of 4
         bucket = weights_bucket(spec.name)
         await bus.kv_put(bucket, CURRENT, b'{"version": 1}')
         await wait_for(lambda: _at_least(bus, 2))
@@ -425,3 +425,34 @@ async def test_in_sync_mode_a_frozen_bus_is_ridden_out(tmp_path: Path) -> None:
         await bus.kv_put(bucket, CURRENT, b'{"version": 2}')
         await wait_for(lambda: _at_least(bus, 4), timeout_s=30)
         assert actor.ctx.counters.get("sync_version") == 2 and await stream_messages(bus) == 4
+
+
+async def test_in_sync_mode_a_version_brings_a_batch_of_completions_and_one_no_step_follows_gets_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version's batch was ``batch_size / min(group_size)`` prompts: with groups of 4 and 2, twice the completions a
+    step takes, the rest dropped as stale (85 % of the work in a helper's run). Prompts are now drawn until their
+    groups bring ``batch_size`` completions. And a version no step follows (its prompts held by a replica that
+    crashed, or lost) waited for the bus's ack window; it now gets its batch again."""
+    import actors.source._actor as source_module
+    from actors.protocol import CURRENT, weights_bucket
+
+    monkeypatch.setattr(source_module, "_SYNC_TOP_UP_S", 1.0)
+    actors = "{seed: 3}\n  learner: {mode: sync, batch_size: 16}\nchannels: {scored: {external: true}}"
+    spec = write_spec(tmp_path, actor=actors)  # arithmetic in groups of 4 (weight 3), extract in groups of 2
+    async with EmbeddedNats(tmp_path / "nats") as server, running_source(spec, server, tmp_path) as (actor, bus):
+        await bus.kv_put(weights_bucket(spec.name), CURRENT, b'{"version": 1}')
+        await wait_for(lambda: _counter_above(actor, "published", 0))
+        assert 16 <= _completions(actor) < 16 + 4  # one batch's worth, at most a group over
+        await wait_for(lambda: _counter_above(actor, "sync_top_ups", 0), timeout_s=10)  # no step followed
+        await wait_for(lambda: _completions_above(actor, 31))
+        assert _completions(actor) < 32 + 8
+
+
+def _completions(actor: SourceActor) -> int:
+    counters = actor.ctx.counters
+    return int(4 * counters.get("published.arithmetic") + 2 * counters.get("published.extract"))
+
+
+async def _completions_above(actor: SourceActor, value: int) -> bool:
+    return _completions(actor) > value
