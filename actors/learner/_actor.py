@@ -531,8 +531,9 @@ class LearnerActor(Actor[LearnerConfig]):
             if consumed and self.config.mode == "sync":
                 await self.publish_weights()  # same weights, new version: the source waits for it to go on
             return None
-        if self.config.mode == "sync" and len(samples) < self.config.batch_size:
-            self._short_batch(len(samples))
+        taken = sum(held.size for held in (*applied, *consumed))  # (groups without signal count: they came)
+        if self.config.mode == "sync" and taken < self.config.batch_size:
+            self._short_batch(taken)
         started = time.perf_counter()
         stats = await anyio.to_thread.run_sync(self._rl_step, samples)
         step_s = time.perf_counter() - started
@@ -566,15 +567,15 @@ class LearnerActor(Actor[LearnerConfig]):
             rounds.scored(0)  # (writes off prompts lost on the way)
         return stats
 
-    def _short_batch(self, samples: int) -> None:
-        """A sync-mode batch trained short of ``batch_size``: counted, logged at most once a minute."""
+    def _short_batch(self, completions: int) -> None:
+        """A sync-mode batch trained short of ``batch_size`` completions: counted, logged at most once a minute."""
         self.ctx.counters.inc("sync_short_batches")
         now = time.monotonic()
         if now - self._short_logged >= 60.0:
             self._short_logged = now
             self.ctx.log.warning(
                 "learner.sync_short_batch",
-                samples=samples,
+                completions=completions,
                 batch_size=self.config.batch_size,
                 waited_s=round(self.batcher.partial_after_s or 0.0, 2),
                 why="completions of this version's batch were lost on the way (verifier errors, a refused prompt, "

@@ -838,4 +838,4 @@ async def test_in_sync_mode_a_batch_that_lost_completions_on_the_way_trains_as_i
             assert actor.ctx.counters.get("sync_short_batches") == 1
             assert actor.ctx.counters.get("samples_applied") == 7
     [short] = [entry for entry in logs if entry["event"] == "learner.sync_short_batch"]
-    assert short["samples"] == 7 and short["batch_size"] == 8
+    assert short["completions"] == 7 and short["batch_size"] == 8
