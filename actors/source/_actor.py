@@ -40,9 +40,10 @@ Contract:
   warning) until every generator replica has put that version under its `served.<actor>.<replica>` key of the
   same bucket (right after its swap), so the batch is sampled by exactly those
   weights (a prompt taken before a generator swapped would come back stale and be dropped by the learner).
-  A version that no step follows within `_SYNC_TOP_UP_S` (or five times the recent median, if longer) gets its
-  batch again (`sync_top_ups`, logged): its prompts were held by a replica that crashed (back only after the bus's
-  `ack_wait_s`) or lost on the way; the learner drops what comes back of the first as stale.
+  A version that no step follows within `_SYNC_TOP_UP_S` (or five times the recent median, if longer), while no
+  learner holds groups of it, gets its batch again (`sync_top_ups`, logged): its prompts were held by a replica that
+  crashed (back only after the bus's `ack_wait_s`) or lost on the way; the learner drops what comes back of the first
+  as stale.
   Backpressure and `prompts_per_s` do not apply then. A bus that is away is ridden out as below.
 - A nats-server restart (the runtime brings a killed one back on its port) is ridden out: while the backlog and the
   learner's heartbeat cannot be read, the source publishes nothing and looks again (counted as `bus_waits`, logged
@@ -316,9 +317,9 @@ class SourceActor(Actor[SourceConfig]):
                     version = await self.weights_version()
                     if version <= last:
                         waited = time.monotonic() - sent_at
-                        if last and waited > _sync_top_up_s(intervals):
-                            # nothing of that batch made a step: its prompts held by a replica that crashed (back
-                            # after the bus's ack_wait_s), or every group of it lost on the way
+                        if last and waited > _sync_top_up_s(intervals) and not await self._learner_holds_groups():
+                            # nothing of that batch reached the learner: its prompts held by a replica that crashed
+                            # (back after the bus's ack_wait_s), or every group of it lost on the way
                             self.ctx.counters.inc("sync_top_ups")
                             self.ctx.log.warning(
                                 "source.sync_top_up", version=last, waited_s=round(waited, 1), completions=per_version
@@ -340,6 +341,19 @@ class SourceActor(Actor[SourceConfig]):
                 bus_away = True
                 continue
             bus_away = False
+
+    async def _learner_holds_groups(self) -> bool:
+        """Whether a learner holds training groups not applied yet (its heartbeat's ``buffered_groups``): then the
+        version's batch reached it and waits there (for its post-warm-start round, say), and nothing is owed. True
+        when no learner's heartbeat can be read: a top-up is never made on a guess."""
+        from topology.runtime import read_status
+
+        learners = [
+            (name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "learner" for i in range(a.replicas)
+        ]
+        records = await read_status(self.ctx.bus, self.ctx.topology, learners) if learners else []
+        statuses = [LearnerStatus.from_counters(r.counters) for r in records]
+        return not statuses or any(status.buffered_groups for status in statuses)
 
     async def run(self) -> None:
         ctx, config = self.ctx, self.config
