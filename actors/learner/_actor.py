@@ -47,8 +47,10 @@ Requirements: one replica (the ledger is per process; a sibling would receive un
 being written, the next one's applied meanwhile) — the learner passes ``max_ack_pending`` to its consumer
 accordingly. Held messages are kept alive with ``in_progress``.
 
-``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in, weights are published
-after every step; the source publishes one batch of prompts per version (``actors.source._actor``).
+``mode: sync``: staleness 0, a batch trains as soon as ``batch_size`` completions are in (or, short of them, once its
+first group waited ``_SYNC_SHORT_FIRST_S`` and then three times the step cycle: completions lost on the way — a
+verifier error, a refused prompt — would otherwise stop the loop, since the source publishes one batch per version),
+weights are published after every step (``actors.source._actor``).
 
 Weights go out through the transport named by ``weight_transport`` (``_publish``: the transports, the cadence, the
 fallback to the disk, a bus that is away).
