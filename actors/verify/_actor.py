@@ -68,9 +68,9 @@ class VerifyActor(Actor[VerifyConfig]):
         self._outbox: Outbox | None = None
         wanted = set(config.domains) if config.domains else set(domains_of(ctx.spec))
         self._domains = {name: d for name, d in domains_of(ctx.spec).items() if name in wanted}
-        self._error_logged: dict[str, float] = {}  # domain → when its last verifier error was logged (monotonic)
-        self._timeout_logged: dict[str, float] = {}  # the same for a user's verifier's timeouts
+        self._logged: dict[tuple[str, str], float] = {}  # (counter, domain) → when it was last logged (monotonic)
         self._verdicts: set[str] = set()  # the verdicts counted by name (_verdict_key)
+        self._verdicts_capped = False  # more than _MAX_VERDICTS were seen (said once)
         # rollouts being verified: their ack timers kept reset, so that a slow verifier (a user's function near its
         # time limit, a group of sandboxed programs) never sees one redelivered meanwhile, nor dead-lettered after
         # `bus.max_deliver` redeliveries; a redelivery that comes anyway is settled by the verification under way
@@ -141,7 +141,8 @@ class VerifyActor(Actor[VerifyConfig]):
         if len(self._verdicts) < _MAX_VERDICTS:
             self._verdicts.add(verdict)
             return verdict
-        if "verdict.other" not in self.ctx.counters.snapshot():
+        if not self._verdicts_capped:
+            self._verdicts_capped = True
             self.ctx.log.warning(
                 "verify.verdicts_capped",
                 seen=sorted(self._verdicts),
@@ -150,34 +151,19 @@ class VerifyActor(Actor[VerifyConfig]):
             )
         return "other"
 
-    def _verifier_timeout(self, domain: str, detail: str) -> None:
-        """Count a user's verifier call that outlasted its limit, logged like an error (a hostile answer can make a
-        verifier hang; a verifier slow on every answer scores nothing and holds its helpers)."""
+    def _counted(self, counter: str, domain: str, event: str, detail: str, **extra: str) -> None:
+        """Count ``counter.<domain>`` and say why in the log as ``event``: at the first one, then at most once a
+        minute per domain (a verifier that fails, or hangs, on every answer would otherwise flood it). Verifier errors
+        (``verifier_errors``), and a user's verifier calls that outlasted their limit (``verifier_timeouts``: a
+        hostile answer can make a verifier hang; one slow on every answer scores nothing and holds its helpers)."""
         counters = self.ctx.counters
-        counters.inc(f"verifier_timeouts.{domain}")
+        counters.inc(f"{counter}.{domain}")
         now = time.monotonic()
-        if now - self._timeout_logged.get(domain, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
-            self._timeout_logged[domain] = now
-            self.ctx.log.warning(
-                "verify.verifier_timeout",
-                domain=domain,
-                verifier=self._domains[domain].verifier,
-                detail=detail,
-                total=int(counters.snapshot().get(f"verifier_timeouts.{domain}", 0)),
-                hint=f"reward 0; a verifier slow on every answer needs domains.{domain}.verifier_timeout_s raised",
-            )
-
-    def _verifier_error(self, domain: str, detail: str) -> None:
-        """Count a completion the domain's verifier could not score, and say why in the log: at the first one, then
-        at most once a minute per domain (a verifier that fails on every answer would otherwise flood it)."""
-        counters = self.ctx.counters
-        counters.inc(f"verifier_errors.{domain}")
-        now = time.monotonic()
-        if now - self._error_logged.get(domain, -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
-            self._error_logged[domain] = now
+        if now - self._logged.get((counter, domain), -_ERROR_LOG_EVERY_S) >= _ERROR_LOG_EVERY_S:
+            self._logged[(counter, domain)] = now
+            total = int(counters.get(f"{counter}.{domain}"))
             verifier = self._domains[domain].verifier
-            total = int(counters.snapshot().get(f"verifier_errors.{domain}", 0))
-            self.ctx.log.warning("verify.verifier_error", domain=domain, verifier=verifier, detail=detail, total=total)
+            self.ctx.log.warning(event, domain=domain, verifier=verifier, detail=detail, total=total, **extra)
 
     async def _reference_reward(self, rollout: RolloutMsg, rewards: list[float]) -> float | None:
         """The score of the task's reference when the learner may train on it (a group of several completions, none
@@ -198,7 +184,7 @@ class VerifyActor(Actor[VerifyConfig]):
             return known
         result = await self._scorer.score(rollout.domain, rollout.reference, rollout.verifier_fields)
         if result.verdict == VERIFIER_ERROR:  # says nothing about the reference: not remembered, not trained on
-            self._verifier_error(rollout.domain, result.detail)
+            self._counted("verifier_errors", rollout.domain, "verify.verifier_error", result.detail)
             return None
         self._references[key] = result.reward
         if len(self._references) > _REFERENCE_MEMO:
@@ -258,9 +244,14 @@ class VerifyActor(Actor[VerifyConfig]):
                 )
                 self.ctx.counters.inc(f"verdict.{self._verdict_key(str(result.verdict))}")
                 if result.verdict == VERIFIER_ERROR:
-                    self._verifier_error(rollout.domain, result.detail)
+                    self._counted("verifier_errors", rollout.domain, "verify.verifier_error", result.detail)
                 elif result.verdict == "timeout" and ":" in self._domains[rollout.domain].verifier:
-                    self._verifier_timeout(rollout.domain, result.detail)
+                    hint = (
+                        f"reward 0; a verifier slow on every answer needs domains.{rollout.domain}.verifier_timeout_s"
+                    )
+                    self._counted(
+                        "verifier_timeouts", rollout.domain, "verify.verifier_timeout", result.detail, hint=hint
+                    )
             message = ScoredMsg(
                 task_id=rollout.task_id,
                 domain=rollout.domain,
