@@ -263,11 +263,15 @@ class SourceActor(Actor[SourceConfig]):
             total += max(first.buffered_groups, second.buffered_groups) - min(first.eval_out, second.eval_out)
         return max(total, 0)
 
-    async def learner_statuses(self) -> dict[tuple[str, int], LearnerStatus]:
-        """The backpressure figures of every learner replica on the pipeline, from their latest heartbeats."""
+    async def learner_statuses(self, *, all_learners: bool = False) -> dict[tuple[str, int], LearnerStatus]:
+        """The backpressure figures of every learner replica on the pipeline (``all_learners``: of the topology),
+        from their latest heartbeats."""
         from topology.runtime import read_status
 
-        learners = sorted({group for _, group, learner in self._pipeline if learner})
+        if all_learners:
+            learners = sorted(name for name, actor in self.ctx.spec.actors.items() if actor.kind == "learner")
+        else:
+            learners = sorted({group for _, group, learner in self._pipeline if learner})
         replicas = [(name, i) for name in learners for i in range(self.ctx.spec.actors[name].replicas)]
         if not replicas:
             return {}
@@ -310,22 +314,26 @@ class SourceActor(Actor[SourceConfig]):
         last, left = 0, 0  # the newest version seen and its completions not published yet
         bus_away = False  # an outage: logged at its first failure
         sent_at = time.monotonic()  # when the newest version's batch went out
+        looked = 0.0  # when the learners were last asked whether they hold groups of it
         intervals: deque[float] = deque(maxlen=20)  # from a version's batch to the next version, recently
         while not self.ctx.stopping.is_set():
             try:
                 if not left:
                     version = await self.weights_version()
                     if version <= last:
-                        waited = time.monotonic() - sent_at
-                        if last and waited > _sync_top_up_s(intervals) and not await self._learner_holds_groups():
-                            # nothing of that batch reached the learner: its prompts held by a replica that crashed
-                            # (back after the bus's ack_wait_s), or every group of it lost on the way
-                            self.ctx.counters.inc("sync_top_ups")
-                            self.ctx.log.warning(
-                                "source.sync_top_up", version=last, waited_s=round(waited, 1), completions=per_version
-                            )
-                            sent_at, left = time.monotonic(), per_version
-                            continue
+                        now = time.monotonic()
+                        if last and now - sent_at > _sync_top_up_s(intervals) and now >= looked + 1.0:
+                            looked = now  # (the learners' heartbeats: read once a second at most)
+                            if not await self._learner_holds_groups():
+                                # nothing of that batch reached the learner: its prompts held by a replica that
+                                # crashed (back after the bus's ack_wait_s), or every group of it lost on the way
+                                self.ctx.counters.inc("sync_top_ups")
+                                waited = round(now - sent_at, 1)
+                                self.ctx.log.warning(
+                                    "source.sync_top_up", version=last, waited_s=waited, completions=per_version
+                                )
+                                sent_at, left = now, per_version
+                                continue
                         with anyio.move_on_after(_SYNC_POLL_S):
                             await self.ctx.stopping.wait()
                         continue
@@ -346,14 +354,8 @@ class SourceActor(Actor[SourceConfig]):
         """Whether a learner holds training groups not applied yet (its heartbeat's ``buffered_groups``): then the
         version's batch reached it and waits there (for its post-warm-start round, say), and nothing is owed. True
         when no learner's heartbeat can be read: a top-up is never made on a guess."""
-        from topology.runtime import read_status
-
-        learners = [
-            (name, i) for name, a in self.ctx.spec.actors.items() if a.kind == "learner" for i in range(a.replicas)
-        ]
-        records = await read_status(self.ctx.bus, self.ctx.topology, learners) if learners else []
-        statuses = [LearnerStatus.from_counters(r.counters) for r in records]
-        return not statuses or any(status.buffered_groups for status in statuses)
+        statuses = await self.learner_statuses(all_learners=True)
+        return not statuses or any(status.buffered_groups for status in statuses.values())
 
     async def run(self) -> None:
         ctx, config = self.ctx, self.config
