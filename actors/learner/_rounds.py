@@ -14,9 +14,9 @@ Contract:
   out of the round's accuracy and counted in ``heldout_verifier_errors.<domain>``. A complete round sets
   ``heldout_acc.<domain>`` (``heldout_acc@T<t>.<domain>`` for a decoding other than the first, and
   ``heldout_acc_start.<domain>`` at the first round) and writes an ``eval`` metrics row with its series.
-- :meth:`HeldoutRounds.scored`: prompts out for ``_EVAL_LOST_S`` with no score back are written off (lost on the
-  way: a generator restart, a dead-lettered message), counted in ``eval_prompts_lost``, so ``eval_out`` never holds
-  a source back forever.
+- :meth:`HeldoutRounds.scored`: the held-out prompts scored are counted in ``eval_prompts_scored``; prompts out for
+  ``_EVAL_LOST_S`` with no score back are written off (lost on the way: a generator restart, a dead-lettered
+  message), counted in ``eval_prompts_lost``, so ``eval_out`` never holds a source back forever.
 - ``due`` and ``baseline_out`` are the learner's to set: a round came due (every ``eval_every_steps`` steps, or a
   new series on a resume); the post-warm-start round is out and the first RL step waits for its scores (or for
   them to be written off: a lost round never holds RL back). With a weight average (``ema_decay``) a round measures
@@ -172,6 +172,7 @@ class HeldoutRounds:
         now = time.monotonic()
         if scored:
             self.out, self.heard = max(0, self.out - scored), now
+            self.ctx.counters.inc("eval_prompts_scored", scored)
         elif self.out and now - self.heard > _EVAL_LOST_S:
             self.ctx.log.warning("learner.eval_prompts_lost", prompts=self.out, waited_s=round(now - self.heard))
             self.ctx.counters.inc("eval_prompts_lost", self.out)

@@ -153,7 +153,10 @@ def effective_applied(run_dir: Path) -> list[str]:
 
 
 async def score_round(actor: LearnerActor, bus: Bus, version: int) -> None:
-    """Score every prompt of the round labelled ``version`` (8 held-out tasks, all correct) and wait for them."""
+    """Score every prompt of the round labelled ``version`` (8 held-out tasks, all correct) and wait for them. Waits
+    on the count of scores taken in, not on ``eval_out`` falling to 0: a round due meanwhile goes out as soon as
+    this one is scored, so ``eval_out`` may be 0 for less than a poll."""
+    before = actor.ctx.counters.get("eval_prompts_scored")
     for i in range(8):
         await bus.publish(
             "scored",
@@ -161,4 +164,4 @@ async def score_round(actor: LearnerActor, bus: Bus, version: int) -> None:
             scored("arithmetic", [1.0], heldout=True, temperature=0.0),
             id=f"eval-{version}-t{i}.r.s",
         )
-    await wait_until(lambda: actor.report()["eval_out"] == 0)
+    await wait_until(lambda: actor.ctx.counters.get("eval_prompts_scored") >= before + 8)
