@@ -24,6 +24,10 @@ start — before the first learner version, users are served the policy as speci
 channel (``consumes: []``, with ``serve: true``) only answers users: the serving generator of a service, kept on the
 promoted version (``follow: serving``) beside the training generators.
 
+An SGLang/vLLM server started with ``--api-key`` is sent the key held by the environment variable ``api_key_env``
+names. A 401/403 at start fails the start at once, naming that setting (no wait mends a key); one mid-run (the
+server restarted with another key) is waited out like an outage.
+
 Non-goals: driving an SGLang/vLLM server's own weight-update group from here (the HTTP engines take a
 safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.engines._group`).
 """
@@ -31,6 +35,7 @@ safetensors directory or a ``DistributedWeights`` source; see :mod:`actors.engin
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from pathlib import PurePath
@@ -57,6 +62,7 @@ from topology.runtime import Actor, ActorContext, iterate_until
 _REFUSAL_LOG_EVERY_S = 60.0  # a domain's refused prompts (each counted) are logged at most this often
 _RETRY_S = 1.0  # a failed prompt goes back to the bus this long before it is delivered again (and a server that
 #   is unavailable is asked again this often)
+_KEY_REFUSED = (401, 403)  # the server wants another API key (or one): no prompt is at fault
 _FAILURE_LOG_EVERY_S = 10.0  # prompts that failed and went back to the bus (each counted) are logged at most this often
 
 __all__ = ["GeneratorActor"]
@@ -130,17 +136,46 @@ class GeneratorActor(Actor[GeneratorConfig]):
         spec_dir = self.ctx.spec.source_path.parent
         tokenizer = await asyncio.to_thread(load_tokenizer, policy_of(self.ctx.spec), spec_dir)
         url = self.config.url or ""
+        options: dict[str, Any] = {
+            "timeout_s": self.config.request_timeout_s,
+            "update_timeout_s": self.config.weight_update_timeout_s,
+            "api_key": self._api_key(),
+        }
         http_engine: Any
         if self.config.engine == "sglang":
             from actors.engines import SGLangEngine
 
-            http_engine = SGLangEngine(url, timeout_s=self.config.request_timeout_s)
+            http_engine = SGLangEngine(url, **options)
         else:
             from actors.engines import VLLMEngine
 
-            http_engine = VLLMEngine(url, timeout_s=self.config.request_timeout_s)
+            http_engine = VLLMEngine(url, **options)
         await self._start_server_engine(http_engine)
         return http_engine, tokenizer
+
+    def _key_refused(self, exc: EngineHTTPError) -> str:
+        """What a 401/403 from the server means for this generator's settings, and which one to change."""
+        setting = f"actors.{self.ctx.actor}.api_key_env"
+        named = self.config.api_key_env
+        fix = (
+            f"the key in {named} ({setting}) is not one it takes"
+            if named
+            else f"it was started with --api-key: set {setting} to the environment variable that holds that key"
+        )
+        return f"the {self.config.engine} server at {self.config.url} refuses this generator (HTTP {exc.status}): {fix}"
+
+    def _api_key(self) -> str | None:
+        """The server's API key, from the environment variable ``api_key_env`` names (None when it names none)."""
+        name = self.config.api_key_env
+        if name is None:
+            return None
+        key = os.environ.get(name, "")
+        if not key:
+            raise RuntimeError(
+                f"actors.{self.ctx.actor}.api_key_env names {name}, which is not set (or empty) in this generator's "
+                f"environment: set it to the key the {self.config.engine} server at {self.config.url} was started with"
+            )
+        return key
 
     async def _start_server_engine(self, engine: Any) -> None:
         """Wait for the SGLang/vLLM server — a starting one loads its model for minutes — saying in the log what it
@@ -155,6 +190,8 @@ class GeneratorActor(Actor[GeneratorConfig]):
                 await engine.start(health_timeout_s=max(0.5, min(_SERVER_WAIT_LOG_S, left)))
                 break
             except EngineHTTPError as exc:
+                if exc.status in _KEY_REFUSED:  # no wait mends a key: say which setting does, at once
+                    raise RuntimeError(f"{self._key_refused(exc)} (at {exc.method} {exc.path})") from None
                 waited = time.monotonic() - started
                 if waited >= timeout_s:
                     raise RuntimeError(
@@ -309,18 +346,21 @@ class GeneratorActor(Actor[GeneratorConfig]):
         """The engine's completions. A server that does not answer, or answers 5xx or 429 (down, restarting, loading a
         model, paused by a weight update that hangs) is waited out, the prompt kept alive: given back to the bus
         instead, every prompt in flight was dead-lettered as poison on its fifth delivery, about 12 s into an
-        outage, while an SGLang or vLLM server takes minutes to load a model. At a stop the error goes to the caller
-        (the prompt is given back)."""
+        outage, while an SGLang or vLLM server takes minutes to load a model. A 401/403 (the server's API key changed
+        under a running generator) is waited out alike, its log line naming the setting. At a stop the error goes to
+        the caller (the prompt is given back)."""
         assert self.engine is not None
         while True:
             try:
                 completions = await self.engine.generate(requests)
             except EngineHTTPError as exc:
-                if self.ctx.stopping.is_set() or not _unavailable(exc):
+                refused = exc.status in _KEY_REFUSED  # the server's key changed under a running generator
+                if self.ctx.stopping.is_set() or not (_unavailable(exc) or refused):
                     raise
                 self.ctx.counters.inc("server_waits")
                 if not self._server_waiting:  # once per outage: every prompt in flight waits alike
-                    self.ctx.log.warning("generator.server_unavailable", error=str(exc), retry_s=_RETRY_S)
+                    error = self._key_refused(exc) if refused else str(exc)
+                    self.ctx.log.warning("generator.server_unavailable", error=error, retry_s=_RETRY_S)
                 self._server_waiting = True
                 with anyio.move_on_after(_RETRY_S):
                     await self.ctx.stopping.wait()

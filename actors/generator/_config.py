@@ -7,9 +7,11 @@ while it runs. With ``serve: true`` it also answers the gateway's requests (the 
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from actors.protocol import cuda_missing_here, policy_of
 from topology import ActorKind, ActorSpec, KeyPath, SectionCheck, Spec, SpecModel, register_actor_kind, show
@@ -41,6 +43,22 @@ class GeneratorConfig(SpecModel):
     # sglang/vllm: how long a starting generator waits for its server to answer (it may still be loading the model),
     # saying in its log what it waits for; then it fails, naming the url
     server_start_timeout_s: float = Field(default=600.0, gt=0)
+    # sglang/vllm: how long the server may take to load one version of the weights (a large model read from disk);
+    # a load still running is logged every minute, and one past this is rejected: the server keeps what it had
+    weight_update_timeout_s: float = Field(default=600.0, gt=0)
+    # sglang/vllm: the environment variable holding the server's API key (a server started with --api-key), sent as
+    # a Bearer token; the key itself stays out of the spec
+    api_key_env: str | None = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _a_variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):  # not echoed: it may be the key
+            raise ValueError(
+                "expected the name of an environment variable (letters, digits, _) that holds the server's key, not "
+                "the key itself"
+            )
+        return value
 
     @model_validator(mode="after")
     def _url_matches_engine(self) -> GeneratorConfig:
@@ -50,6 +68,11 @@ class GeneratorConfig(SpecModel):
             raise ValueError(f"expected no url with engine: torch (url is for sglang/vllm), got {show(self.url)}")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// url, got {show(self.url)}")
+        if self.engine == "torch" and self.api_key_env is not None:
+            raise ValueError(
+                f"expected no api_key_env with engine: torch (it is an sglang/vllm server's key), got "
+                f"{show(self.api_key_env)}"
+            )
         return self
 
 
@@ -73,6 +96,13 @@ def _check(check: SectionCheck, path: KeyPath, actor: ActorSpec, spec: Spec) -> 
     no_cuda = cuda_missing_here(config, spec)
     if no_cuda:
         check.error((*path, "device"), no_cuda, warning=True)
+    if config.api_key_env is not None and not os.environ.get(config.api_key_env):
+        check.error(
+            (*path, "api_key_env"),
+            f"{config.api_key_env} is not set here: the generator reads the server's key from it when it starts and "
+            "stops at every start without it; fine if the spec is for another machine",
+            warning=True,
+        )
     return config
 
 

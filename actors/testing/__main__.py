@@ -5,7 +5,7 @@ It stands in for the real server where there is none (no GPU): a spec with ``eng
 servers' HTTP shapes. ``--model`` takes what the spec's ``policy.model`` says (``builtin:tiny-gpt``, ``hf:DIR``);
 the generated text comes from that model on the CPU. It serves until Ctrl-C (or SIGTERM).
 
-Non-goals: a server for anything but tests and rehearsals (one process, one CPU thread pool, no auth).
+Non-goals: a server for anything but tests and rehearsals (one process, one CPU thread pool).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--model", default="builtin:tiny-gpt", help="as the spec's policy.model (builtin:tiny-gpt, hf:DIR)"
     )
     parser.add_argument("--port", type=int, default=None, help="default: the real server's (sglang 30000, vllm 8000)")
+    parser.add_argument(
+        "--api-key", default=None, help="as the real servers' --api-key: requests without it are refused (401)"
+    )
     return parser.parse_args(argv)
 
 
@@ -43,7 +46,7 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with fake(TorchEngine(policy), port=args.port) as server:
+    async with fake(TorchEngine(policy), port=args.port, api_key=args.api_key) as server:
         print(f"fake {args.server} serving {args.model} at {server.url} (in a spec: url: {server.url})", flush=True)
         await stop.wait()
 

@@ -7,7 +7,8 @@ the old version keeps serving. ``/pause_generation`` modes abort / retract / in_
 ``/continue_generation`` behave as in SGLang (abort ends in-flight requests with finish_reason abort).
 Routes: /generate, /health, /health_generate, /get_model_info, /get_weight_version, /flush_cache,
 /pause_generation, /continue_generation, /update_weights_from_disk, /init_weights_update_group,
-/update_weights_from_distributed, /destroy_weights_update_group.
+/update_weights_from_distributed, /destroy_weights_update_group. ``api_key``: as ``--api-key``, every route but
+/health* and /metrics answers 401 without ``Authorization: Bearer <key>``.
 
 Non-goals: text prompts are tokenized with the engine's tokenizer but nothing else of SGLang's frontend
 (chat templates, streaming, top_logprobs, multimodal) is served; one engine, no TP/DP.
@@ -28,6 +29,10 @@ from actors.testing._host import EngineHost, served_name
 from actors.testing._server import AppServer
 
 __all__ = ["FakeSGLangServer"]
+
+
+def _guarded(path: str) -> bool:
+    return not path.startswith(("/health", "/metrics"))
 
 
 def _fail(message: str, status: int = 400) -> JSONResponse:
@@ -74,10 +79,18 @@ def _response(completion: Completion, host: EngineHost, return_logprob: bool) ->
 class FakeSGLangServer(AppServer):
     """``async with FakeSGLangServer(engine) as server: SGLangEngine(server.url)``."""
 
-    def __init__(self, engine: TorchEngine, *, model_path: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: TorchEngine,
+        *,
+        model_path: str | None = None,
+        port: int | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.host = EngineHost(engine)
         self.model_path = model_path or served_name(engine)  # as `--model-path` / `vllm serve` name it
-        super().__init__(self._build(), port=port)
+        # started with --api-key: every route but /health* and /metrics wants the Bearer key
+        super().__init__(self._build(), port=port, api_key=api_key, guarded=_guarded)
 
     def _build(self) -> FastAPI:
         app = FastAPI(title="fake sglang")

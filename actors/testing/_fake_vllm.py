@@ -9,7 +9,7 @@ the weight-transfer routes (``/init_weight_transfer_engine``, ``/start_weight_up
 ``/update_weights``, ``/finish_weight_update``) over a torch.distributed gloo group — where real vLLM uses
 its own NCCL rendezvous. ``/weight_info`` reports the label set by ``/finish_weight_update`` or
 ``/update_weight_version``. Bad payloads answer 400 ``{"error": …}`` and change nothing. ``GET /version`` says
-``release``.
+``release``. ``api_key``: as ``--api-key``, the ``/v1`` routes answer 401 without ``Authorization: Bearer <key>``.
 
 It can answer as the older servers users meet: ``dev_mode=False`` (not started with ``VLLM_SERVER_DEV_MODE=1``)
 leaves out every dev-mode route (``/pause``, ``/collective_rpc``, ``/weight_info``, …: 404 ``{"detail": "Not
@@ -51,6 +51,7 @@ class FakeVLLMServer(AppServer):
         port: int | None = None,
         release: str = VLLMEngine.min_release,
         dev_mode: bool = True,
+        api_key: str | None = None,
     ) -> None:
         self.host = EngineHost(engine)
         self.model = model or served_name(engine)  # as `--model-path` / `vllm serve` name it
@@ -59,7 +60,8 @@ class FakeVLLMServer(AppServer):
         self.weight_version = "default"  # vLLM's label for the weights it started with
         self.weight_info_reads = 0  # GET /weight_info answered (how often a client looks)
         self._updating = False
-        super().__init__(self._build(), port=port)
+        # started with --api-key: the /v1 routes want the Bearer key (vLLM leaves its other routes open)
+        super().__init__(self._build(), port=port, api_key=api_key, guarded=lambda path: path.startswith("/v1"))
 
     def _choice(self, completion: Completion, body: dict[str, Any]) -> dict[str, Any]:
         tokenizer = self.host.engine.tokenizer

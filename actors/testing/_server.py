@@ -5,7 +5,8 @@ Contract: ``async with AppServer(app) as server`` returns once the socket accept
 ``shutdown_grace_s``, then are cancelled) and closes the socket. The server runs in the *same* event
 loop as the caller, so it can share objects bound to that loop (the torch engine's scheduler).
 ``stop()``/``start()`` can be called again to simulate a server going down and coming back on the same
-port. Non-goals: TLS, signal handling (left to the caller's process), multiple workers.
+port. ``api_key``: the app behind a server's ``--api-key`` (:func:`require_key`). Non-goals: TLS, signal handling
+(left to the caller's process), multiple workers.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import asyncio
 import contextlib
 import random
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 __all__ = ["AppServer", "free_port"]
 
@@ -63,9 +65,32 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+def require_key(app: Any, api_key: str, guarded: Callable[[str], bool]) -> Any:
+    """``app`` behind a server's ``--api-key``: a request to a ``guarded`` path without ``Authorization: Bearer
+    <api_key>`` is answered ``401 {"error": "Unauthorized"}``, as SGLang and vLLM answer it."""
+    expected = f"Bearer {api_key}".encode()
+
+    async def guard(scope: Any, receive: Any, send: Any) -> None:
+        asked = scope["type"] == "http" and scope["method"] != "OPTIONS" and guarded(scope["path"])
+        if asked and dict(scope["headers"]).get(b"authorization") != expected:
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guard
+
+
 class AppServer:
-    def __init__(self, app: FastAPI, *, port: int | None = None, shutdown_grace_s: float = 1.0) -> None:
-        self.app = app
+    def __init__(
+        self,
+        app: FastAPI,
+        *,
+        port: int | None = None,
+        shutdown_grace_s: float = 1.0,
+        api_key: str | None = None,
+        guarded: Callable[[str], bool] = lambda path: True,
+    ) -> None:
+        self.app: Any = app if api_key is None else require_key(app, api_key, guarded)
         self.port = port or 0
         self.shutdown_grace_s = shutdown_grace_s
         self._server: _QuietServer | None = None

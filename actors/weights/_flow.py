@@ -13,7 +13,9 @@ Guarantees:
 - a subscriber that falls behind skips straight to the newest version (no replay of every intermediate one), and a
   fetch that takes over ``fetch_timeout_s`` is rejected (the next announcement is tried);
 - a rejected payload (truncated, corrupted, wrong names/shapes/dtypes, non-finite values) or a failed load (an
-  SGLang/vLLM server down or refusing it) is logged and counted, and the engine keeps serving the version it had;
+  SGLang/vLLM server down or refusing it) is logged and counted, and the engine keeps serving the version it had; a
+  load still running after ``slow_update_log_s`` is logged as ``weights.update_slow`` (a warning) that often, with
+  how long it has waited, until it ends (an HTTP engine's own ``update_timeout_s`` bounds it);
 - while the engine does not hold the newest announced version (it was rejected, or a restarted server lost it), that
   version is tried again, first after ``retry_s``, then less and less often (up to ``retry_max_s``), until it holds —
   unless its payload is gone for good (``WeightPayloadGone``: a shared-memory slot of the run before a resume, or one
@@ -30,6 +32,7 @@ version; the promotion gate decides what *serving* generators watch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -121,8 +124,10 @@ class WeightSubscriber:
         staging: SafetensorsDirTransport | None = None,
         retry_s: float = 2.0,
         retry_max_s: float = 60.0,
+        slow_update_log_s: float = 60.0,
     ) -> None:
         self._bus = bus
+        self.slow_update_log_s = slow_update_log_s  # an engine's load of one version still running is logged this often
         self._staging = staging  # directories staged for an engine that loads them (SGLang, vLLM)
         self._staged = 0
         self.fetch_timeout_s = fetch_timeout_s
@@ -233,7 +238,13 @@ class WeightSubscriber:
             else:
                 with anyio.fail_after(self.fetch_timeout_s):
                     source = await self._source(manifest, transport)
-                await self._engine.update_weights(manifest.version, source)
+                # a server's load may take minutes: say so meanwhile (a task, not a task group: the load's own
+                # errors are handled below as they are, not wrapped in a group)
+                saying = asyncio.ensure_future(self._say_while_loading(manifest.version, time.monotonic()))
+                try:
+                    await self._engine.update_weights(manifest.version, source)
+                finally:
+                    saying.cancel()
         except TimeoutError:
             self._reject(manifest.version, f"fetching the weights took over {self.fetch_timeout_s:g} s")
             return False
@@ -292,6 +303,14 @@ class WeightSubscriber:
             return str(await self._staging.adopt(manifest.location, self._staged))
         return (await self._staging.put(self._staged, await transport.get(manifest))).location
 
+    async def _say_while_loading(self, version: int, started: float) -> None:
+        """Every ``slow_update_log_s`` while the engine loads ``version``: ``weights.update_slow`` with how long it
+        has waited (an SGLang or vLLM server reading a large model; its own timeout ends the wait)."""
+        for _ in iter(int, 1):  # until cancelled: the load finished or failed
+            await anyio.sleep(self.slow_update_log_s)
+            waited = round(time.monotonic() - started)
+            self._emit("weights.update_slow", {"version": version, "waited_s": waited, "serving": self._engine.version})
+
     def _reject(self, version: int, reason: str) -> None:
         self.rejected += 1
         self.last_error = reason
@@ -299,7 +318,11 @@ class WeightSubscriber:
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
         if self._log is not None:
-            level = {"weights.rejected": self._log.warning, "weights.unsupported": self._log.error}
+            level = {
+                "weights.rejected": self._log.warning,
+                "weights.unsupported": self._log.error,
+                "weights.update_slow": self._log.warning,
+            }
             level.get(event, self._log.info)(event, **fields)
         if self._on_event is not None:
             self._on_event(event, fields)

@@ -18,6 +18,7 @@ from actors.generator._config import GeneratorConfig
 from actors.policy import Policy, write_tiny_hf_model
 from actors.protocol import PromptMsg
 from actors.testing import FakeSGLangServer, FakeVLLMServer, actor_context, free_port
+from tests.actors.engines._rig import request
 from topology import Spec, load_spec
 from topology.bus import DEADLETTER, Bus
 
@@ -182,3 +183,93 @@ async def test_a_server_down_mid_run_is_waited_out_and_its_prompts_are_not_dead_
         await actor.stop()
         await fake.stop()
         await served.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_a_server_started_with_an_api_key_takes_the_key_the_spec_names_and_a_refusal_names_the_setting(
+    bus: Bus, tmp_path: Path, model_dir: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started with --api-key refused every call of a generator that had no way to send a key: it waited out
+    `server_start_timeout_s` (600 s by default) as for a server still loading, then said that no server answered."""
+    port = free_port()
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    fake = (FakeSGLangServer if engine == "sglang" else FakeVLLMServer)(served, port=port, api_key="s3cret")
+    actors: list[GeneratorActor] = []
+
+    async def start(extra: str) -> GeneratorActor:
+        actors.append(_generator(_spec(tmp_path, model_dir, engine, port, extra), bus, tmp_path))
+        with anyio.fail_after(30):
+            await actors[-1].start()
+        return actors[-1]
+
+    try:
+        await fake.start()
+        with pytest.raises(RuntimeError) as no_key:  # at once, not after the start timeout
+            await start(", server_start_timeout_s: 60")
+        assert f"server at http://127.0.0.1:{port} refuses this generator (HTTP 401)" in str(no_key.value)
+        assert "set actors.generator.api_key_env" in str(no_key.value), no_key.value
+        named = ", api_key_env: FW_TEST_SERVER_KEY, server_start_timeout_s: 60, weight_update_timeout_s: 42"
+        with pytest.raises(RuntimeError) as unset:
+            await start(named)
+        assert "FW_TEST_SERVER_KEY, which is not set" in str(unset.value), unset.value
+        monkeypatch.setenv("FW_TEST_SERVER_KEY", "not-the-key")
+        with pytest.raises(RuntimeError) as wrong:
+            await start(named)
+        assert "the key in FW_TEST_SERVER_KEY (actors.generator.api_key_env) is not one it takes" in str(wrong.value)
+        monkeypatch.setenv("FW_TEST_SERVER_KEY", "s3cret")
+        actor = await start(named)
+        assert actor.engine is not None and actor.engine.update_timeout_s == 42  # type: ignore[attr-defined]
+        [completion] = await actor.engine.generate([request()])
+        assert completion.token_ids and completion.finish_reason == "length"
+    finally:
+        for actor in actors:
+            await actor.stop()
+        await fake.stop()
+        await served.close()
+
+
+async def test_a_key_refused_mid_run_is_waited_out_naming_the_setting(
+    bus: Bus, tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server restarted with another key under a running generator: its prompts are waited out as in an outage
+    (not failed five times and dead-lettered as poison), the log naming the setting to change."""
+    port = free_port()
+    served = TorchEngine(Policy.from_spec({"model": f"hf:{model_dir}"}))
+    fake = FakeSGLangServer(served, port=port, api_key="s3cret")
+    monkeypatch.setenv("FW_TEST_SERVER_KEY", "s3cret")
+    actor = _generator(_spec(tmp_path, model_dir, "sglang", port, ", api_key_env: FW_TEST_SERVER_KEY"), bus, tmp_path)
+    try:
+        await fake.start()
+        await actor.start()
+        await fake.stop()
+        fake = FakeSGLangServer(served, port=port, api_key="rotated")
+        await fake.start()
+        msg = PromptMsg(task_id="t1", domain="arithmetic", prompt="1+1=", group_size=1)
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(actor._generate, msg, actor._requests("m1", msg))
+                with anyio.fail_after(20):
+                    for _ in iter(int, 1):  # until it has waited once
+                        if actor.ctx.counters.get("server_waits"):
+                            break
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        [said] = [entry for entry in logs if entry["event"] == "generator.server_unavailable"]
+        assert "refuses this generator (HTTP 401)" in said["error"] and "FW_TEST_SERVER_KEY" in said["error"], said
+    finally:
+        await actor.stop()
+        await fake.stop()
+        await served.close()
+
+
+def test_a_key_variable_unset_where_the_spec_is_validated_is_a_warning(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unset here, the generator stops at every start; the spec may be meant for another machine, so not an error."""
+    monkeypatch.delenv("FW_TEST_SERVER_KEY", raising=False)
+    spec = _spec(tmp_path, model_dir, "vllm", 8000, ", api_key_env: FW_TEST_SERVER_KEY")
+    [warning] = [w for w in spec.warnings if w.path == "actors.generator.api_key_env"]
+    assert warning.severity == "warning" and "FW_TEST_SERVER_KEY is not set here" in warning.message
+    monkeypatch.setenv("FW_TEST_SERVER_KEY", "s3cret")
+    spec = _spec(tmp_path, model_dir, "vllm", 8000, ", api_key_env: FW_TEST_SERVER_KEY")
+    assert not [w for w in spec.warnings if w.path == "actors.generator.api_key_env"]

@@ -6,13 +6,14 @@ directory of the generator's own first."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import pytest
 import torch
 from anyio.abc import ObjectReceiveStream
+from fastapi import Request, Response
 from safetensors.torch import load_file
 
 from actors.engines import EngineHTTPError, SGLangEngine, TorchEngine, VLLMEngine
@@ -323,3 +324,62 @@ async def test_a_server_restarted_between_two_calls_is_found_without_a_failed_ca
         [reloaded] = await rig.client.generate([request("reloaded", tokens=4)])
     assert (set(before.versions), set(after.versions), set(reloaded.versions)) == ({1}, {0}, {1})
     assert rig.reloaded()
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+async def test_a_load_that_runs_long_is_said_while_it_runs_and_one_past_the_update_timeout_is_tried_again(
+    bus: Bus, tmp_path: Path, server: str
+) -> None:
+    """A server reading a large model takes minutes over a version: the generator's log said nothing for up to the
+    update timeout (600 s by default). Now a load still running is said every ``slow_update_log_s``; one past the
+    client's ``update_timeout_s`` is rejected, the server keeps serving, and the version is tried again."""
+    served = make_engine()
+    fake, client_type = (FakeSGLangServer, SGLangEngine) if server == "sglang" else (FakeVLLMServer, VLLMEngine)
+    load_path = "/update_weights_from_disk" if server == "sglang" else "/collective_rpc"
+    slow_loads = [2.5]  # the first load waits this long before the server starts it
+
+    async def slow(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path == load_path and slow_loads:
+            await anyio.sleep(slow_loads.pop())
+        return await call_next(request)
+
+    events: list[tuple[str, dict[str, object]]] = []
+    told, heard = anyio.create_memory_object_stream[tuple[str, dict[str, object]]](64)
+    try:
+        running = fake(served)
+        running.app.middleware("http")(slow)
+        async with running:
+            client = client_type(running.url, timeout_s=30, retries=0, update_timeout_s=1.0)
+            await client.start(health_timeout_s=10)
+            transport = SafetensorsDirTransport(tmp_path / "learner")
+            subscriber = WeightSubscriber(
+                bus,
+                bus.topology,
+                client,
+                {"disk": transport},
+                retry_s=0.2,
+                slow_update_log_s=0.3,
+                on_event=lambda event, fields: told.send_nowait((event, fields)),
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(subscriber.run)
+                state = perturbed(served, seed=1)
+                await WeightPublisher(bus, bus.topology, transport).publish(1, state)
+                with anyio.fail_after(20):
+                    for _ in iter(int, 1):
+                        events.append(await heard.receive())
+                        if events[-1][0] == "weights.swapped":
+                            break
+                tg.cancel_scope.cancel()
+            await client.close()
+    finally:
+        await served.close()
+    names = [event for event, _ in events]
+    assert names[:3] == ["weights.update_slow"] * 3, events  # at 0.3, 0.6, 0.9 s into the first load
+    slow_said = [fields for event, fields in events if event == "weights.update_slow"]
+    assert all(f["version"] == 1 and f["serving"] == 0 for f in slow_said), slow_said
+    rejected = [fields for event, fields in events if event == "weights.rejected"]
+    assert len(rejected) == 1 and "no whole answer within 1 s" in str(rejected[0]["reason"]), events
+    assert names[-1] == "weights.swapped" and client.version == 1 and served.version == 1
+    live = served.policy.state_dict()
+    assert all(torch.equal(live[k], state[k]) for k in live)
