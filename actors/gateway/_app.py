@@ -26,8 +26,9 @@ Contract:
   malformed JSON or invalid fields 400, a chat content part other than text (an image, audio, a file) 400, a
   ``max_tokens`` above the gateway's cap 400, missing or wrong key 401,
   unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or generators at
-  capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, a generator silent past
-  ``request_timeout_s`` 504 (503 ``bus_unavailable`` when the bus dropped meanwhile). Server-side failures name nothing
+  capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, no whole answer within
+  ``request_timeout_s`` of the request (streamed or not) 504 (503 ``bus_unavailable`` when the bus dropped
+  meanwhile). Server-side failures name nothing
   internal (the detail is logged with the request id). A failure after an SSE stream started is sent as a final ``data:
   {"error": …}`` event (the official client raises it) and nothing is recorded.
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
@@ -71,12 +72,13 @@ from actors.gateway._client import (
 )
 from actors.gateway._config import GatewayConfig
 from actors.gateway._errors import JSON, ApiError, busy, unavailable, unknown_model
-from actors.gateway._front import Front, TrustedHosts
+from actors.gateway._front import OUTCOME, Front, TrustedHosts
 from actors.gateway._metrics import Metrics
 from actors.gateway._prompt import (
     UNSUPPORTED_PARAMETER,
     UNSUPPORTED_VALUE,
     ChatRequest,
+    ChatTemplateError,
     CompletionRequest,
     PromptBuilder,
 )
@@ -139,6 +141,7 @@ class _Served:
     max_tokens: int
     domain: str | None
     messages: list[dict[str, Any]] = field(default_factory=list)
+    outcome: int = 0  # a stream's status as counted, when not the 200 its head said: 499 (client gone), an error's
 
 
 class _DisconnectWatch:
@@ -369,7 +372,10 @@ class Gateway:
             )
         messages: list[dict[str, Any]] = []
         if isinstance(body, ChatRequest):
-            prompt = self.builder.chat_text(body.messages)
+            try:
+                prompt = self.builder.chat_text(body.messages)
+            except ChatTemplateError as exc:
+                raise _invalid("messages", f"messages: the model's chat template refuses them: {exc}") from None
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         else:
             prompt = body.text()
@@ -418,7 +424,7 @@ class Gateway:
                 "bus_unavailable",
                 self.config.retry_after_s,
             )
-        return ApiError(504, "no generator answered within request_timeout_s", type="server_error", code="timeout")
+        return ApiError(504, "no whole answer came within request_timeout_s", type="server_error", code="timeout")
 
     async def _read_json(self, request: Request) -> Any:
         """The body as JSON: content type checked, size capped, all of it within ``body_timeout_s``."""
@@ -520,16 +526,17 @@ class Gateway:
     def _body(self, served: _Served, final: Mapping[str, Any]) -> dict[str, Any]:
         reason = _finish_reason(final["finish_reason"])
         usage = _usage(served, final)
+        text = shown_text(final["text"], served.request.stops(), more=False)
         if served.route == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": final["text"]},
+                "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": reason,
             }
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": final["text"], "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             kind = "text_completion"
         return {
             "id": served.request_id,
@@ -562,6 +569,7 @@ class Gateway:
 
     async def _sse(self, call: ServeCall, served: _Served) -> AsyncGenerator[bytes, None]:
         decode = self.builder.tokenizer.decode
+        stops = served.request.stops()
         ids: list[int] = []
         sent = ""
         try:
@@ -571,14 +579,18 @@ class Gateway:
                 if message.get("type") == "delta":
                     ids.extend(message.get("token_ids", ()))
                     text = decode(ids)
-                    if text.endswith("\ufffd") or not text.startswith(sent):
+                    if text.endswith("\ufffd"):
                         continue  # an incomplete multi-byte character: wait for the next token
+                    text = shown_text(text, stops, more=True)
+                    if not text.startswith(sent):
+                        continue
                     if len(text) > len(sent):
                         yield self._chunk(served, text[len(sent) :], None)
                         sent = text
                 elif message.get("type") == "final":
                     await self._record(served, message, stream=True)
-                    rest = message["text"][len(sent) :] if message["text"].startswith(sent) else ""
+                    text = shown_text(message["text"], stops, more=False)
+                    rest = text[len(sent) :] if text.startswith(sent) else ""
                     if rest:
                         yield self._chunk(served, rest, None)
                     yield self._chunk(served, None, _finish_reason(message["finish_reason"]))
@@ -594,9 +606,11 @@ class Gateway:
                         yield b"data: " + orjson.dumps(usage) + b"\n\n"
                     yield b"data: [DONE]\n\n"
         except CallCancelled:
+            served.outcome = _GONE.status_code
             self.metrics.disconnect()
         except (GenerationError, TimeoutError) as exc:
             error = self._generation_error(exc, served) if isinstance(exc, GenerationError) else self._timeout(call)
+            served.outcome = error.status
             self.metrics.error(error.code or str(error.status))
             yield b"data: " + error.body() + b"\n\n"
 
@@ -625,6 +639,8 @@ class _Stream:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            if self.served.outcome:  # counted as what it came to (the front reads it), not as its head's 200
+                scope[OUTCOME] = self.served.outcome
             self.gateway._release(self.call, self.watch, True)
 
 
@@ -654,6 +670,19 @@ def _is_union_member(part: str | int) -> bool:
     """Whether a part of a pydantic error's location names a union's member schema (``float``, ``list[str]``,
     ``function-after[…]``) rather than a field or an index — no field of an OpenAI request is named so."""
     return isinstance(part, str) and (part in _UNION_MEMBERS or "[" in part)
+
+
+def shown_text(text: str, stops: tuple[str, ...], *, more: bool) -> str:
+    """What the client is sent of ``text``: up to the first stop sequence, without it (the OpenAI API's rule; the
+    engine keeps it, and so does the traffic record, whose tokens generated it). ``more``: more text may follow (a
+    stream), so a tail that could begin a stop sequence is held back until it is known not to."""
+    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    if found:
+        return text[: min(found)]
+    if more:
+        held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+        return text[: len(text) - held]
+    return text
 
 
 def _finish_reason(reason: str) -> str:

@@ -6,7 +6,8 @@ the request and returns its first message, one that is not ``busy`` (a busy repl
 ``attempts`` times, then :class:`GeneratorsBusy`); :meth:`ServeCall.messages` yields that first message and the
 rest until the ``final`` one. :meth:`ServeClient.call` is ``open`` + ``start``. Failures are typed:
 :class:`NoGenerators` (nobody subscribed: NATS answered "no responders"), :class:`GenerationError` (with the HTTP
-status the generator suggests), ``TimeoutError`` (no message within the timeout), :class:`CallCancelled`
+status the generator suggests), ``TimeoutError`` (no first message within the timeout, or no whole answer within
+it of the call's opening), :class:`CallCancelled`
 (:meth:`ServeCall.cancel` was called, e.g. because the HTTP client went away).
 
 Every call ends with :meth:`ServeCall.close`. A call closed before its ``final`` (or error) message — cancelled,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -69,6 +71,7 @@ class ServeCall:
         self._cancelled = False
         self.first: dict[str, Any] = {}
         self._reconnects = client.reconnects()
+        self._opened = time.monotonic()
 
     def bus_was_away(self) -> bool:
         """Whether the bus connection dropped at any time since this call was opened (a nats-server restart, say):
@@ -99,7 +102,8 @@ class ServeCall:
         raise GeneratorsBusy(retry_after)
 
     async def messages(self, timeout_s: float) -> AsyncIterator[dict[str, Any]]:
-        """The first message (from :meth:`start`) and the rest, up to and including ``final``."""
+        """The first message (from :meth:`start`) and the rest, up to and including ``final``, which must come within
+        ``timeout_s`` of the call's opening (``TimeoutError`` otherwise): a stream's deltas do not extend it."""
         message = self.first
         while True:
             kind = message.get("type")
@@ -108,7 +112,7 @@ class ServeCall:
             yield message
             if kind == "final":
                 return
-            message = await self._next(timeout_s)
+            message = await self._next(max(0.0, self._opened + timeout_s - time.monotonic()))
 
     async def _next(self, timeout_s: float) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):

@@ -45,7 +45,8 @@ class GatewayConfig(SpecModel):
     max_tokens: int = Field(default=1024, ge=1)  # largest max_tokens a request may ask for (HTTP 400 above)
     default_max_tokens: int = Field(default=256, ge=1)  # max_tokens of a request that names none
     retry_after_s: int = Field(default=1, ge=1)  # Retry-After of a 429 when the generators are full
-    request_timeout_s: float = Field(default=120.0, gt=0)  # per request, end to end
+    # per request, end to end: a whole answer (streamed or not) within it, else 504 (an error event in a stream)
+    request_timeout_s: float = Field(default=120.0, gt=0)
     body_timeout_s: float = Field(default=10.0, gt=0)  # to send the whole request body; HTTP 408 after it
     # Host header values served (port ignored; "*.example.com" matches subdomains, "*" any host). Default: the
     # loopback names when listening on a loopback address, else any host. Stops DNS-rebinding pages.

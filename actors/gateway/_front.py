@@ -30,11 +30,14 @@ from starlette.requests import Request
 from actors.gateway._errors import ApiError, internal_error
 from actors.gateway._metrics import Metrics
 
-__all__ = ["LOOPBACK_HOSTS", "Front", "Route", "TrustedHosts"]
+__all__ = ["LOOPBACK_HOSTS", "OUTCOME", "Front", "Route", "TrustedHosts"]
 
 Handler = Callable[[Request], Awaitable[Any]]  # returns an ASGI app (a Starlette Response or a stream)
 Route = tuple[str, frozenset[str], Handler]  # (metrics name, methods, handler)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# a response whose head went out as 200 and that came to something else (a stream the client left: 499; one that
+# ended in an error event: its status) puts that status here in the ASGI scope: the request is counted as it
+OUTCOME = "flywheel.outcome"
 
 
 class TrustedHosts:
@@ -143,7 +146,7 @@ class Front:
             if not response_started:
                 await internal_error(request_id).response()(scope, receive, send_with_id)
         finally:
-            self.metrics.observe(name, status, time.perf_counter() - started)
+            self.metrics.observe(name, scope.get(OUTCOME, status), time.perf_counter() - started)
 
     def _check_origin(self, scope: MutableMapping[str, Any]) -> None:
         host = origin = None

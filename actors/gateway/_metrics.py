@@ -5,7 +5,8 @@ library in the format the scraper asks for (Prometheus text, or OpenMetrics).
 Series (all prefixed ``flywheel_gateway_``):
 
 * ``requests_total{route,status}`` — HTTP requests answered; ``request_seconds{route}`` — histogram of their
-  end-to-end latency (streams included, until the last byte);
+  end-to-end latency (streams included, until the last byte). A stream is counted as what it came to: 499 (nginx's
+  "client closed request") when the client left before its end, the error's status when it ended in an error event;
 * ``in_flight``, ``streams_open`` — gauges read at scrape time from the admission counters;
 * ``errors_total{code}`` — OpenAI-shaped error responses (and error events ending a stream), by the code the
   client got (``untrusted_host``, ``cross_origin``, ``unsupported_media_type``, ``body_timeout``,

@@ -172,6 +172,9 @@ def test_a_client_that_leaves_cancels_its_generation(gateway: Running, slow_step
     stats: Callable[[], dict[str, Any]] = engine.stats  # type: ignore[attr-defined]
     aborted, cancelled = stats()["requests_aborted"], generator.ctx.counters.get("serve_cancelled")
     gone, before = app.metrics.client_disconnects, gateway.stored("traffic")
+    requests, served = app.metrics.requests, app.metrics.served
+    left = {"route": "completions", "status": "499"}  # nginx's "client closed request"
+    left_before = app.metrics.registry.get_sample_value("flywheel_gateway_requests_total", left) or 0
     body = orjson.dumps({**LONG, "stream": stream})
     sock = connect(gateway)
     sock.sendall(head(gateway, "/v1/completions", len(body)) + body)
@@ -186,6 +189,10 @@ def test_a_client_that_leaves_cancels_its_generation(gateway: Running, slow_step
     assert app.metrics.client_disconnects == gone + 1
     wait_until(lambda: app.metrics.in_flight == 0 and app.client.pending == 0, "the gateway to let go")
     assert gateway.stored("traffic") == before
+    # counted as left, not served: a stream's head said 200 (the live view's requests/s counted it as answered)
+    wait_until(lambda: app.metrics.requests == requests + 1, "the request to be counted")
+    assert app.metrics.served == served
+    assert app.metrics.registry.get_sample_value("flywheel_gateway_requests_total", left) == left_before + 1
 
 
 def test_a_traffic_record_the_bus_refuses_is_logged_and_counted(gateway: Running) -> None:
