@@ -159,6 +159,7 @@ class TorchEngine:
         # an older version may replace the one served (a serving generator: rollback, a manual promotion); else a
         # version at or below the current one is refused as stale
         self.accepts_older = False
+        self.accepts_same = False  # the version it serves may be loaded again (a fake server: it relabels, not orders)
         self._cache_version = version
         self._version = version
         self._rng = torch.Generator().manual_seed(seed)
@@ -322,7 +323,7 @@ class TorchEngine:
         state.clear()  # nothing here keeps a replaced version's views (their slot is released with the last one)
 
     def _check_newer(self, version: int) -> None:
-        if version == self._version or (version < self._version and not self.accepts_older):
+        if (version == self._version and not self.accepts_same) or (version < self._version and not self.accepts_older):
             self._counts["weight_updates_rejected"] += 1
             raise WeightUpdateError(f"version {version} rejected: engine already serves version {self._version}")
 

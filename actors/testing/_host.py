@@ -39,7 +39,8 @@ def served_name(engine: TorchEngine) -> str:
 class EngineHost:
     def __init__(self, engine: TorchEngine) -> None:
         self.engine = engine
-        engine.accepts_older = True  # a server labels the weights it loads with a version; it does not order them
+        # a server labels the weights it loads with a version; it does not order them (the same label again, too)
+        engine.accepts_older = engine.accepts_same = True
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight: Counter[str] = Counter()

@@ -188,7 +188,7 @@ class WeightSubscriber:
                         continue
                     retry_s = self.retry_s
                     self._latest = latest.version
-                elif latest is None or latest.version in (self._engine.version, self._gone, self._unsupported):
+                elif latest is None or latest.version in (self._gone, self._unsupported) or self._holds(latest.version):
                     retry_s = self.retry_s  # held: look again in a moment (a restarted server drops it)
                     continue
                 else:
@@ -196,10 +196,20 @@ class WeightSubscriber:
                 await self.apply(latest)
 
     @property
+    def _outlives_runs(self) -> bool:
+        """The engine is a server of its own (SGLang, vLLM), which may hold another run's weights under any number."""
+        return bool(getattr(self._engine, "loads_directories", False))
+
+    def _holds(self, version: int) -> bool:
+        """Whether the engine holds ``version``: its number, and (a server of its own) loaded by this subscriber — a
+        number of another run's does not count."""
+        return version == self._engine.version and (self.applied > 0 or not self._outlives_runs)
+
+    @property
     def failing(self) -> str:
         """Why the engine does not hold the newest announced version ("" when it does, or none was announced yet):
         ``v<N>: <the last rejection's reason>``."""
-        if self._latest in (None, self._engine.version, self._gone) or not self.last_error:
+        if self._latest in (None, self._gone) or not self.last_error or self._holds(self._latest):
             return ""
         return f"v{self._latest}: {self.last_error}"
 
@@ -216,8 +226,10 @@ class WeightSubscriber:
         # the serving key moves back too (a rollback, a manual promotion of an older version); and the first version
         # announced after a start replaces whatever the engine holds: an SGLang or vLLM server that outlived another
         # run reports that run's version, which would otherwise hold back every version of this one below it
+        # (its number too: a server left at v1 by a run that ended there reports v1, and this run's v1 is other weights)
+        fresh = self.applied == 0 and self._outlives_runs
         back = self._key == SERVING or self.applied == 0
-        if manifest.version == serving or (manifest.version < serving and not back):
+        if (manifest.version == serving and not fresh) or (manifest.version < serving and not back):
             return False
         transport = self._transports.get(manifest.transport)
         if transport is None:
