@@ -139,6 +139,10 @@ def replay(
     try:
         options = _Options(weights, against, seed, source, limit, concurrency, greedy, engine_throughput)
         report = anyio.run(partial(_replay, spec, recordings, run_dir, options), backend="asyncio")
+    except KeyboardInterrupt:
+        # a half-replayed report would read as a verdict on the weights: nothing is written
+        click.echo(f"replay interrupted (Ctrl-C): no report written to {out_dir}", err=True)
+        raise SystemExit(130) from None
     except Exception as exc:  # WeightsNotFound, bad weights, bad recordings; from the replayer's task group too
         from topology.cli._errors import user_error
 

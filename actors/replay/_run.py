@@ -4,7 +4,7 @@ Contract:
 - ``Replayer(spec)`` builds the spec's policy once and one verifier per domain (a sandbox pool only if a
   domain's verifier runs code). ``await replayer.run(items, weights, ...)`` loads the weights (``None``: the
   policy as the spec builds it), re-issues every item through a :class:`TorchEngine` with up to
-  ``concurrency`` requests decoding at once (continuous batching; the rest wait in the engine's queue), and
+  ``concurrency`` requests decoding at once (continuous batching; as many more wait in the engine's queue), and
   scores each completion with its domain's verifier as it completes when the item has verifier fields — recorded
   with it, or (served traffic) those of the domain's task whose prompt the request asked (``with_fields``:
   ``DomainSource.find`` on the prompt, then on what the user typed); others are compared with the recorded text
@@ -167,9 +167,6 @@ class Replayer:
 
         async def one(index: int, item: ReplayItem) -> None:
             assert self._scorer is not None
-            # Every request is queued at once, as in raw_throughput: the engine's batch (``concurrency`` rows)
-            # is the only bound, so a finished row's place is taken at the next step. Admitting them through a
-            # limiter left that place empty until the finished row's task had let the next one in.
             [completion] = await engine.generate([self.request(item, seed=seed, greedy=greedy)])
             reward: float | None = None
             verdict = TEXT_ONLY if item.domain in self._domains else NOT_IN_SPEC
@@ -181,11 +178,28 @@ class Replayer:
                 item.key, item.domain, completion.text, len(completion.token_ids), reward, verdict
             )
 
+        # Items reach a fixed set of workers through a bounded stream: a task per item (a week of recordings is
+        # 100k+ of them) made a Ctrl-C wait for every one of them to be cancelled. Twice ``concurrency`` workers
+        # keep the engine's batch full while finished completions are scored: a finished row's place is taken at
+        # the next step by a request already waiting in the engine's queue.
+        send, receive = anyio.create_memory_object_stream[tuple[int, ReplayItem]](max_buffer_size=concurrency)
+
+        async def feed() -> None:
+            async with send:
+                for pair in enumerate(items):
+                    await send.send(pair)
+
+        async def work() -> None:
+            async for index, item in receive:
+                await one(index, item)
+
         started = time.perf_counter()
         try:
-            async with anyio.create_task_group() as tg:
-                for index, item in enumerate(items):
-                    tg.start_soon(one, index, item)
+            with receive:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(feed)
+                    for _ in range(min(len(items), 2 * concurrency)):
+                        tg.start_soon(work)
         finally:
             await engine.close()
         wall = time.perf_counter() - started

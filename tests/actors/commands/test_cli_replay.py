@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from safetensors.torch import save_file
 from actors.policy import Policy
 from actors.protocol import policy_of
 from tests.actors.gate._support import expected_answers, gate_spec, record_traffic
-from tests.actors.replay._support import PROMPTS, other_weights, record_run, replay_spec
+from tests.actors.replay._support import PROMPTS, other_weights, record_many, record_run, replay_spec
 from topology import Spec
 from topology.cli import main
 from topology.runtime._rundir import RunInfo, write_run_info
@@ -91,6 +94,41 @@ def test_unknown_version_is_a_one_line_error(tmp_path: Path) -> None:
     assert "version 9 not found" in result.output and "Traceback" not in result.output
     # the versions that are left, so a user need not list the folder (the gate keeps only a few pinned ones)
     assert result.output.rstrip().endswith(f"{run_dir / 'weights'} holds v1")
+
+
+def test_ctrl_c_stops_a_long_replay_at_once_and_writes_no_report(tmp_path: Path) -> None:
+    """Replay started a task per recorded sample: a Ctrl-C during a replay of a week's recordings waited for every
+    one of them to be cancelled, or the replay ran on to its report. It stops now, says that nothing was written
+    and exits 130."""
+    spec = replay_spec(tmp_path)
+    run_dir = tmp_path / "run"
+    anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")
+    record_many(run_dir, 50_000)
+    out = tmp_path / "report"
+    args = ["replay", str(run_dir), "--spec", str(spec.source_path), "--run-dir", str(run_dir), "--weights", "v1"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from topology.cli import main; main()",
+        *args,
+        "--concurrency",
+        "1",
+        "--out",
+        str(out),
+    ]
+    replay = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert replay.stderr is not None and "replaying 50,012 recorded samples" in replay.stderr.readline()
+        time.sleep(2)  # into the replay itself
+        replay.send_signal(signal.SIGINT)
+        _out, err = replay.communicate(timeout=30)
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+            replay.communicate()
+    assert replay.returncode == 130, err
+    assert f"replay interrupted (Ctrl-C): no report written to {out}" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_from_traffic_replays_users_requests_only_and_says_how_many_first(tmp_path: Path) -> None:

@@ -101,3 +101,25 @@ def _ids(prompt: str) -> tuple[int, ...]:
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def record_many(run_dir: Path, count: int) -> None:
+    """``count`` more scored samples in ``run_dir``'s recordings (after ``record_run``'s), each expecting a text no
+    policy answers: a recording as long as a week of a service's training samples, written in a second."""
+    writer = ChannelWriter(run_dir / "recordings", "scored")
+    now = time.time()
+    messages = {}
+    for seq in range(len(PROMPTS) + 1, len(PROMPTS) + 1 + count):
+        prompt = PROMPTS[seq % len(PROMPTS)]
+        completion = {"text": "?", "token_ids": [1], "logprobs": [0.0], "versions": [1], "finish_reason": "length"}
+        payload = {
+            "task_id": f"many-{seq}",
+            "domain": "echo",
+            "prompt": prompt,
+            "prompt_ids": _ids(prompt),
+            "temperature": 1.0,
+            "verifier_fields": {"expected": "?"},
+            "completions": [{**completion, "reward": 1.0, "verdict": "pass"}],
+        }
+        messages[seq] = (now, rows_of("scored", payload, seq=seq, id=f"many-{seq}", ts=now, source="verify/0"))
+    writer.write(messages)
