@@ -5,7 +5,8 @@ Contract:
   (consumer group ``review``: every reviewer shares one queue) and asks a ``label`` function for each — the
   terminal's keyboard here, a scripted reviewer in ``bench/users.py``. ``good`` / ``bad`` are published on
   ``feedback`` with id ``review.<request id>`` and source ``review`` (the joiner then trains on them as
-  ``origin: review``); ``skip`` takes the sample off the queue without a label; ``quit`` leaves it queued and stops.
+  ``origin: review``); ``skip`` takes the sample off the queue without a label; ``quit`` leaves it queued and stops,
+  and so does a Ctrl-C at the prompt (the command exits 130).
 - A label is a first rating like a user's: it is claimed in the gateways' ledger of first ratings
   (:class:`~actors.protocol.FirstRatings`) before it is published, so the user's own rating of the request afterwards
   is answered ``duplicate`` by ``/v1/feedback``. A sample its user rated first is still labelled and published (the
@@ -22,13 +23,18 @@ Non-goals: several labels per sample, free-text corrections.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import click
 
 from actors.commands._promote import connect_run, find_run_dir, run_roles
@@ -74,7 +80,12 @@ async def review_samples(bus: Any, label: Label, *, limit: int | None = None, wa
                 counts["empty"] = 1
                 break
             sample: TrafficMsg = delivery.payload
-            answer = await label(sample, delivery)
+            try:
+                answer = await label(sample, delivery)
+            except BaseException:  # a Ctrl-C at the prompt: the sample goes back on the queue for a later review
+                with anyio.move_on_after(2, shield=True), contextlib.suppress(Exception):
+                    await delivery.nak()
+                raise
             if answer == "quit":
                 await delivery.nak()
                 break
@@ -130,7 +141,15 @@ def review(run_dir: Path | None, limit: int | None, wait_s: float) -> None:
             else "it has no joiner (a joiner with review_fraction > 0 queues served answers for review)"
         )
         raise click.ClickException(f"nothing to review in the run at {where}: {why}")
-    counts = anyio.run(_review, where, limit, wait_s, backend="asyncio")
+    try:
+        counts = anyio.run(_review, where, limit, wait_s, backend="asyncio")
+    except KeyboardInterrupt:
+        click.echo("\nreview interrupted (Ctrl-C): the sample shown stays queued, unlabelled", err=True)
+        # The prompt's thread still reads stdin: the interpreter's shutdown would wait for stdin's lock it holds (a
+        # fatal error when stdin is a pipe). The bus is closed and the sample put back: nothing is left to clean up.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     rated = f"; {counts['rated']} rated by their users first (recorded, not trained on)" if counts["rated"] else ""
     click.echo(
         f"labelled {counts['good'] + counts['bad']} (good {counts['good']}, bad {counts['bad']}), "
@@ -163,13 +182,26 @@ async def _review(run_dir: Path, limit: int | None, wait_s: float) -> dict[str, 
 
 
 async def _ask(delivery: Any) -> str:
-    """Ask in a worker thread, telling the server we are still on it, so the sample is not redelivered."""
+    """Ask on a daemon thread, telling the server we are still on it, so the sample is not redelivered. The thread is
+    awaited through an event, not joined: a Ctrl-C cancels the wait at once, and the thread, still reading the
+    keyboard, does not keep the process alive at exit (an anyio worker thread did, after "Aborted!")."""
     answer: list[str] = []
+    failed: list[Exception] = []
+    answered = anyio.Event()
+    token = anyio.lowlevel.current_token()
 
     def ask() -> None:
-        raw = click.prompt("good/bad/skip/quit", type=click.Choice(sorted(_CHOICES)), show_choices=False)
-        answer.append(_CHOICES[raw])
+        try:
+            raw = click.prompt("good/bad/skip/quit", type=click.Choice(sorted(_CHOICES)), show_choices=False)
+            answer.append(_CHOICES[raw])
+        except (click.Abort, EOFError):
+            answer.append("quit")
+        except Exception as exc:  # raised where the answer is awaited
+            failed.append(exc)
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for the answer
+            anyio.from_thread.run_sync(answered.set, token=token)
 
+    threading.Thread(target=ask, name="review-prompt", daemon=True).start()
     async with anyio.create_task_group() as tg:
 
         async def keep_alive() -> None:
@@ -178,9 +210,8 @@ async def _ask(delivery: Any) -> str:
                 await delivery.in_progress()
 
         tg.start_soon(keep_alive)
-        try:
-            await anyio.to_thread.run_sync(ask)
-        except (click.Abort, EOFError):
-            answer.append("quit")
+        await answered.wait()
         tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
     return answer[0]

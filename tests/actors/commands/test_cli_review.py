@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +19,7 @@ from click.testing import CliRunner
 from actors.commands._review import review_samples
 from actors.protocol import FeedbackMsg, FirstRatings, rating_digest
 from tests.actors.recorder._support import traffic
+from tests.topology.runtime._helpers import wait_for
 from topology.bus import Bus, EmbeddedNats
 from topology.cli import main
 from topology.runtime._rundir import RunInfo, write_run_info
@@ -69,6 +74,48 @@ def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_pa
 
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def test_ctrl_c_at_the_prompt_ends_the_review_and_leaves_the_sample_queued(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Ctrl-C at the prompt printed "Aborted!" and the process ran on: the prompt's worker thread, still reading the
+    keyboard, kept it alive. It ends now with 130, and the sample on screen is put back on the queue unlabelled."""
+    topology = f"rv-{uuid.uuid4().hex[:8]}"
+    write_run_info(tmp_path, RunInfo(topology, embedded_nats.url, os.getpid(), "spec.yaml", time.time(), 1.0))
+
+    async def queue() -> None:
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:
+            await bus.publish("review", "review", traffic("a"), id="review.a")
+
+    anyio.run(queue, backend="asyncio")
+    cmd = [sys.executable, "-c", "from topology.cli import main; main()", "review", str(tmp_path)]
+    review = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shown: list[str] = []
+    assert review.stdout is not None
+    reader = threading.Thread(target=lambda: shown.extend(iter(lambda: review.stdout.read(1), "")), daemon=True)
+    reader.start()
+    try:
+        wait_for("the prompt", lambda: "good/bad/skip/quit" in "".join(shown))
+        review.send_signal(signal.SIGINT)
+        returncode = review.wait(timeout=10)
+    finally:
+        if review.poll() is None:
+            review.kill()
+        review.wait()
+    assert returncode == 130, "".join(shown) + review.stderr.read()
+
+    async def requeued() -> str:
+        async with (
+            await Bus.connect(embedded_nats.url, topology=topology, name="check") as bus,
+            bus.consume("review", "review") as rest,
+        ):
+            with anyio.fail_after(5):  # put back at once, not after the ack window
+                left = await rest.__anext__()
+                await left.nak()
+                return str(left.payload["request_id"])
+
+    assert anyio.run(requeued, backend="asyncio") == "a"
 
 
 def test_untrusted_text_is_shown_as_plain_text(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
