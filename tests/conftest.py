@@ -4,8 +4,9 @@ pass every level."""
 from __future__ import annotations
 
 import logging
+import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,20 @@ async def bus(embedded_nats: EmbeddedNats, bus_settings: BusSpec) -> AsyncIterat
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def live_run() -> Iterator[Callable[[Path], Path]]:
+    """``live_run(run_dir)``: take the run dir's lock as its supervisor does, so that commands read the run whose
+    run.json a test wrote as live (a pid alone does not say so); released after the test."""
+    from topology.runtime._rundir import lock_run_dir
+
+    held: list[int] = []
+
+    def hold(run_dir: Path) -> Path:
+        held.append(lock_run_dir(run_dir))
+        return run_dir
+
+    yield hold
+    for fd in held:
+        os.close(fd)

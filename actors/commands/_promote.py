@@ -78,10 +78,10 @@ def _promotes_nothing(run_dir: Path, roles: RunRoles | None) -> None:
 async def connect_run(run_dir: Path, name: str) -> Any:
     """A Bus connected to the live run in ``run_dir``; ClickException (one line) when it is not live."""
     from topology.runtime import connect_run as connect_to
-    from topology.runtime._rundir import pid_alive, read_run_info
+    from topology.runtime._rundir import read_run_info, supervisor_alive
 
     info = read_run_info(run_dir)
-    if info.stopped_at is not None or not pid_alive(info.pid):
+    if info.stopped_at is not None or not supervisor_alive(run_dir, info.pid):
         raise click.ClickException(  # a new `flywheel up` would start another run, not this one
             f"the run at {run_dir} is not running (continue it with: flywheel up --resume {run_dir})"
         )

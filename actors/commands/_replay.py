@@ -241,10 +241,10 @@ async def _live_bus(run_dir: Path | None) -> Any:
     if run_dir is None or not (run_dir / "run.json").is_file():
         return None
     from topology.runtime import connect_run
-    from topology.runtime._rundir import pid_alive, read_run_info
+    from topology.runtime._rundir import read_run_info, supervisor_alive
 
     info = read_run_info(run_dir)
-    if info.stopped_at is not None or not pid_alive(info.pid):
+    if info.stopped_at is not None or not supervisor_alive(run_dir, info.pid):
         return None
     try:
         with anyio.fail_after(5):

@@ -124,6 +124,20 @@ def test_status_without_a_run_says_so(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "no run found" in result.output and "Traceback" not in result.output
 
 
+def test_status_of_a_killed_run_whose_pid_another_process_has_now_says_it_is_gone(tmp_path: Path) -> None:
+    """After a ``kill -9`` of the supervisor (or a reboot) its pid may belong to another process: the run read as
+    live, and `status` tried its bus. No supervisor holds the run dir's lock: the run is not live."""
+    import os
+
+    from topology.runtime._rundir import RunInfo, write_run_info
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_run_info(run_dir, RunInfo("t", "nats://127.0.0.1:1", os.getpid(), "spec.yaml", 0.0, 1.0, {"a": 1}))
+    after = status_json(run_dir)
+    assert after["live"] is False and after["reason"].startswith(f"its supervisor (pid {os.getpid()}) is gone")
+
+
 @pytest.mark.parametrize("command", ["up", "status"])
 def test_help_explains_the_command(command: str) -> None:
     result = CliRunner().invoke(main, [command, "--help"])

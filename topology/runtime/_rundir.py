@@ -11,7 +11,8 @@ run keeps ``first_started_at`` and counts ``resumes``; ``spec`` and ``records`` 
 
 One supervisor per run dir: :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run_dir>/.lock`` for as long
 as the supervisor lives (the kernel drops it when the process dies, SIGKILL included), so a second ``up
---resume`` of a live run is refused instead of sharing its store.
+--resume`` of a live run is refused instead of sharing its store; :func:`supervisor_alive` is how every command
+tells a live run (a pid in run.json may belong to another process after a ``kill -9`` or a reboot).
 
 The embedded bus's token lives in ``<run_dir>/nats/token``, mode 0600 (this user only); :func:`bus_token` reads
 it (or the external bus's ``token_env``) for a client that connects from outside the run.
@@ -204,6 +205,26 @@ def find_run(where: Path | None = None, example: str = "flywheel status /srv/run
             f"folder that holds it, e.g. {example}"
         )
     raise RunNotFound(f"no run found at {place}: neither {place / RUN_JSON} nor {latest / RUN_JSON} exists")
+
+
+def supervisor_alive(run_dir: Path, pid: int) -> bool:
+    """Whether the run in ``run_dir`` has a live supervisor: a non-blocking try at the run dir's lock, which its
+    supervisor holds for as long as it lives. The supervisor's ``pid`` in run.json alone does not say it — after a
+    ``kill -9`` or a reboot another process may have that pid — and is asked only where the lock cannot be opened
+    (another user's run)."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        return pid_alive(pid)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two readers asking at once do not see each other
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this try took
+    return False
 
 
 def pid_alive(pid: int) -> bool:

@@ -166,7 +166,7 @@ class RunStatus:
 
 async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus:
     """Read ``run_dir/run.json``, connect to its bus and fetch every replica's latest heartbeat."""
-    from topology.runtime._rundir import pid_alive, read_run_info
+    from topology.runtime._rundir import read_run_info, supervisor_alive
     from topology.runtime._session import connect_run
 
     info = read_run_info(run_dir)
@@ -187,7 +187,7 @@ async def read_run_status(run_dir: Path, *, timeout_s: float = 5.0) -> RunStatus
     if info.stopped_at is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.stopped_at))
         return result(False, f"the run stopped at {when} ({info.exit})", [])
-    if not pid_alive(info.pid):
+    if not supervisor_alive(run_dir, info.pid):
         reason = (
             f"its supervisor (pid {info.pid}) is gone without recording a stop (killed?); "
             f"continue it with: flywheel up --resume {run_dir}"

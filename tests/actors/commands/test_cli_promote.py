@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ SERVICE = {
     "recorder": {},
     "gate": {"threshold": 0.03},
 }
+
+LiveRun = Callable[[Path], Path]  # the `live_run` fixture
 
 
 async def _serving_version(url: str, topology: str) -> int:
@@ -101,9 +104,21 @@ def test_a_stopped_run_is_continued_with_resume_not_a_new_up(tmp_path: Path, com
     assert f"is not running (continue it with: flywheel up --resume {run_dir})" in result.output, result.output
 
 
-def test_promote_without_a_gate_names_what_can_be_promoted(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["promote", "current"], ["rollback"], ["review", "--wait", "0"]])
+def test_a_killed_run_whose_pid_another_process_has_now_is_not_running(tmp_path: Path, command: list[str]) -> None:
+    """After a ``kill -9`` of the supervisor (or a reboot) its pid may belong to another process: these commands
+    took the run for live and failed on its bus. No supervisor holds the run dir's lock: it is not running."""
+    run_dir = _run(tmp_path, SERVICE)  # run.json names this test's process, which holds no lock on it
+    result = CliRunner().invoke(main, [*command, str(run_dir)])
+    assert result.exit_code == 1
+    assert f"is not running (continue it with: flywheel up --resume {run_dir})" in result.output, result.output
+
+
+def test_promote_without_a_gate_names_what_can_be_promoted(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
+) -> None:
     actors = {**TRAINING, "serving": SERVICE["serving"]}
-    run_dir = _run(tmp_path, actors, bus_url=embedded_nats.url)
+    run_dir = live_run(_run(tmp_path, actors, bus_url=embedded_nats.url))
     result = CliRunner().invoke(main, ["promote", "v7", str(run_dir)])
     assert result.exit_code == 1, result.output
     assert "version 7 is not available" in result.output and "this run has no gate" in result.output
@@ -123,12 +138,12 @@ def test_review_says_the_run_queues_nothing(tmp_path: Path, joiner: dict[str, An
 
 
 def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
-    embedded_nats: EmbeddedNats, tmp_path: Path
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
 ) -> None:
     """A promoted version's pinned copy is removed once it is neither among the newest promoted ones nor the gate's
     best: moving ``serving`` back at it would leave the serving generators nothing to load (and the gate, comparing
     against it, nothing to replay). Both commands say so in one line and change nothing."""
-    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    run_dir = live_run(_run(tmp_path, SERVICE, bus_url=embedded_nats.url))
     topology = read_run_info(run_dir).topology
 
     async def promote_two() -> None:
@@ -171,12 +186,14 @@ def test_promotions_keep_the_gates_best_version_pinned(embedded_nats: EmbeddedNa
     assert pinned == [1, *range(4, KEEP_PINNED + 4)], pinned  # the best, and the newest KEEP_PINNED
 
 
-def test_promote_current_takes_the_learners_newest_version(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+def test_promote_current_takes_the_learners_newest_version(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
+) -> None:
     """A small model's learner publishes several versions a second: `promote current` reads the newest one itself
     (a number read from `flywheel status` is gone by the time a command starts)."""
     from actors.weights import WeightPublisher
 
-    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    run_dir = live_run(_run(tmp_path, SERVICE, bus_url=embedded_nats.url))
     topology = read_run_info(run_dir).topology
 
     async def publish() -> None:
@@ -193,14 +210,16 @@ def test_promote_current_takes_the_learners_newest_version(embedded_nats: Embedd
     assert anyio.run(_serving_version, embedded_nats.url, topology) == 3
 
 
-def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+def test_a_move_by_hand_pauses_the_gate_until_it_is_resumed(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
+) -> None:
     """The gate decides on every new version (about one a second in the service spec): after `promote` or `rollback`
     by hand it would replace the operator's choice within seconds, so a move by hand pauses it (the pause is a line
     of the decisions log; `tests/actors/gate/test_pause.py` shows the gate keeping to it) until `gate resume`."""
     from actors.replay import DecisionLog
     from actors.weights import WeightPublisher
 
-    run_dir = _run(tmp_path, SERVICE, bus_url=embedded_nats.url)
+    run_dir = live_run(_run(tmp_path, SERVICE, bus_url=embedded_nats.url))
     topology = read_run_info(run_dir).topology
 
     async def publish(versions: tuple[int, ...] = (1, 2)) -> None:

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from topology.cli import main
 from topology.runtime._rundir import RunInfo, write_run_info
 
 
-def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+def test_review_labels_flow_back_as_feedback(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: Callable[[Path], Path]
+) -> None:
     topology = f"rv-{uuid.uuid4().hex[:8]}"
     write_run_info(
         tmp_path,
@@ -38,6 +41,7 @@ def test_review_labels_flow_back_as_feedback(embedded_nats: EmbeddedNats, tmp_pa
             heartbeat_s=1.0,
         ),
     )
+    live_run(tmp_path)
 
     async def queue() -> None:
         async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:
@@ -77,12 +81,13 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_ctrl_c_at_the_prompt_ends_the_review_and_leaves_the_sample_queued(
-    embedded_nats: EmbeddedNats, tmp_path: Path
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: Callable[[Path], Path]
 ) -> None:
     """Ctrl-C at the prompt printed "Aborted!" and the process ran on: the prompt's worker thread, still reading the
     keyboard, kept it alive. It ends now with 130, and the sample on screen is put back on the queue unlabelled."""
     topology = f"rv-{uuid.uuid4().hex[:8]}"
     write_run_info(tmp_path, RunInfo(topology, embedded_nats.url, os.getpid(), "spec.yaml", time.time(), 1.0))
+    live_run(tmp_path)
 
     async def queue() -> None:
         async with await Bus.connect(embedded_nats.url, topology=topology, name="joiner") as bus:
@@ -118,7 +123,9 @@ def test_ctrl_c_at_the_prompt_ends_the_review_and_leaves_the_sample_queued(
     assert anyio.run(requeued, backend="asyncio") == "a"
 
 
-def test_untrusted_text_is_shown_as_plain_text(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+def test_untrusted_text_is_shown_as_plain_text(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: Callable[[Path], Path]
+) -> None:
     topology = f"rv-{uuid.uuid4().hex[:8]}"
     write_run_info(
         tmp_path,
@@ -131,6 +138,7 @@ def test_untrusted_text_is_shown_as_plain_text(embedded_nats: EmbeddedNats, tmp_
             heartbeat_s=1.0,
         ),
     )
+    live_run(tmp_path)
     hostile = traffic(
         "x",
         prompt="[bold red]PROMPT[/] \x1b[2J\x1b]0;title\x07 ok\u202eevil",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ async def wait_decisions(run_dir: Path, n: int, timeout_s: float = 60.0) -> list
 
 
 async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regression(
-    embedded_nats: EmbeddedNats, tmp_path: Path
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: Callable[[Path], Path]
 ) -> None:
     spec = replay_spec(tmp_path, extra_actors=GATE)
     run_dir = tmp_path / "run"
@@ -104,6 +105,7 @@ async def test_gate_promotes_the_first_and_better_versions_and_rejects_a_regress
                 heartbeat_s=1.0,
             ),
         )
+        live_run(run_dir)
         runner = CliRunner()
         result = await anyio.to_thread.run_sync(lambda: runner.invoke(main, ["rollback", str(run_dir)]))
         assert result.exit_code == 0, result.output

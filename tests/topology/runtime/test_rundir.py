@@ -4,7 +4,14 @@ from pathlib import Path
 import pytest
 
 from topology.runtime import RunInfo, RunLocked, RunNotFound, bus_token, find_run, read_run_info
-from topology.runtime._rundir import create_run_dir, lock_run_dir, resume_run_dir, run_token, write_run_info
+from topology.runtime._rundir import (
+    create_run_dir,
+    lock_run_dir,
+    resume_run_dir,
+    run_token,
+    supervisor_alive,
+    write_run_info,
+)
 
 
 def info() -> RunInfo:
@@ -56,6 +63,21 @@ def test_one_supervisor_per_run_dir_and_the_lock_dies_with_its_holder(tmp_path: 
     finally:
         os.close(held)
     os.close(lock_run_dir(run))  # released: free again
+
+
+def test_a_run_is_live_while_its_lock_is_held_whoever_has_its_pid_now(tmp_path: Path) -> None:
+    """A run killed with ``kill -9`` (or a reboot) leaves a pid in run.json that another process may have by now: it
+    read as live. The run dir's lock says it: held by a supervisor, dropped by the kernel when it dies."""
+    run = create_run_dir(tmp_path, "demo")
+    mine = os.getpid()  # a live process, but not the run's supervisor
+    assert not supervisor_alive(run, mine), "no lock file yet"
+    held = lock_run_dir(run)
+    try:
+        assert supervisor_alive(run, mine) and supervisor_alive(run, mine), "asking does not take the lock"
+    finally:
+        os.close(held)
+    assert not supervisor_alive(run, mine)
+    os.close(lock_run_dir(run))  # asking left nothing held
 
 
 def test_the_run_token_is_private_and_stable(tmp_path: Path) -> None:
