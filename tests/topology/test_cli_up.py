@@ -191,6 +191,36 @@ def test_up_serves_every_replicas_counters_as_prometheus_metrics(tmp_path: Path)
 
 
 @pytest.mark.usefixtures("kinds_env")
+def test_resuming_a_live_run_says_it_is_live_not_that_its_own_port_is_taken(tmp_path: Path) -> None:
+    """`up --resume latest` of a live run checked the spec first, and the metrics port the run itself serves on was
+    "taken": the error sent the user after another process. The run dir's lock is looked at first."""
+    import os
+    import socket
+
+    from topology.runtime._rundir import create_run_dir, lock_run_dir
+
+    with socket.socket() as metrics:  # the live run's own endpoint
+        metrics.bind(("127.0.0.1", 0))
+        metrics.listen()
+        spec = write_spec(tmp_path)
+        port = metrics.getsockname()[1]
+        spec.write_text(
+            spec.read_text().replace("  heartbeat_s: 0.2\n", f"  heartbeat_s: 0.2\n  metrics_port: {port}\n")
+        )
+        run = create_run_dir(tmp_path / "runs", "rt-test")
+        info = {"topology": "rt-test", "bus_url": "nats://127.0.0.1:1", "pid": 1, "spec_path": str(spec)}
+        (run / "run.json").write_text(json.dumps({**info, "started_at": 0.0, "heartbeat_s": 1.0}))
+        held = lock_run_dir(run)
+        try:
+            result = CliRunner().invoke(main, ["up", "--resume", "latest", "--run-dir", str(tmp_path / "runs")])
+        finally:
+            os.close(held)
+    assert result.exit_code == 1, result.output
+    assert f"Error: --resume latest: the run at {run.resolve()} is live" in result.output, result.output
+    assert "metrics_port" not in result.output
+
+
+@pytest.mark.usefixtures("kinds_env")
 @pytest.mark.parametrize("problem", ["another topology", "a live run"])
 def test_a_run_that_cannot_be_resumed_is_one_line_not_a_traceback(tmp_path: Path, problem: str) -> None:
     """RunNotFound / RunLocked are raised inside `up`'s task group, so they reach the CLI in an exception group."""

@@ -305,7 +305,7 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
 def _resume_target(resume: str, spec_path: Path | None, run_root: Path | None) -> tuple[Path, Path]:
     """``(run dir, spec path)`` of ``--resume RUN``: RUN is a run dir, a runs folder (its ``latest``), or ``latest``
     (the ``latest`` of --run-dir, of SPEC's runtime.run_dir, else of ./runs); the spec is SPEC or the run's own."""
-    from topology.runtime._rundir import RunNotFound, find_run, read_run_info
+    from topology.runtime._rundir import LOCK, RunNotFound, find_run, read_run_info, supervisor_alive
 
     if resume == "latest":
         if run_root is not None:
@@ -320,8 +320,14 @@ def _resume_target(resume: str, spec_path: Path | None, run_root: Path | None) -
         run_dir = find_run(where).resolve()
     except RunNotFound as exc:
         raise click.ClickException(f"--resume {resume}: {exc}") from None
+    info = read_run_info(run_dir)
+    if supervisor_alive(run_dir, info.pid):  # before the spec's checks: its ports are taken by this very run
+        raise click.ClickException(
+            f"--resume {resume}: the run at {run_dir} is live (its `flywheel up`, pid {info.pid}, holds "
+            f"{run_dir / LOCK}); see it with: flywheel status {run_dir}"
+        )
     if spec_path is None:
-        spec_path = Path(read_run_info(run_dir).spec_path)
+        spec_path = Path(info.spec_path)
         if not spec_path.is_file():
             raise click.ClickException(
                 f"--resume {resume}: the run's spec {spec_path} is gone; pass the spec: flywheel up SPEC --resume …"
