@@ -75,6 +75,9 @@ def _promotes_nothing(run_dir: Path, roles: RunRoles | None) -> None:
         )
 
 
+_CONNECT_TIMEOUT_S = 10.0
+
+
 async def connect_run(run_dir: Path, name: str) -> Any:
     """A Bus connected to the live run in ``run_dir``; ClickException (one line) when it is not live."""
     from topology.runtime import connect_run as connect_to
@@ -86,10 +89,14 @@ async def connect_run(run_dir: Path, name: str) -> Any:
             f"the run at {run_dir} is not running (continue it with: flywheel up --resume {run_dir})"
         )
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(_CONNECT_TIMEOUT_S):
             return await connect_to(run_dir, name=name, info=info)
-    except Exception as exc:
-        raise click.ClickException(f"cannot reach the run's bus at {info.bus_url}: {exc}") from None
+    except Exception as exc:  # the supervisor lives (checked above): the run goes on, its bus does not answer
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # a timeout's text is empty
+        raise click.ClickException(
+            f"cannot reach the run's bus at {info.bus_url}: no answer within {_CONNECT_TIMEOUT_S:g} s ({error}); "
+            "the nats-server may be stopped, overloaded or restarting; try again"
+        ) from None
 
 
 def find_run_dir(where: Path | None, example: str) -> Path:

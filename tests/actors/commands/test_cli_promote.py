@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,6 +113,24 @@ def test_a_killed_run_whose_pid_another_process_has_now_is_not_running(tmp_path:
     result = CliRunner().invoke(main, [*command, str(run_dir)])
     assert result.exit_code == 1
     assert f"is not running (continue it with: flywheel up --resume {run_dir})" in result.output, result.output
+
+
+def test_a_frozen_bus_is_said_to_not_answer(tmp_path: Path, live_run: LiveRun) -> None:
+    """With the run's nats-server stopped (SIGSTOP) promote, rollback and review (one connect_run) said "cannot reach
+    the run's bus at nats://…: " and nothing more (a timeout's text is empty); they say what happened and what to
+    do, as `status` does."""
+    with EmbeddedNats(tmp_path / "nats") as server:
+        url = server.url
+        run_dir = live_run(_run(tmp_path, SERVICE, bus_url=url))
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            result = CliRunner().invoke(main, ["promote", "current", str(run_dir)])
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    assert result.exit_code == 1, result.output
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith(f"Error: cannot reach the run's bus at {url}: no answer within 10 s"), error
+    assert error.endswith("the nats-server may be stopped, overloaded or restarting; try again"), error
 
 
 def test_promote_without_a_gate_names_what_can_be_promoted(
