@@ -180,7 +180,7 @@ def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) ->
     The move is logged in RUN_DIR/gate/decisions.jsonl; `flywheel rollback` undoes it.
     """
     digits = version.removeprefix("v")
-    if not digits.isdigit() and version != "current":
+    if not (digits.isascii() and digits.isdecimal()) and version != "current":  # isdigit() passes '²', int() not
         raise click.ClickException(f"expected a version like v3 or 3, or current, got {version!r}")
     where = find_run_dir(run_dir, f"flywheel promote {version} /srv/runs")
     roles = run_roles(where)

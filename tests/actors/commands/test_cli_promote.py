@@ -133,6 +133,15 @@ def test_a_frozen_bus_is_said_to_not_answer(tmp_path: Path, live_run: LiveRun) -
     assert error.endswith("the nats-server may be stopped, overloaded or restarting; try again"), error
 
 
+@pytest.mark.parametrize("version", ["²", "v²", "v1²", "v"])
+def test_a_version_that_is_not_a_number_is_a_one_line_error(tmp_path: Path, version: str) -> None:
+    """`flywheel promote ²` passed the check (str.isdigit accepts superscripts) and int() raised a traceback."""
+    run_dir = _run(tmp_path, SERVICE)
+    result = CliRunner().invoke(main, ["promote", version, str(run_dir)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.strip() == f"Error: expected a version like v3 or 3, or current, got {version!r}"
+
+
 def test_promote_without_a_gate_names_what_can_be_promoted(
     embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
 ) -> None:
