@@ -86,7 +86,7 @@ def _run_dir_of(recordings: Path) -> Path | None:
     "run_dir_opt",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Run dir holding the weights (default: the run RECORDINGS is in).",
+    help="Run dir holding the weights, or the runs folder whose latest run it is (default: the run RECORDINGS is in).",
 )
 @click.option(
     "--out",
@@ -129,7 +129,13 @@ def replay(
 
     configure_logging()  # info on stderr, as `flywheel up`: not a debug line per re-scored completion
     logging.getLogger().setLevel(logging.WARNING)
-    run_dir = run_dir_opt or _run_dir_of(recordings.resolve())
+    run_dir: Path | None = run_dir_opt
+    if run_dir_opt is None:
+        run_dir = _run_dir_of(recordings.resolve())
+    elif not run_dir_opt.is_dir():
+        raise click.ClickException(f"--run-dir {run_dir_opt}: no such folder (give a run dir, or the runs folder)")
+    elif not (run_dir_opt / "run.json").is_file() and (run_dir_opt / "latest" / "run.json").is_file():
+        run_dir = (run_dir_opt / "latest").resolve()  # a runs folder, as every command takes: its latest run
     if spec_path is not None:
         spec = _load_spec(spec_path)
     elif run_dir is None:

@@ -124,6 +124,23 @@ def test_status_without_a_run_says_so(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "no run found" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("[1, 2]", "expected a JSON object, got a list"),
+        ('{"topology": "x"', "not JSON"),
+        ('{"topology": "x"}', "it lacks bus_url, pid, spec_path, started_at, heartbeat_s"),
+    ],
+)
+def test_a_folder_whose_run_json_is_not_one_is_a_one_line_error(tmp_path: Path, content: str, said: str) -> None:
+    """A run.json that is not one (a stray file, one cut short by a full disk) was a JSONDecodeError or TypeError
+    traceback from every command that read it."""
+    (tmp_path / "run.json").write_text(content)
+    result = CliRunner().invoke(main, ["status", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"{tmp_path / 'run.json'} is not a flywheel run.json: {said}" in result.output
+
+
 def test_status_of_a_killed_run_whose_pid_another_process_has_now_says_it_is_gone(tmp_path: Path) -> None:
     """After a ``kill -9`` of the supervisor (or a reboot) its pid may belong to another process: the run read as
     live, and `status` tried its bus. No supervisor holds the run dir's lock: the run is not live."""

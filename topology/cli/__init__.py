@@ -35,7 +35,16 @@ def _targets() -> dict[str, str]:
 
 
 class _LazyGroup(click.Group):
-    """A group whose subcommands are imported on first use."""
+    """A group whose subcommands are imported on first use. A run dir that is not there, or whose run.json is not
+    one (:class:`~topology.runtime.RunNotFound`), is a one-line error of any command, wherever it is found."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from topology.runtime._rundir import RunNotFound
+
+        try:
+            return super().invoke(ctx)
+        except RunNotFound as exc:
+            raise click.ClickException(str(exc)) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_targets())

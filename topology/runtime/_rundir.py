@@ -27,7 +27,7 @@ import fcntl
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,16 @@ class RunInfo:
 
     @classmethod
     def from_json(cls, data: bytes) -> RunInfo:
-        raw: dict[str, Any] = orjson.loads(data)
+        raw = orjson.loads(data)
+        if not isinstance(raw, dict):
+            raise TypeError(f"expected a JSON object, got a {type(raw).__name__}")
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        required = [
+            n for n, f in cls.__dataclass_fields__.items() if f.default is MISSING and f.default_factory is MISSING
+        ]
+        missing = [n for n in required if n not in known]
+        if missing:
+            raise TypeError(f"it lacks {', '.join(missing)}")
         return cls(**known)
 
     def replica_keys(self) -> list[tuple[str, int]]:
@@ -186,8 +194,16 @@ def write_run_info(run_dir: Path, info: RunInfo) -> None:
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
-    """The ``run.json`` of ``run_dir`` (``FileNotFoundError`` when it has none)."""
-    return RunInfo.from_json((run_dir / RUN_JSON).read_bytes())
+    """The ``run.json`` of ``run_dir`` (``FileNotFoundError`` when it has none; :class:`RunNotFound` naming the file
+    when it is not a flywheel run.json: not JSON, not an object, or without the fields every run writes)."""
+    path = run_dir / RUN_JSON
+    data = path.read_bytes()
+    try:
+        return RunInfo.from_json(data)
+    except orjson.JSONDecodeError as exc:
+        raise RunNotFound(f"{path} is not a flywheel run.json: not JSON ({exc})") from None
+    except TypeError as exc:  # not an object, or fields missing
+        raise RunNotFound(f"{path} is not a flywheel run.json: {exc}") from None
 
 
 def find_run(where: Path | None = None, example: str = "flywheel status /srv/runs") -> Path:

@@ -235,3 +235,23 @@ def test_a_domain_the_spec_replayed_with_does_not_have_is_said_so(tmp_path: Path
     assert result.exit_code == 0, result.output
     users = orjson.loads((out / "report.json").read_bytes())["domains"]["users"]
     assert users["scored"] == 0 and users["note"] == "not a domain of the spec replayed with: compared by text only"
+
+
+def test_run_dir_takes_a_runs_folder_as_every_command_does_and_a_wrong_one_is_one_line(tmp_path: Path) -> None:
+    """`--run-dir runs` (the folder every other command takes) and a path that is not there were FileNotFoundError
+    tracebacks."""
+    spec = replay_spec(tmp_path)
+    run_dir = tmp_path / "runs" / "replay-1"
+    anyio.run(lambda: record_run(spec, run_dir, version=1), backend="asyncio")
+    info = RunInfo(topology=spec.name, bus_url="nats://127.0.0.1:1", pid=0, spec_path=str(spec.source_path),
+                   started_at=0.0, heartbeat_s=1.0, stopped_at=1.0)  # fmt: skip
+    write_run_info(run_dir, info)
+    (tmp_path / "runs" / "latest").symlink_to(run_dir.name)
+    base = ["replay", str(run_dir / "recordings"), "--spec", str(spec.source_path), "--weights", "v1", "--greedy"]
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, [*base, "--run-dir", str(tmp_path / "runs"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "report.json").is_file()
+    wrong = CliRunner().invoke(main, [*base, "--run-dir", str(tmp_path / "nowhere")])
+    assert wrong.exit_code == 1 and "Traceback" not in wrong.output, wrong.output
+    assert f"--run-dir {tmp_path / 'nowhere'}: no such folder" in wrong.output
