@@ -122,6 +122,25 @@ def test_status_without_a_run_says_so(tmp_path: Path, monkeypatch: pytest.Monkey
     result = CliRunner().invoke(main, ["status"])
     assert result.exit_code == 1
     assert "no run found" in result.output and "Traceback" not in result.output
+    # --json: the same keys as for a run, so `status --json | jq .live` works with no run too (it printed text)
+    as_json = CliRunner().invoke(main, ["status", "--json"])
+    assert as_json.exit_code == 1
+    doc = json.loads(as_json.stdout)
+    assert doc["live"] is False and "no run found" in doc["reason"] and doc["replicas"] == []
+    assert set(doc) == {"run_dir", "topology", "bus_url", "live", "reason", "bus_unreachable", "replicas", "bus"}
+
+
+def test_status_rows_have_the_same_keys_whether_a_replica_reported_yet_or_not() -> None:
+    """A replica that had not reported yet had no `kind` in `status --json`."""
+    import time
+
+    from topology.cli._up import _rows
+    from topology.runtime._status import ReplicaStatus
+
+    now = time.time()
+    reported = ReplicaStatus("source", 0, "source", "running", 12, 0, now - 5, now)
+    rows = _rows([reported], [("source", 0), ("learner", 0)], 1.0, {"source": "source", "learner": "learner"})
+    assert set(rows[0]) == set(rows[1]) and rows[1]["kind"] == "learner" and rows[1]["state"] == "pending"
 
 
 @pytest.mark.parametrize(

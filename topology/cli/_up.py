@@ -55,7 +55,11 @@ def _fmt_counters(counters: dict[str, Any], limit: int = 5) -> str:
     return " ".join(parts) + (f" (+{more})" if more > 0 else "")
 
 
-def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: float) -> list[dict[str, Any]]:
+def _rows(
+    records: list[Any], expected: list[tuple[str, int]], heartbeat_s: float, kinds: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per expected replica, with the same keys whether it has reported yet or not (``kinds``: the run's
+    actor → kind, for a replica that has not)."""
     now = time.time()
     by_key = {(r.actor, r.replica): r for r in records}
     rows: list[dict[str, Any]] = []
@@ -66,6 +70,7 @@ def _rows(records: list[Any], expected: list[tuple[str, int]], heartbeat_s: floa
                 {
                     "actor": actor,
                     "replica": replica,
+                    "kind": (kinds or {}).get(actor),
                     "state": "pending",
                     "pid": None,
                     "restarts": 0,
@@ -264,7 +269,8 @@ async def _up_main(runtime: Any, duration_s: float | None, interval_s: float) ->
                 bus_error = ""
                 for line in _new_urls(records, announced):  # a gateway's URL, once it listens
                     click.echo(line)
-                return _rows(records, expected, heartbeat_s) + _bus_row(runtime.session.info)
+                info = runtime.session.info
+                return _rows(records, expected, heartbeat_s, info.kinds) + _bus_row(info)
             except Exception as exc:  # a bus hiccup must not take the run down with it; old figures are not shown
                 records = []
                 bus_error = f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {_LOOK_TIMEOUT_S:g} s"
@@ -525,12 +531,17 @@ def status(run_dir_arg: Path | None, run_dir_opt: Path | None, as_json: bool) ->
     try:
         run_dir = find_run(where)
     except RunNotFound as exc:
-        raise click.ClickException(str(exc)) from None
+        if not as_json:
+            raise click.ClickException(str(exc)) from None
+        nothing = {"run_dir": None, "topology": None, "bus_url": None, "live": False, "reason": str(exc)}
+        click.echo(json.dumps({**nothing, "bus_unreachable": False, "replicas": [], "bus": None}, indent=2))
+        sys.exit(1)  # the same keys as for a run: a script's jq reads .live and .reason either way
     report = anyio.run(read_run_status, run_dir, backend="asyncio")
-    rows = _rows(report.replicas, report.expected, report.heartbeat_s) if report.live else []
     from topology.runtime._rundir import read_run_info
 
-    bus = _bus_row(read_run_info(run_dir)) if report.live else []
+    info = read_run_info(run_dir)
+    rows = _rows(report.replicas, report.expected, report.heartbeat_s, info.kinds) if report.live else []
+    bus = _bus_row(info) if report.live else []
     if as_json:
         doc = {
             "run_dir": report.run_dir,
