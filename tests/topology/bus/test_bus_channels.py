@@ -199,6 +199,67 @@ async def test_handler_dead_letter_keeps_reason(bus: Bus) -> None:
     assert letter["reason"] == "verifier rejected the payload"
 
 
+async def test_a_poison_message_is_terminated_once_it_is_dead_lettered(bus: Bus) -> None:
+    """A poison message left pending after its dead letter would come back every ``ack_wait`` (a dead-letter attempt
+    each time, ``redelivered`` climbing) and hold a ``max_ack_pending`` slot of its group until ``max_deliver`` ran
+    out: it is terminated, so the server delivers it once and has nothing pending for it."""
+    js = bus.nc.jetstream()
+    await bus.ensure_channel("prompts")
+    await js.publish(bus.subject("prompts"), b"not an envelope")
+    async with bus.consume("prompts", "gen") as consumer, anyio.create_task_group() as tg:
+        tg.start_soon(consumer.__anext__)  # admits the poison, then waits for a good message that never comes
+        with anyio.fail_after(10):
+            for _ in iter(int, 1):
+                info = await js.consumer_info(bus.stream("prompts"), "gen")
+                if bus.stats.dead_lettered and (info.num_ack_pending == 0 or bus.stats.delivered > 1):
+                    break
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert bus.stats.delivered == 1 and bus.stats.dead_lettered == 1
+    assert info.num_ack_pending == 0
+
+
+async def test_a_dead_letter_channel_that_fails_delays_the_poison_and_iteration_goes_on(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead-letter publish that fails (the bus away for a moment) must not end the iteration: raised, it would stop
+    the handler's loop, and its replica, over a message that was never its to handle. The poison is handed back for a
+    later try, the next message is delivered, and the poison is dead-lettered once the channel takes it."""
+    real = bus.dead_letter
+    attempts: list[str] = []
+
+    async def fails_once(channel: str, group: str, reason: str, *args: Any, **kwargs: Any) -> None:
+        attempts.append(reason)
+        if len(attempts) == 1:
+            raise BusError("dead-letter channel unreachable")
+        await real(channel, group, reason, *args, **kwargs)
+
+    monkeypatch.setattr(bus, "dead_letter", fails_once)
+    await bus.ensure_channel("prompts")
+    await bus.nc.jetstream().publish(bus.subject("prompts"), b"not an envelope")
+    good_id = await bus.publish("prompts", "p", {"i": 1})
+    async with bus.consume("prompts", "gen") as consumer:
+        (good,) = await take(consumer, 1)
+        assert good.id == good_id
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.__anext__)  # admits the poison again when it comes back
+            (letter,) = await dead_letters(bus, 1)
+            tg.cancel_scope.cancel()
+    assert letter["reason"].startswith("undecodable envelope") and letter["raw"] == "not an envelope"
+    assert len(attempts) == 2 and bus.stats.dead_lettered == 1
+
+
+async def test_a_message_dead_lettered_twice_is_one_letter(bus: Bus) -> None:
+    """A consumer whose term was lost meets the poison again and dead-letters it again: the dead-letter channel keeps
+    one letter per (stream, sequence, group), not one per attempt, so one bad message is counted and inspected once."""
+    for delivered in (1, 2):
+        await bus.dead_letter(
+            "prompts", "gen", "undecodable envelope", b"x", None, num_delivered=delivered, stream_seq=7
+        )
+    info = await bus.nc.jetstream().stream_info(bus.stream(DEADLETTER))
+    assert info.state.messages == 1
+
+
 @pytest.mark.parametrize("bus_settings", [BusSpec(ack_wait_s=30.0)])
 async def test_closing_a_consumer_hands_buffered_messages_back(bus: Bus) -> None:
     await bus.publish_many("prompts", [("p", {"i": i}, None) for i in range(10)])

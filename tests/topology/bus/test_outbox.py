@@ -64,6 +64,30 @@ async def test_a_failed_publish_raises_and_leaves_the_delivery_unacked(bus: Bus)
         assert bus.stats.acked == 0
 
 
+async def test_a_refused_publish_leaves_the_delivery_for_the_caller_to_nak(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input is acked only once its output is stored: acked after a refused publish, the input would be gone and
+    its output never written (a lost sample). ``send`` raises, the delivery stays unsettled, and the caller's nak
+    brings the input back for another try."""
+    await bus.publish("inputs", "in", {"i": 1})
+
+    async def refused(*args: Any, **kwargs: Any) -> list[str]:
+        raise BusError("publish to channel 'outputs' failed: refused")
+
+    async with bus.consume("inputs", "worker") as inputs, Outbox(bus) as outbox:
+        delivery = await inputs.__anext__()
+        monkeypatch.setattr(bus, "publish_many", refused)
+        with pytest.raises(BusError, match="refused"):
+            await outbox.send("outputs", "out", {"i": 1}, id=f"{delivery.id}.o", delivery=delivery)
+        monkeypatch.undo()
+        assert bus.stats.acked == 0
+        await delivery.nak()
+        with anyio.fail_after(10):
+            again = await inputs.__anext__()
+    assert again.id == delivery.id and again.num_delivered == 2
+
+
 async def test_close_sends_what_is_queued_and_later_sends_are_refused(bus: Bus) -> None:
     outbox = Outbox(bus)
     with pytest.raises(BusError, match="outbox is not open"):
