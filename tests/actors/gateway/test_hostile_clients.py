@@ -18,6 +18,7 @@ import orjson
 import pytest
 import structlog
 
+from actors.gateway._client import GenerationError, ServeCall
 from tests.actors.gateway.conftest import Running
 from tests.actors.gateway.test_limits_and_feedback import CHAT, error_of, post
 
@@ -252,3 +253,67 @@ def test_a_generator_failure_names_nothing_internal(gateway: Running, monkeypatc
     response = post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": "x", "max_tokens": 2})
     assert response.status_code == 500 and error_of(response)["code"] == "generation_failed"
     assert "secret" not in response.text and "CUDA" not in response.text
+
+
+@pytest.mark.parametrize("status", [501, 504])
+def test_a_generator_status_the_gateway_does_not_answer_with_is_a_502(
+    gateway: Running, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    """A generator's failure is a 502 (or the 500/502/503 it said): passed through, a generator's 504 would read as
+    the gateway's own ``request_timeout_s`` running out, a 501 as a route the gateway lacks, and clients would act on
+    the wrong cause."""
+
+    async def fails(self: ServeCall) -> dict[str, Any]:
+        raise GenerationError(status, "the model server answered " + str(status))
+
+    monkeypatch.setattr(ServeCall, "start", fails)
+    response = post(gateway, "/v1/completions", json={"model": "flywheel", "prompt": "x", "max_tokens": 2})
+    assert response.status_code == 502, response.text
+    error = error_of(response)
+    assert error["code"] == "generation_failed" and error["type"] == "server_error"
+
+
+def test_no_answer_while_the_bus_was_away_is_a_503_to_retry(
+    gateway: Running, monkeypatch: pytest.MonkeyPatch, slow_steps: None
+) -> None:
+    """A request that got no answer while the bus connection dropped (a nats-server restart) is a 503
+    ``bus_unavailable`` with ``Retry-After``: its answer may have been sent into the outage, and a 504 ``timeout``
+    would blame the generators and give the client no hint that a retry will do."""
+    app = gateway.gateway.gateway
+    assert app is not None
+    monkeypatch.setattr(app, "config", app.config.model_copy(update={"request_timeout_s": 0.5}))
+    monkeypatch.setattr(ServeCall, "bus_was_away", lambda self: True)  # the connection dropped while it waited
+    before = gateway.stored("traffic")
+    response = post(gateway, "/v1/completions", json=LONG)
+    assert response.status_code == 503, response.text
+    assert error_of(response)["code"] == "bus_unavailable" and response.headers["retry-after"]
+    assert gateway.stored("traffic") == before
+    wait_until(lambda: app.metrics.in_flight == 0 and app.client.pending == 0, "the gateway to let go")
+
+
+def test_a_stream_whose_generation_fails_ends_with_an_error_event(gateway: Running) -> None:
+    """A generation that fails after its first tokens were streamed can no longer change the 200 already sent: the
+    stream's last event is an OpenAI-shaped error (the official client raises it), not a stream cut off mid-way or
+    ended as if complete, and the partial answer is not recorded as served traffic."""
+    engine = gateway.generator.engine
+    assert engine is not None
+    steps: list[int] = []
+
+    async def breaks_on_the_fourth_step(_: int) -> None:
+        steps.append(1)
+        if len(steps) == 4:
+            raise RuntimeError("device lost")
+
+    before = gateway.stored("traffic")
+    engine.step_hook = breaks_on_the_fourth_step  # type: ignore[attr-defined]
+    try:
+        response = post(gateway, "/v1/completions", json={**LONG, "stream": True})
+    finally:
+        engine.step_hook = None  # type: ignore[attr-defined]
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert len(events) >= 2, response.text  # tokens streamed before the failure
+    last = orjson.loads(events[-1])
+    assert set(last) == {"error"} and last["error"]["code"] == "generation_failed", events[-1]
+    assert all("error" not in orjson.loads(event) for event in events[:-1]) and "[DONE]" not in events
+    assert gateway.stored("traffic") == before

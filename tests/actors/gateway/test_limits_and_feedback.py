@@ -220,6 +220,28 @@ def test_a_second_rating_of_a_request_is_answered_as_a_duplicate(gateway: Runnin
     assert other.json()["status"] == "accepted"  # per request
 
 
+def test_a_rating_the_bus_did_not_store_is_no_first_rating(gateway: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rating that could not be stored (503) must not keep its claim on "first rating": the next rating of that
+    request, the one that is stored, would be answered ``duplicate`` and never train, though no other rating of the
+    request exists."""
+    app = gateway.gateway.gateway
+    assert app is not None
+    publish = app.publish
+
+    async def refused(channel: str, type: str, payload: dict[str, Any], id: str) -> Any:
+        raise RuntimeError("the bus is away")
+
+    monkeypatch.setattr(app, "publish", refused)
+    request_id = "fw-rated-during-an-outage"
+    failed = post(gateway, "/v1/feedback", json={"request_id": request_id, "label": "good"}, key=API_KEY)
+    assert failed.status_code == 503 and error_of(failed)["code"] == "unavailable" and failed.headers["retry-after"]
+    monkeypatch.setattr(app, "publish", publish)
+    stored = post(
+        gateway, "/v1/feedback", json={"request_id": request_id, "score": 0.0, "comment": "on 2nd thought"}, key=API_KEY
+    )
+    assert stored.status_code == 200 and stored.json()["status"] == "accepted", stored.text
+
+
 def test_a_label_given_in_review_is_a_first_rating(gateway: Running) -> None:
     """A label given through ``flywheel review`` left no mark in the gateways' ledger of first ratings: the user's own
     rating of that request afterwards was answered ``accepted``, as if it would train, though the joiner applies only

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
+from typing import Any
+
+import httpx
 import openai
+import orjson
 import pytest
 
 from actors.policy import CharTokenizer, encode_prompt
@@ -68,6 +75,63 @@ def test_streamed_chat_matches_its_record(gateway: Running) -> None:
     assert record.stream and record.completion.text == text
     assert chunks[-1].usage.completion_tokens == len(record.completion.token_ids)
     assert len(chunks) >= 3  # role chunk, token chunks, finish chunk: it really streamed
+
+
+def test_a_stream_ends_only_once_its_record_is_stored(gateway: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request is recorded before it is acknowledged: a client that saw the finish chunk or ``[DONE]`` may rate
+    the request at once (or the gateway may die next), and a record stored only after that could be missing for its
+    feedback, or lost. While the traffic record's publish waits, neither the finish chunk nor ``[DONE]`` goes out."""
+    app = gateway.gateway.gateway
+    assert app is not None
+    publish = app.publish
+    recording, stored = threading.Event(), asyncio.Event()
+
+    async def held(channel: str, type: str, payload: dict[str, Any], id: str) -> Any:
+        if channel == "traffic":
+            recording.set()
+            await stored.wait()
+        return await publish(channel, type, payload, id)
+
+    monkeypatch.setattr(app, "publish", held)
+    events: queue.Queue[bytes | None] = queue.Queue()
+    body = {"model": "flywheel", "messages": [{"role": "user", "content": "count: 1 2 3"}], "stream": True}
+
+    def read() -> None:
+        headers = {"Content-Type": "application/json"}
+        try:
+            with httpx.stream(
+                "POST", gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=20
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.put(line.removeprefix("data: ").encode())
+        finally:
+            events.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert recording.wait(20), "the traffic record was never published"
+        early: list[bytes | None] = []
+        try:  # what reaches the client while the record is not stored yet: a bounded look, not a synchronisation
+            for _ in iter(int, 1):
+                early.append(events.get(timeout=1.0))
+        except queue.Empty:
+            pass
+    finally:
+        gateway.loop.call_soon_threadsafe(stored.set)
+        reader.join(20)
+    rest: list[bytes | None] = []
+    for _ in iter(int, 1):
+        rest.append(events.get(timeout=20))
+        if rest[-1] is None:
+            break
+
+    def ends(event: bytes | None) -> bool:
+        return event in (None, b"[DONE]") or orjson.loads(event)["choices"][0]["finish_reason"] is not None
+
+    assert not any(ends(e) for e in early), early
+    assert rest[-2:] == [b"[DONE]", None] and sum(ends(e) for e in rest) == 3  # the finish chunk, [DONE], the end
 
 
 def test_completions_plain_and_streaming(gateway: Running) -> None:
