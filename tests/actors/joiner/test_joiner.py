@@ -361,6 +361,64 @@ async def test_a_request_delivered_again_is_stored_and_counted_once(
         assert stored is not None and TrafficMsg.model_validate_json(stored).completion.text == "42"
 
 
+def fails_once(joiner: JoinerActor, bucket: str) -> list[str]:
+    """Make the joiner's first write to ``bucket`` fail (KV away for a moment); returns the keys it was asked for."""
+    create = joiner.state.create
+    failed: list[str] = []
+
+    async def flaky(what: str, request_id: str, value: bytes) -> int | None:
+        if what == bucket and not failed:
+            failed.append(request_id)
+            raise RuntimeError(f"{bucket} bucket unreachable")
+        return await create(what, request_id, value)
+
+    joiner.state.create = flaky  # type: ignore[method-assign]
+    return failed
+
+
+async def test_a_request_whose_store_failed_is_stored_on_its_redelivery(
+    embedded_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A traffic record the joiner failed to store (KV away for a moment) is handed back, not acked: acked, it would
+    be gone, and its feedback would wait for it in vain and never train."""
+    spec = joiner_spec(tmp_path)
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path) as joiner,
+    ):
+        failed = fails_once(joiner, "traffic")
+        await gw.publish("traffic", "traffic", traffic("r"), id="t")
+        await until(joiner, "traffic.stored", 1)
+        await gw.publish("feedback", "feedback", feedback("r", score=1.0), id="f")
+        await until(joiner, "feedback.joined", 1)
+        assert failed == ["r"] and joiner.ctx.counters.get("errors") == 1
+
+
+async def test_a_join_whose_mark_failed_is_published_once(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """A join whose "applied" mark failed after its sample went out is done again on the feedback's redelivery: the
+    sample is published again under the same id (``joined.<request id>``), which the bus stores once, so the learner
+    does not train on one rating twice."""
+    spec = joiner_spec(tmp_path)
+    async with (
+        await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw,
+        running_joiner(spec, embedded_nats, tmp_path) as joiner,
+    ):
+        failed = fails_once(joiner, "feedback_applied")
+        await gw.publish("traffic", "traffic", traffic("r"), id="t")
+        await until(joiner, "traffic.stored", 1)
+        await gw.publish("feedback", "feedback", feedback("r", score=1.0), id="f")
+        await until(joiner, "feedback.joined", 1)
+        info = await gw.nc.jetstream().stream_info(gw.stream("scored"))
+        ids: list[str] = []
+        with anyio.fail_after(10):
+            async with gw.consume("scored", "check") as deliveries:
+                async for delivery in deliveries:
+                    ids.append(delivery.id)
+                    await delivery.ack()
+                    break
+    assert failed == ["r"] and info.state.messages == 1 and ids == ["joined.r"]
+
+
 async def test_repeated_feedback_is_applied_once_first_wins(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
     spec = joiner_spec(tmp_path)
     async with await Bus.connect(embedded_nats.url, topology=spec.name, name="gateway") as gw:
@@ -400,6 +458,20 @@ async def test_feedback_days_later_joins_within_the_window_and_expires_beyond_it
             await until(joiner, "feedback.joined", 1)
         [sample] = await scored_messages(gw, 1)
     assert sample.task_id == "old"
+
+
+def test_the_review_fraction_chooses_that_share_of_requests_and_more_includes_less() -> None:
+    """``review_fraction`` is the share of traffic a reviewer sees: 0 none, 1 all, 0.1 about a tenth; and raising it
+    adds requests to those chosen (never swaps them), so a reviewer's queue does not change under them."""
+    ids = [f"fw-{i:05d}" for i in range(1000)]
+
+    def chosen(fraction: float) -> set[str]:
+        return {rid for rid in ids if selected_for_review(rid, fraction)}
+
+    tenth, half = chosen(0.1), chosen(0.5)
+    assert chosen(0.0) == set() and chosen(1.0) == set(ids)
+    assert 70 <= len(tenth) <= 130 and 430 <= len(half) <= 570
+    assert tenth < half
 
 
 async def test_a_fraction_of_traffic_is_queued_for_review(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
