@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from actors.engines import TorchEngine
-from actors.protocol import CURRENT, SERVING
+from actors.protocol import CURRENT, SERVING, served_key
 from actors.weights import SafetensorsDirTransport, WeightPublisher, WeightSubscriber
 from tests.actors.engines._rig import make_engine, perturbed
 from topology.bus import Bus
@@ -58,3 +58,39 @@ async def test_an_older_version_under_serving_is_swapped_in_and_under_current_ig
     assert engine.version == expected
     live = engine.policy.state_dict()
     assert all(torch.equal(live[name], versions[expected][name]) for name in live)
+
+
+async def test_a_swap_whose_served_mark_fails_still_counts(
+    bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``served.<actor>.<replica>`` mark is informational (the source's sync mode reads it sooner than heartbeats):
+    a put of it that fails must not undo a swap the engine made. Raised, the swap would count as failed while the engine
+    serves the new weights, and the subscriber would end or try the same version again and again."""
+    engine: TorchEngine = make_engine()
+    transport = SafetensorsDirTransport(tmp_path / "weights", keep_versions=10)
+    events: list[tuple[str, dict[str, object]]] = []
+    subscriber = WeightSubscriber(
+        bus,
+        bus.topology,
+        engine,
+        {"disk": transport},
+        served_key=served_key("generator", 0),
+        on_event=lambda event, fields: events.append((event, fields)),
+    )
+    try:
+        manifest = await WeightPublisher(bus, bus.topology, transport).publish(1, perturbed(engine, seed=1))
+        put = bus.kv_put
+
+        async def refused(bucket: str, key: str, value: bytes) -> int:
+            if key == served_key("generator", 0):
+                raise RuntimeError("the bus is away")
+            return await put(bucket, key, value)
+
+        monkeypatch.setattr(bus, "kv_put", refused)
+        with anyio.fail_after(20):
+            assert await subscriber.apply(manifest) is True
+    finally:
+        await engine.close()
+    assert subscriber.applied == 1 and subscriber.rejected == 0 and engine.version == 1
+    assert [event for event, _ in events] == ["weights.served_put_failed", "weights.swapped"]
+    assert events[0][1]["version"] == 1 and "the bus is away" in str(events[0][1]["error"])
