@@ -63,6 +63,18 @@ async def test_object_store_keeps_only_recent_versions(bus: Bus) -> None:
     assert (await transport.get(manifests[-1]))["ln.bias"].shape == (16,)
 
 
+async def test_the_object_store_keeps_four_versions_by_default(bus: Bus) -> None:
+    """A generator slower than the learner may still be reading a version three publishes old: the object store keeps
+    the last four by default, so that read finishes instead of stalling on an object deleted under it."""
+    transport = ObjectStoreTransport(bus, "weights_default_keep")
+    manifests = {v: await transport.put(v, _state(v)) for v in range(1, 7)}
+    for version in (1, 2):
+        with pytest.raises(WeightPayloadError, match="not found"):
+            await transport.get(manifests[version])
+    for version in (3, 4, 5, 6):
+        assert torch.equal((await transport.get(manifests[version]))["ln.bias"], _state(version)["ln.bias"])
+
+
 async def test_safetensors_dir_is_hf_layout_and_atomic(tmp_path: Path) -> None:
     transport = SafetensorsDirTransport(tmp_path, extra_files={"config.json": b"{}"})
     manifest = await transport.put(3, _state())

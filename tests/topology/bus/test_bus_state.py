@@ -35,6 +35,22 @@ async def test_kv_watch_sees_current_then_new_values(bus: Bus) -> None:
     assert seen == [b"1", b"2", b"3"]
 
 
+async def test_kv_watch_skips_a_delete(bus: Bus) -> None:
+    """A watcher yields values only: a deleted key's tombstone (empty bytes) yielded as a value would reach e.g. a
+    weight subscriber as a manifest to parse and reject, or a waiter as the key's new value."""
+    await bus.kv_put("weights", "version", b"a")
+    kv = await bus.nc.jetstream().key_value("weights")
+    seen: list[bytes] = []
+    with anyio.fail_after(10):
+        watch = bus.kv_watch("weights", "version")
+        seen.append(await anext(watch))
+        await kv.delete("version")
+        await bus.kv_put("weights", "version", b"b")
+        seen.append(await anext(watch))
+        await watch.aclose()  # type: ignore[attr-defined]
+    assert seen == [b"a", b"b"]
+
+
 async def test_invalid_bucket_is_a_clear_error(bus: Bus) -> None:
     with pytest.raises(BusError, match="invalid KV bucket name"):
         await bus.kv_put("no spaces", "k", b"v")
@@ -56,6 +72,22 @@ async def test_object_store_roundtrip_of_a_few_megabytes(bus: Bus) -> None:
     await bus.object_delete("weights", "v1.safetensors")
     with pytest.raises(BusError, match="not found"):
         await bus.object_info("weights", "v1.safetensors")
+
+
+async def test_an_object_whose_bytes_changed_under_its_info_is_refused(bus: Bus) -> None:
+    """A chunk whose bytes changed on the server (a corrupted or tampered stream) while the object's info stayed as it
+    was must not be read back as the object: the digest recorded at put time is checked on every read, and a weight
+    subscriber then keeps the weights it has instead of loading garbage."""
+    blob = os.urandom(4096)
+    await bus.object_put("weights", "v1.safetensors", blob)
+    js = bus.nc.jetstream()
+    info = await (await js.object_store("weights")).get_info("v1.safetensors")
+    subject = f"$O.weights.C.{info.nuid}"
+    chunk = await js.get_last_msg("OBJ_weights", subject)
+    await js.delete_msg("OBJ_weights", chunk.seq)
+    await js.publish(subject, bytes(b ^ 0xFF for b in blob[:16]) + blob[16:])  # same size, other bytes
+    with pytest.raises(BusError, match="does not match its digest"):
+        await bus.object_get("weights", "v1.safetensors")
 
 
 async def test_ephemeral_publish_subscribe(bus: Bus) -> None:
