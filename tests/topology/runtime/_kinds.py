@@ -5,6 +5,7 @@
 - ``tally`` consumes its first ``consumes`` channel as one group, acks and counts; each message id goes to
   ``<state_dir>/consumed.txt`` before it is acked (at-least-once: a redelivered id may appear twice).
 - ``crasher`` raises after ``crash_after_s`` — every time (leaving a thread behind that sleeps ``leave_thread_s``).
+- ``finisher`` returns from ``run()`` at once: its work is done.
 Every kind appends its lifecycle steps to ``<state_dir>/lifecycle.txt`` so tests can check the order.
 Processes of a run find these kinds through ``FLYWHEEL_PLUGINS=tests.topology.runtime._kinds``.
 """
@@ -108,6 +109,11 @@ class Crasher(_Recording):
         raise RuntimeError("deliberate crash (test kind 'crasher')")
 
 
+class Finisher(_Recording):
+    async def run(self) -> None:
+        self.note("run")
+
+
 register_actor_kind(
     ActorKind(
         "ticker",
@@ -121,3 +127,4 @@ register_actor_kind(
     ActorKind("tally", TallyConfig, f"{MODULE}:Tally", consumes=("ticks",), summary="test: consumes and counts")
 )
 register_actor_kind(ActorKind("crasher", CrasherConfig, f"{MODULE}:Crasher", summary="test: always crashes"))
+register_actor_kind(ActorKind("finisher", _Config, f"{MODULE}:Finisher", summary="test: returns at once"))

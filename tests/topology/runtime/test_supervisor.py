@@ -119,6 +119,27 @@ def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
     assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), timeout_s=5)
 
 
+def test_a_run_whose_actors_all_finished_ends_cleanly(tmp_path: Path) -> None:
+    """A replica whose ``run()`` returned has done its work (a bounded job, an evaluation): it is not a crash to
+    restart, and once every replica finished the run stops by itself with status 0 — not one that runs on, doing
+    nothing, until someone stops it, nor one that starts the finished work again and again."""
+    spec = write_spec(tmp_path, "  done: {kind: finisher}\n  also: {kind: finisher, replicas: 2}")
+    up = start_up(spec)
+    try:
+        out, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, err
+    assert "stopped cleanly (every actor finished)" in out, out + err
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    for actor, replica in (("done", 0), ("also", 0), ("also", 1)):
+        assert lifecycle(run_dir, actor, replica)[:2] == ["start", "run"]
+        assert lifecycle(run_dir, actor, replica).count("run") == 1, "finished work is not started again"
+    assert "replica crashed" not in err
+
+
 def test_a_crashed_replica_holding_a_thread_still_exits_and_is_restarted(tmp_path: Path) -> None:
     """A crashed verify actor whose verifier calls still waited in worker threads never exited (the interpreter
     joins them), so it sat 'crashed' and STALE and was never restarted. Its process now exits after a grace."""
