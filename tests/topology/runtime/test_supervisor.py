@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,6 +22,9 @@ from tests.topology.runtime._helpers import (
     wait_for,
     write_spec,
 )
+from topology.bus import Bus, EmbeddedNats
+from topology.runtime._rundir import run_token
+from topology.runtime._status import read_status
 
 pytestmark = pytest.mark.usefixtures("kinds_env")
 
@@ -117,6 +121,27 @@ def test_actor_that_keeps_crashing_stops_the_topology(tmp_path: Path) -> None:
     info = json.loads((run_dir / "run.json").read_text())
     assert info["exit"].startswith("actor 'boom'")
     assert wait_for("nats-server gone", lambda: gone([info["nats_pid"]]), timeout_s=5)
+
+
+def test_a_replica_out_of_restarts_is_recorded_as_failed(tmp_path: Path) -> None:
+    """A replica whose crash budget ran out is not restarted: its status record says ``failed``, the state a resumed
+    run's status and an operator read. Left at ``restarting``, it would promise a restart that never comes."""
+    spec = write_spec(tmp_path, "  boom: {kind: crasher, crash_after_s: 0.05}", max_restarts=1)
+    returncode, err = _until_it_stops(start_up(spec), timeout_s=60)
+    assert returncode == 1, err
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+
+    async def records() -> list[Any]:  # the stopped run's own bus store, read back
+        token = run_token(run_dir)
+        async with (
+            EmbeddedNats(run_dir / "nats", token=token) as server,
+            await Bus.connect(server.url, topology="rt-test", name="check", token=token) as bus,
+        ):
+            return await read_status(bus, "rt-test", [("boom", 0)])
+
+    (record,) = asyncio.run(records())
+    assert record.state == "failed" and record.restarts == 1, record
+    assert record.error and "deliberate crash" in record.error
 
 
 def test_a_run_whose_actors_all_finished_ends_cleanly(tmp_path: Path) -> None:
