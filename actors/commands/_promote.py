@@ -239,7 +239,8 @@ def _paused_note(run_dir: Path, entry: dict[str, Any]) -> str:
 def rollback(run_dir: Path | None, keep_gate: bool) -> None:
     """Point the serving generators back at the version that served before the current one.
 
-    The gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
+    A version whose kept copy was pruned since is gone past, to the one before it (the decision log says which). The
+    gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
     """
     where = find_run_dir(run_dir, "flywheel rollback /srv/runs")
     roles = run_roles(where)

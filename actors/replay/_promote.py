@@ -324,18 +324,32 @@ async def rollback(
     log: DecisionLog | None = None,
     pause: bool = False,
 ) -> dict[str, Any]:
-    """Point ``serving`` at the version that served before the current one; ValueError when there is none.
-    ``log`` and ``pause``: as for :func:`promote`."""
+    """Point ``serving`` at the version that served before the current one, going past those whose copies were pruned
+    since (the decision's reason names them); ValueError when there is none, or none is kept (naming the gate's best,
+    which is). ``log`` and ``pause``: as for :func:`promote`."""
     current = await serving_manifest(bus)
     if current is None:
         raise ValueError("nothing is serving yet: there is no version to roll back from")
     if log is None:
         log = DecisionLog(run_dir)
     log.update()
-    earlier = _served_before(current.version, [e for e in log.serving if "manifest" in e])
-    if earlier is None:
+    history = [e for e in log.serving if "manifest" in e]
+    stack = [e for e in _served_stack(history) if int(e["version"]) != current.version]
+    if not stack:
         raise ValueError(f"no earlier serving version than v{current.version} in {decisions_path(run_dir)}")
-    target = await _pin(bus, run_dir, WeightManifest.from_json(orjson.dumps(earlier["manifest"])))  # still there?
+    gone: list[str] = []  # earlier versions whose copies were pruned since: the rollback goes past them
+    for earlier in reversed(stack):
+        try:
+            target = await _pin(bus, run_dir, WeightManifest.from_json(orjson.dumps(earlier["manifest"])))
+            break
+        except WeightPayloadError:
+            gone.append(f"v{earlier['version']}")
+    else:
+        best = log.best_version  # kept whoever promotes (see _unpin_old)
+        hint = f"; the gate's best is kept: flywheel promote v{best}" if best not in (None, current.version) else ""
+        raise ValueError(f"no earlier serving version is kept any more ({', '.join(gone)} pruned){hint}")
+    if gone:
+        reason = reason or f"rolled back from v{current.version}, past {', '.join(gone)} (pruned)"
     await bus.kv_put(weights_bucket(bus.topology), SERVING, target.to_json())
     return record(
         run_dir,
@@ -354,9 +368,17 @@ async def rollback(
 
 
 def _served_before(current: int, history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The entry of the version that served before ``current``, the serving history read as a stack: a promotion
-    pushes its version, a rollback pops back to the one it restored. So a second rollback goes further back instead
-    of returning to the version the first one rolled back from."""
+    """The entry of the version that served before ``current`` (see :func:`_served_stack`)."""
+    stack = _served_stack(history)
+    while stack and int(stack[-1]["version"]) == current:
+        stack.pop()
+    return stack[-1] if stack else None
+
+
+def _served_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The serving history read as a stack: a promotion pushes its version, a rollback pops back to the one it
+    restored. So a second rollback goes further back instead of returning to the version the first one rolled back
+    from."""
     stack: list[dict[str, Any]] = []
     for entry in history:
         version = int(entry["version"])
@@ -369,9 +391,7 @@ def _served_before(current: int, history: list[dict[str, Any]]) -> dict[str, Any
             stack[-1] = entry
             continue
         stack.append(entry)
-    while stack and int(stack[-1]["version"]) == current:
-        stack.pop()
-    return stack[-1] if stack else None
+    return stack
 
 
 def pause_gate(run_dir: Path, *, by: str, reason: str) -> dict[str, Any]:

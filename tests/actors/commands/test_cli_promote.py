@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 import torch
 from click.testing import CliRunner
@@ -183,12 +184,36 @@ def test_promote_and_rollback_refuse_a_version_whose_pinned_copy_is_gone(
 
     anyio.run(promote_two)
     shutil.rmtree(run_dir / "weights" / "serving-v1")  # unpinned since
-    for command in (["promote", "v1"], ["rollback"]):
+    for command, said in ((["promote", "v1"], "serving-v1 is gone"), (["rollback"], "kept any more (v1 pruned)")):
         result = CliRunner().invoke(main, [*command, str(run_dir)])
         assert result.exit_code == 1, result.output
-        assert "serving-v1 is gone" in result.output and "Traceback" not in result.output, result.output
+        assert said in result.output and "Traceback" not in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
         assert anyio.run(_serving_version, embedded_nats.url, topology) == 2
+
+
+def test_a_rollback_goes_past_an_earlier_version_whose_copy_is_gone(
+    embedded_nats: EmbeddedNats, tmp_path: Path, live_run: LiveRun
+) -> None:
+    """After several moves the version served before the current one may be pruned while an earlier one is kept:
+    `flywheel rollback` stopped at the pruned one ("its copy is gone") although it could go back further."""
+    run_dir = live_run(_run(tmp_path, SERVICE, bus_url=embedded_nats.url))
+    topology = read_run_info(run_dir).topology
+
+    async def promote_three() -> None:
+        transport = SafetensorsDirTransport(run_dir / "weights")
+        async with await Bus.connect(embedded_nats.url, topology=topology, name="test") as bus:
+            for version in (1, 2, 3):
+                manifest = await transport.put(version, {"w": torch.full((4,), float(version))})
+                await promote(bus, run_dir, manifest, by="test", reason="setup")
+
+    anyio.run(promote_three)
+    shutil.rmtree(run_dir / "weights" / "serving-v2")  # unpinned since
+    result = CliRunner().invoke(main, ["rollback", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert anyio.run(_serving_version, embedded_nats.url, topology) == 1
+    last = orjson.loads((run_dir / "gate" / "decisions.jsonl").read_text().splitlines()[-1])
+    assert last["action"] == "rollback" and last["version"] == 1 and "past v2 (pruned)" in last["reason"], last
 
 
 def test_promotions_keep_the_gates_best_version_pinned(embedded_nats: EmbeddedNats, tmp_path: Path) -> None:
