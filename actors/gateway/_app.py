@@ -28,9 +28,9 @@ Contract:
   unknown model or route 404, body too slow 408, body too large 413, wrong content type 415, gateway or generators at
   capacity 429 with ``Retry-After``, a generator failure 502/500, no generator serving 503, no whole answer within
   ``request_timeout_s`` of the request (streamed or not) 504 (503 ``bus_unavailable`` when the bus dropped
-  meanwhile). Server-side failures name nothing
-  internal (the detail is logged with the request id). A failure after an SSE stream started is sent as a final ``data:
-  {"error": …}`` event (the official client raises it) and nothing is recorded.
+  meanwhile). Server-side failures name nothing internal (the detail is logged with the request id). A failure after
+  an SSE stream started is sent as a final ``data: {"error": …}`` event (the official client raises it) and nothing
+  is recorded.
 * API keys (``Authorization: Bearer <key>``) guard ``/v1/feedback`` always, inference routes when
   ``require_key_for_inference``, ``/metrics`` when ``require_key_for_metrics``.
 * Feedback: ``{request_id, score ∈ [0, 1] | label, comment?}``; labels map through
