@@ -57,6 +57,7 @@ class LearningView:
         gen_versions: list[float] = []
         service: dict[str, Any] = {}
         serving_versions: list[float] = []
+        promoted: list[float] = []  # versions of the generators kept on the promoted one (follow: serving)
         isolation: set[str] = set()
         verifier_errors: dict[str, float] = {}
         weights_errors: dict[str, str] = {}  # generator replica (as its log is named) → why it is behind
@@ -78,6 +79,8 @@ class LearningView:
                     weights_errors[who] = counters["weights_error"]
                 if "version" in counters:
                     follows_serving = counters.get("follow") == "serving"  # kept on the promoted version, by design
+                    if follows_serving:
+                        promoted.append(float(counters["version"]))
                     if not follows_serving:
                         gen_versions.append(float(counters["version"]))
                     if follows_serving or "serve_requests" in counters:
@@ -102,7 +105,9 @@ class LearningView:
                 if counters.get("paused"):
                     service["paused"] = 1.0
         if service:
-            if "serving" not in service and serving_versions:
+            if "serving" not in service and promoted and max(promoted) == 0:  # v0 is no promotion: the API
+                service["unpromoted"] = 1.0  # answers 503 until the gate promotes a version; say what users get
+            elif "serving" not in service and serving_versions:
                 service["serving"] = min(serving_versions)
             service["requests_per_s"] = self._requests_per_s(service.get("requests"))
         if not learner and not gen_versions and not service:
@@ -165,6 +170,8 @@ class LearningView:
         bits = []
         if service.get("serving") is not None:
             bits.append(f"serving v{int(service['serving'])}")
+        elif service.get("unpromoted"):
+            bits.append("nothing promoted yet (the API answers 503 until the gate promotes a version)")
         if summary.get("version") is not None:
             bits.append(f"training v{int(summary['version'])}")
         rate = service.get("requests_per_s")

@@ -207,3 +207,19 @@ def test_a_generator_that_cannot_load_the_newest_version_says_why_and_where_to_r
     assert f"generator-0 cannot load {reason}" in console.export_text()
     healthy = [_status("learner", "learner", version=1), _status("generator", "generator", version=1)]
     assert "cannot load" not in (view.line(healthy) or "")
+
+
+def test_a_gated_service_before_its_first_promotion_says_nothing_is_promoted() -> None:
+    """The serving generator sits at v0 until the gate promotes a version, and the API answers 503 meanwhile: the
+    view said "serving v0"."""
+    records = [
+        _status("learner", "learner", version=3, samples_applied=10),
+        _status("serving", "generator", version=0, tokens_per_s=0.0),
+        _status("gateway", "gateway", served=0),
+    ]
+    records[1].counters["follow"] = "serving"
+    line = LearningView().line(records)
+    assert line is not None and "serving v0" not in line, line
+    assert "nothing promoted yet (the API answers 503 until the gate promotes a version) · training v3" in line
+    records.append(_status("gate", "gate", serving_version=2))  # the gate's word, once it has one
+    assert "serving v2 · training v3" in str(LearningView().line(records))
