@@ -153,7 +153,7 @@ async def _manifest_for(bus: Any, run_dir: Path, version: int, roles: RunRoles |
     else:
         decisions = decisions_path(run_dir)
         why = (
-            f"the gate's log has no line for it (see {decisions}; a hold for want of evidence is logged once a minute)"
+            f"no version that served has that number (see {decisions}: only those that served are kept)"
             if decisions.is_file()
             else "the gate decided nothing yet"
         )
@@ -173,9 +173,11 @@ def promote(version: str, run_dir: Path | None, reason: str, keep_gate: bool) ->
     """Make VERSION (v3, 3, or current) the version the serving generators run, bypassing the gate.
 
     \b
-    The version must be the learner's current one, the serving one, or one the gate decided on;
-    `current` takes the learner's newest version at the moment the command reads it (a small
-    model's learner publishes several a second: a number read from `flywheel status` is gone by then).
+    The version must be the learner's current one, the serving one, or one that served before and is
+    still kept (the newest promoted ones and the gate's best); a version the gate held or rejected is
+    not kept once the learner moves on. `current` takes the learner's newest version at the moment
+    the command reads it (a small model's learner publishes several a second: a number read from
+    `flywheel status` is gone by then).
     The gate promotes nothing over it until `flywheel gate resume` (unless --keep-gate).
     The move is logged in RUN_DIR/gate/decisions.jsonl; `flywheel rollback` undoes it.
     """
