@@ -144,7 +144,11 @@ class DistributedTransport:
             sum(t.numel() * t.element_size() for t in tensors.values()),
         )
         await announce(manifest)
+        # how many members each version goes to (a member whose heartbeat is stale is left out of it): in the
+        # heartbeat, so a receiver that never gets a version can be told from one that was never asked
+        self.ctx.counters.set("weights.members", len(ranks))
         if not ranks:
+            self.ctx.counters.inc("weights.no_receivers")
             self.ctx.log.info("weights.no_receivers", version=version, members=len(self.members))
             return manifest
         loop = asyncio.get_running_loop()

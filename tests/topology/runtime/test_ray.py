@@ -194,6 +194,8 @@ def test_gloo_weight_group_across_ray_actors_reforms_after_a_receiver_dies(ray_k
     for key in (("receiver", 0), ("receiver", 1)):
         assert records[key].counters.get("mismatched", 0) == 0
     assert records[("receiver", 1)].counters["version"] > 2, "re-joined a later version's group"
+    # the sender's heartbeat says how many members the last version went to (a failure's dump shows who was asked)
+    assert records[("sender", 0)].counters.get("weights.members", 0) >= 1, records[("sender", 0)].counters
 
 
 def test_a_replica_no_node_can_hold_stops_the_run_with_one_message(ray_kinds: None, tmp_path: Path) -> None:
