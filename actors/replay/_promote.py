@@ -367,14 +367,6 @@ async def rollback(
     )
 
 
-def _served_before(current: int, history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The entry of the version that served before ``current`` (see :func:`_served_stack`)."""
-    stack = _served_stack(history)
-    while stack and int(stack[-1]["version"]) == current:
-        stack.pop()
-    return stack[-1] if stack else None
-
-
 def _served_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The serving history read as a stack: a promotion pushes its version, a rollback pops back to the one it
     restored. So a second rollback goes further back instead of returning to the version the first one rolled back

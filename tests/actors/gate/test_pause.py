@@ -92,15 +92,14 @@ async def test_a_second_rollback_goes_further_back_not_to_the_version_rolled_bac
 def test_a_rollback_to_a_version_not_below_counts_as_a_promotion() -> None:
     """A log written before rollbacks stacked (v1, v95, rollback to v1, 'rollback' to v95) still knows v1 served
     before v95, instead of forgetting everything under the last entry."""
-    from actors.replay._promote import _served_before
+    from actors.replay._promote import _served_stack
 
     history = [
         {"action": action, "version": version}
         for action, version in (("promote", 1), ("promote", 95), ("rollback", 1), ("rollback", 95))
     ]
-    before = _served_before(95, history)
-    assert before is not None and before["version"] == 1
-    assert _served_before(1, history[:3]) is None
+    assert [e["version"] for e in _served_stack(history)] == [1, 95]  # v1 served before v95
+    assert [e["version"] for e in _served_stack(history[:3])] == [1]  # nothing served before v1
 
 
 async def test_a_pause_that_comes_while_the_versions_are_replayed_holds_the_candidate(
